@@ -1,0 +1,1 @@
+"""Shared building blocks: data, model zoo, parts, init schemes, training, configs, ledger, io, plots."""

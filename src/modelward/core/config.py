@@ -1,0 +1,104 @@
+"""TOML configs -> pydantic models. Errors name the offending field and, where there are any, the valid choices."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from modelward.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """Base for every config section: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, protected_namespaces=())
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-"))]
+    return ".".join(parts) or "<root>"
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """Turn a pydantic error into one line per bad field: 'source: field: problem (valid: ...)'."""
+    lines = []
+    for e in err.errors():
+        msg = e["msg"]
+        ctx = e.get("ctx") or {}
+        if e["type"] == "literal_error" and "expected" in ctx:
+            msg = f"got {e.get('input')!r}; valid choices: {ctx['expected']}"
+        elif e["type"] == "extra_forbidden":
+            msg = "unknown field (check spelling; see the example configs in examples/)"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(f"{source}: field '{_loc(e['loc'])}': {msg}")
+    return "\n".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Parse one `--set a.b.c=value` override; the value is read as TOML/JSON if possible, else a string."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key=value, e.g. train.steps=200")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {item!r}: empty key")
+    raw = raw.strip()
+    value: Any
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    for item in overrides or []:
+        path, value = parse_override(item)
+        node = data
+        for p in path[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: '{p}' is not a table")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: config file not found")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a UTF-8 text file") from None
+
+
+def validate(model: type[M], data: dict[str, Any], source: str = "config") -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, source)) from None
+
+
+def load_config(path: str | Path, model: type[M], overrides: list[str] | None = None) -> M:
+    """Load a TOML file into `model`, applying `--set key=value` overrides first."""
+    data = apply_overrides(read_toml(path), overrides)
+    return validate(model, data, str(path))
+
+
+def dump_config(cfg: BaseModel, path: str | Path) -> None:
+    """Write the resolved config as TOML-like JSON (JSON is a subset reviewers can diff; TOML writer optional)."""
+    Path(path).write_text(json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,157 @@
+"""SQLite run ledger: the single source of truth for which runs of a study are finished.
+
+A run is recorded as done in one transaction together with its result, so an interrupted study (Ctrl-C or
+kill -9) resumes by re-running exactly the runs that are not done; finished runs are never recomputed and a
+run can never be recorded twice (``finish`` is idempotent).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from modelward.errors import LedgerError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id   TEXT PRIMARY KEY,
+    spec     TEXT NOT NULL,
+    status   TEXT NOT NULL CHECK (status IN ('pending', 'running', 'done', 'failed')),
+    result   TEXT,
+    error    TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    worker   TEXT,
+    updated  REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class RunLedger:
+    """Runs of a study keyed by a stable ``run_id``; safe to use from several processes at once."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._conn() as c:
+            c.executescript(_SCHEMA)
+
+    @contextmanager
+    def _conn(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        finally:
+            conn.close()
+
+    # -- study-level metadata -------------------------------------------------------------------------
+    def check_meta(self, key: str, value: str) -> None:
+        """Record `value` under `key`, or fail if the folder already holds a study with another value."""
+        with self._conn() as c:
+            row = c.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+            if row is None:
+                c.execute("INSERT INTO meta VALUES (?, ?)", (key, value))
+            elif row[0] != value:
+                raise LedgerError(
+                    f"{self.path}: this folder holds a study with a different '{key}'. "
+                    "Use a new --out folder, or delete the old one to start over."
+                )
+
+    def get_meta(self, key: str) -> str | None:
+        with self._conn() as c:
+            row = c.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    # -- runs -------------------------------------------------------------------------------------------
+    def add(self, run_id: str, spec: dict[str, Any]) -> None:
+        """Register a run (no-op if it exists with the same spec; error if the spec differs)."""
+        blob = json.dumps(spec, sort_keys=True)
+        with self._conn() as c:
+            row = c.execute("SELECT spec FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            if row is None:
+                c.execute(
+                    "INSERT INTO runs (run_id, spec, status, updated) VALUES (?, ?, 'pending', ?)",
+                    (run_id, blob, time.time()),
+                )
+            elif row[0] != blob:
+                raise LedgerError(f"{self.path}: run {run_id!r} already exists with a different spec")
+
+    def recover(self) -> int:
+        """Mark runs left 'running' by a dead process as pending again; returns how many."""
+        with self._conn() as c:
+            cur = c.execute("UPDATE runs SET status='pending', worker=NULL WHERE status='running'")
+            return cur.rowcount
+
+    def start(self, run_id: str, worker: str | None = None) -> bool:
+        """Claim a pending run; False if it is already done or claimed."""
+        with self._conn() as c:
+            cur = c.execute(
+                "UPDATE runs SET status='running', attempts=attempts+1, worker=?, updated=? "
+                "WHERE run_id=? AND status IN ('pending', 'failed')",
+                (worker or str(os.getpid()), time.time(), run_id),
+            )
+            return cur.rowcount == 1
+
+    def finish(self, run_id: str, result: dict[str, Any]) -> bool:
+        """Record the result; idempotent: a run already done keeps its first result and False is returned."""
+        with self._conn() as c:
+            cur = c.execute(
+                "UPDATE runs SET status='done', result=?, error=NULL, updated=? WHERE run_id=? AND status!='done'",
+                (json.dumps(result, sort_keys=True), time.time(), run_id),
+            )
+            return cur.rowcount == 1
+
+    def fail(self, run_id: str, error: str) -> None:
+        with self._conn() as c:
+            c.execute(
+                "UPDATE runs SET status='failed', error=?, updated=? WHERE run_id=? AND status!='done'",
+                (error[-4000:], time.time(), run_id),
+            )
+
+    def status(self, run_id: str) -> str | None:
+        with self._conn() as c:
+            row = c.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        return None if row is None else row[0]
+
+    def pending(self) -> list[str]:
+        with self._conn() as c:
+            rows = c.execute("SELECT run_id FROM runs WHERE status!='done' ORDER BY run_id").fetchall()
+        return [r[0] for r in rows]
+
+    def spec(self, run_id: str) -> dict[str, Any]:
+        with self._conn() as c:
+            row = c.execute("SELECT spec FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        if row is None:
+            raise LedgerError(f"{self.path}: no run {run_id!r}")
+        return json.loads(row[0])
+
+    def results(self) -> dict[str, dict[str, Any]]:
+        with self._conn() as c:
+            rows = c.execute("SELECT run_id, result FROM runs WHERE status='done' ORDER BY run_id").fetchall()
+        return {r[0]: json.loads(r[1]) for r in rows}
+
+    def counts(self) -> dict[str, int]:
+        with self._conn() as c:
+            rows = c.execute("SELECT status, COUNT(*) FROM runs GROUP BY status").fetchall()
+        out = {"pending": 0, "running": 0, "done": 0, "failed": 0}
+        out.update({r[0]: r[1] for r in rows})
+        return out
+
+    def errors(self) -> dict[str, str]:
+        with self._conn() as c:
+            rows = c.execute("SELECT run_id, error FROM runs WHERE status='failed'").fetchall()
+        return {r[0]: r[1] for r in rows}

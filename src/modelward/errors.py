@@ -1,0 +1,23 @@
+"""Error types. Every error a user can cause is a ModelwardError with an actionable message."""
+
+from __future__ import annotations
+
+
+class ModelwardError(Exception):
+    """Base class of all errors a user can act on; the CLI prints these without a traceback."""
+
+
+class ConfigError(ModelwardError):
+    """A configuration file or override is malformed; the message names the field and the valid choices."""
+
+
+class DataError(ModelwardError):
+    """A data file is missing or malformed; the message names the file and what is wrong."""
+
+
+class PartError(ModelwardError):
+    """A model part name does not resolve; the message lists the valid names."""
+
+
+class LedgerError(ModelwardError):
+    """The run ledger is inconsistent with the requested study (e.g. a different config in the same folder)."""
