@@ -60,7 +60,7 @@ def init_module_(module: nn.Module, scheme: str = "glorot_uniform", generator: t
             if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.track_running_stats:
                 sub.reset_running_stats()
             continue
-        for n, p in selected:
+        for _n, p in selected:
             if p.dim() >= 2:
                 if isinstance(sub, nn.LSTM | nn.GRU | nn.RNN):
                     # one gate block at a time so fans match the per-gate matrices
