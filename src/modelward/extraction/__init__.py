@@ -1,0 +1,1 @@
+"""Model-extraction attacks, prediction-perturbation defenses (ModelGuard and baselines), guarded serving."""

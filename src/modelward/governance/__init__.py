@@ -1,0 +1,1 @@
+"""Shared governance by model splitting: split plans, party servers (gRPC + mutual TLS), consent, audit."""

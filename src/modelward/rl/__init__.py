@@ -1,0 +1,1 @@
+"""Reinforcement learning: environments, agents and their completion-hardness problems."""

@@ -1,0 +1,1 @@
+"""Evasion attacks and defenses, adversarial training, GloRo certified robustness, the plasticity study."""
