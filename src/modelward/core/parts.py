@@ -3,7 +3,8 @@
 A part name is one of
 - a module name: ``conv1``, ``layer4.0``, ``fc1`` (all parameters and buffers under that module);
 - a glob over module names: ``classifier.*``, ``layer*.0`` (the union of the matching modules);
-- a module name with the suffix ``-W``: a residual block *without* its ``shortcut`` (the paper's "S4 B1 -W").
+- a module name with the suffix ``-W``: a residual block *without* its ``shortcut`` (the paper's "S4 B1 -W");
+- a union of the above joined by ``+``: ``conv2+fc1+logits`` (e.g. everything one party of a split holds).
 """
 
 from __future__ import annotations
@@ -75,6 +76,12 @@ def valid_part_names(model: nn.Module) -> list[str]:
 
 def resolve_part(model: nn.Module, name: str) -> Part:
     """Resolve `name` to a Part, or raise PartError listing the valid names."""
+    if "+" in name:
+        pieces = [resolve_part(model, n.strip()) for n in name.split("+") if n.strip()]
+        params = tuple(dict.fromkeys(p for piece in pieces for p in piece.params))
+        buffers = tuple(dict.fromkeys(b for piece in pieces for b in piece.buffers))
+        modules = tuple(dict.fromkeys(m for piece in pieces for m in piece.modules))
+        return Part(name, params, buffers, modules)
     mods = dict(model.named_modules())
     without_shortcut = name.endswith("-W")
     base = name[:-2] if without_shortcut else name

@@ -70,7 +70,7 @@ class TrainResult:
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, metric: LossMetric = "error",
              batch_size: int = 1024) -> float:
     """Test loss L(θ): top-1 error rate or mean cross-entropy."""
-    was_training = model.training
+    modes = [(m, m.training) for m in model.modules()]  # restore per module: some BN layers stay frozen
     model.eval()
     total, n = 0.0, len(x)
     for i in range(0, n, batch_size):
@@ -80,7 +80,8 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, metric: LossMet
             total += (logits.argmax(1) != yb).sum().item()
         else:
             total += F.cross_entropy(logits, yb, reduction="sum").item()
-    model.train(was_training)
+    for m, mode in modes:
+        m.training = mode
     return total / n
 
 
@@ -164,9 +165,6 @@ def train(
         running += loss.item()
         if step % cfg.eval_every == 0 or step == cfg.steps:
             val = evaluate(model, x_test, y_test, cfg.loss, cfg.eval_batch_size)
-            model.train()
-            if trainable is not None:
-                _freeze_foreign_norms(model, names)
             curve.append((step, val))
             k = cfg.eval_every if step % cfg.eval_every == 0 else step % cfg.eval_every
             train_loss.append((step, running / k))

@@ -1,0 +1,71 @@
+"""`modelward complete run|report`: model-completion hardness studies."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(no_args_is_help=True)
+console = Console()
+
+
+@app.command("run")
+def run(
+    study: Annotated[Path, typer.Argument(help="study TOML (see examples/completion_*.toml)")],
+    out: Annotated[Path, typer.Option("--out", help="output folder (re-run the same command to resume)")],
+    workers: Annotated[int | None, typer.Option("--workers", min=1, help="parallel processes (default: cores)")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value, e.g. seeds=[0,1]")] = None,
+) -> None:
+    """Run (or resume) a completion study and write hardness tables and plots."""
+    from modelward.completion.report import write_report
+    from modelward.completion.study import load_study, run_study
+
+    cfg = load_study(study, set_)
+    outcome = run_study(cfg, out, workers or os.cpu_count(), console)
+    tables = write_report(out)
+    _print_summary(cfg, tables, out)
+    if outcome.failed:
+        console.print(f"[red]{len(outcome.failed)} run(s) failed[/] (they restart when you run the command again):")
+        for rid, err in sorted(outcome.failed.items())[:10]:
+            console.print(f"  {rid}: {err.splitlines()[-1] if err else ''}")
+        raise typer.Exit(1)
+
+
+@app.command("report")
+def report(out: Annotated[Path, typer.Argument(help="a study output folder")]) -> None:
+    """Rebuild hardness.csv / hardness.md / plots from a study folder's run files."""
+    import json
+
+    from modelward.completion.report import write_report
+    from modelward.completion.study import StudyConfig
+
+    tables = write_report(out)
+    cfg = StudyConfig.model_validate(json.loads((out / "study.json").read_text()))
+    _print_summary(cfg, tables, out)
+
+
+def _print_summary(cfg, tables, out: Path) -> None:  # type: ignore[no-untyped-def]
+    from rich.table import Table
+
+    from modelward.completion.report import cell
+
+    procs = [p.name for p in cfg.procedures]
+    for a in sorted(cfg.alphas, reverse=True):
+        t = Table(title=f"{cfg.name}: MC-hardness at α={a:g} (median / mean ± SD [min–max])")
+        t.add_column("part")
+        for p in procs:
+            t.add_column(p)
+        t.add_column("inf")
+        for part in dict.fromkeys(r["part"] for r in tables.rows):
+            cells = [cell(next(r for r in tables.rows if r["part"] == part and r["procedure"] == p
+                                and r["alpha"] == a)) for p in procs]
+            inf = next((r for r in tables.inf_rows if r["part"] == part and r["alpha"] == a), None)
+            t.add_row(part, *cells, f"{inf['value']:.2f} ({inf['procedure']})" if inf else "–")
+        console.print(t)
+    if tables.filtered:
+        console.print(f"filtered (no better than untrained): {', '.join(tables.filtered)}")
+    console.print(f"tables: {out / 'hardness.md'}  csv: {out / 'hardness.csv'}  plots: {out}/hardness_*.png")

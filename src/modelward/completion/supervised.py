@@ -1,0 +1,91 @@
+"""The supervised completion problem (seed 000 §4): a zoo model trained on a data set with procedure T, then one
+part reset and retrained. Cost = minibatch steps; L = test top-1 error (or cross-entropy)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from modelward.completion.problem import CompletionProblem, Curve, OnEval, OriginalRun, ProcedureSpec
+from modelward.completion.procedures import prepare_retraining, stable_seed
+from modelward.core.data import DataConfig, DataSplit, load_data
+from modelward.core.init import init_model_
+from modelward.core.io import load_state_dict, save_state_dict
+from modelward.core.parts import default_part_names, parts_table, resolve_part
+from modelward.core.train import TrainConfig, train
+from modelward.core.zoo import ModelConfig, build_model
+
+
+@lru_cache(maxsize=4)
+def _data(cfg_json: str) -> DataSplit:
+    return load_data(DataConfig.model_validate_json(cfg_json))
+
+
+class SupervisedProblem(CompletionProblem):
+    """`data` × `model` × training procedure `train`; retraining uses `retrain_lr_schedule` if given."""
+
+    tasks = [""]
+
+    def __init__(self, data: DataConfig, model: ModelConfig, train_cfg: TrainConfig,
+                 retrain_lr: float | None = None, retrain_lr_schedule: list[tuple[int, float]] | None = None,
+                 init_scheme: str = "glorot_uniform") -> None:
+        self.data_cfg = data
+        self.model_cfg = model
+        self.train_cfg = train_cfg
+        self.retrain_lr = retrain_lr
+        self.retrain_lr_schedule = retrain_lr_schedule
+        self.init_scheme = init_scheme
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+    @property
+    def data(self) -> DataSplit:
+        return _data(self.data_cfg.model_dump_json())
+
+    def build(self) -> torch.nn.Module:
+        d = self.data
+        return build_model(self.model_cfg, d.input_shape, d.num_classes)
+
+    def part_names(self) -> list[str]:
+        return default_part_names(self.build())
+
+    def parts_table(self) -> list[dict[str, Any]]:
+        return parts_table(self.build())
+
+    def validate_part(self, part: str) -> None:
+        resolve_part(self.build(), part)
+
+    def _fit(self, model: torch.nn.Module, cfg: TrainConfig, seed: int, trainable: set[str] | None,
+             stop_at: float | None, on_eval: OnEval | None) -> Curve:
+        d = self.data
+        res = train(model, d.x_train, d.y_train, d.x_test, d.y_test, cfg, seed, trainable, stop_at, on_eval)
+        return [(int(s), float(v)) for s, v in res.curve]
+
+    # -- protocol ---------------------------------------------------------------------------------------------
+    def train_original(self, seed: int, task: str, workdir: Path, on_eval: OnEval | None = None) -> OriginalRun:
+        torch.manual_seed(seed)
+        model = init_model_(self.build(), self.init_scheme, seed)
+        curve = self._fit(model, self.train_cfg, seed, None, None, on_eval)
+        ckpt = Path(workdir) / f"original_seed{seed}.safetensors"
+        save_state_dict(ckpt, model.state_dict(), {"seed": seed})
+        return OriginalRun(seed, task, curve, ckpt)
+
+    def retrain(self, original: OriginalRun, part: str, procedure: ProcedureSpec, seed: int, budget: int,
+                stop_at: float | None, workdir: Path, on_eval: OnEval | None = None) -> Curve:
+        model = self.build()
+        state, _ = load_state_dict(original.checkpoint)
+        model.load_state_dict(state)
+        rseed = stable_seed("retrain", seed, part, procedure.name)
+        gen = torch.Generator().manual_seed(rseed)
+        trainable = prepare_retraining(model, part, procedure, gen)
+        update: dict[str, Any] = {"steps": budget}
+        lr = procedure.lr if procedure.lr is not None else self.retrain_lr
+        schedule = procedure.lr_schedule if procedure.lr_schedule is not None else self.retrain_lr_schedule
+        if lr is not None:
+            update["lr"] = lr
+        if schedule is not None:
+            update["lr_schedule"] = schedule
+        cfg = self.train_cfg.model_copy(update=update)
+        return self._fit(model, cfg, rseed, trainable, stop_at, on_eval)
