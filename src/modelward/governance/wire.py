@@ -1,0 +1,178 @@
+"""Wire format for tensors between parties: explicit dtype and shape, size limits, replay/order protection.
+
+A message is ``MAGIC | u32 header length | JSON header | raw tensor bytes``. The header names the operation, the
+session, the training step, a per-link sequence number, free JSON metadata, and for every tensor its name, dtype,
+shape and byte count. Decoding checks everything before any byte is interpreted as a tensor and raises
+:class:`WireError` (never anything else) on malformed, oversized or non-finite input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from modelward.errors import ModelwardError
+
+MAGIC = b"MWT1"
+MAX_HEADER = 64 * 1024
+MAX_NDIM = 8
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8, "bool": torch.bool,
+}
+_NAMES = {v: k for k, v in DTYPES.items()}
+_FLOATS = {"float32", "float64", "float16", "bfloat16"}
+
+
+class WireError(ModelwardError):
+    """A message is malformed, too large, non-finite, of the wrong shape/dtype, replayed or out of order."""
+
+
+@dataclass
+class Message:
+    op: str
+    session: str = ""
+    step: int = 0
+    seq: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _itemsize(dtype: str) -> int:
+    return torch.empty((), dtype=DTYPES[dtype]).element_size()
+
+
+def encode(msg: Message) -> bytes:
+    specs, blobs = [], []
+    for name, t in msg.tensors.items():
+        if t.dtype not in _NAMES:
+            raise WireError(f"tensor {name!r}: dtype {t.dtype} cannot be sent; valid: {sorted(DTYPES)}")
+        t = t.detach().contiguous().cpu()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        specs.append({"name": name, "dtype": _NAMES[t.dtype], "shape": list(t.shape), "nbytes": len(raw)})
+        blobs.append(raw)
+    header = json.dumps({"op": msg.op, "session": msg.session, "step": msg.step, "seq": msg.seq,
+                         "meta": msg.meta, "tensors": specs}, separators=(",", ":")).encode()
+    return MAGIC + struct.pack("<I", len(header)) + header + b"".join(blobs)
+
+
+def _int(h: dict, key: str) -> int:
+    v = h.get(key, 0)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > 2**53:
+        raise WireError(f"header field {key!r} must be a non-negative integer, got {v!r}")
+    return v
+
+
+def decode(data: bytes, max_bytes: int = 64 * 2**20, allow_nonfinite: bool = False) -> Message:
+    """Parse and check a message; raises WireError with a clear reason on any problem."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireError("message is not bytes")
+    data = bytes(data)
+    if len(data) > max_bytes:
+        raise WireError(f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
+    if len(data) < 8 or data[:4] != MAGIC:
+        raise WireError("not a modelward wire message (bad magic)")
+    (hlen,) = struct.unpack("<I", data[4:8])
+    if hlen > MAX_HEADER or 8 + hlen > len(data):
+        raise WireError(f"header length {hlen} is invalid (limit {MAX_HEADER}, message {len(data)} bytes)")
+    try:
+        h = json.loads(data[8 : 8 + hlen].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise WireError(f"header is not valid JSON ({type(e).__name__})") from None
+    if not isinstance(h, dict):
+        raise WireError("header must be a JSON object")
+    op, session, meta, specs = h.get("op"), h.get("session", ""), h.get("meta", {}), h.get("tensors", [])
+    if not isinstance(op, str) or not op or len(op) > 64:
+        raise WireError("header field 'op' must be a short non-empty string")
+    if not isinstance(session, str) or len(session) > 128:
+        raise WireError("header field 'session' must be a string of at most 128 characters")
+    if not isinstance(meta, dict):
+        raise WireError("header field 'meta' must be an object")
+    if not isinstance(specs, list) or len(specs) > 16:
+        raise WireError("header field 'tensors' must be a list of at most 16 tensor specs")
+    msg = Message(op, session, _int(h, "step"), _int(h, "seq"), meta)
+    offset = 8 + hlen
+    for spec in specs:
+        if not isinstance(spec, dict):
+            raise WireError("tensor spec must be an object")
+        name, dtype, shape, nbytes = spec.get("name"), spec.get("dtype"), spec.get("shape"), spec.get("nbytes")
+        if not isinstance(name, str) or not name or len(name) > 64 or name in msg.tensors:
+            raise WireError(f"tensor name {name!r} is invalid or repeated")
+        if dtype not in DTYPES:
+            raise WireError(f"tensor {name!r}: dtype {dtype!r} not allowed; valid: {sorted(DTYPES)}")
+        if (not isinstance(shape, list) or len(shape) > MAX_NDIM
+                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 2**31 for d in shape)):
+            raise WireError(f"tensor {name!r}: shape must be a list of at most {MAX_NDIM} non-negative ints")
+        expected = math.prod(shape) * _itemsize(dtype)
+        if nbytes != expected:
+            raise WireError(f"tensor {name!r}: {nbytes!r} bytes declared, {dtype}{shape} needs {expected}")
+        if offset + expected > len(data):
+            raise WireError(f"tensor {name!r}: truncated message ({len(data) - offset} of {expected} bytes)")
+        raw = data[offset : offset + expected]
+        offset += expected
+        if expected:
+            t = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy()).view(DTYPES[dtype]).reshape(shape)
+        else:
+            t = torch.empty(shape, dtype=DTYPES[dtype])
+        if dtype in _FLOATS and not allow_nonfinite and t.numel() and not bool(torch.isfinite(t).all()):
+            raise WireError(f"tensor {name!r} contains NaN or Inf")
+        msg.tensors[name] = t
+    if offset != len(data):
+        raise WireError(f"{len(data) - offset} trailing bytes after the declared tensors")
+    return msg
+
+
+def expect(msg: Message, name: str, dtype: torch.dtype | None = None, shape: tuple[int | None, ...] | None = None,
+           max_batch: int | None = None) -> torch.Tensor:
+    """Fetch tensor `name`, checking dtype and shape (None = any size in that dimension)."""
+    if name not in msg.tensors:
+        raise WireError(f"{msg.op}: missing tensor {name!r} (has {sorted(msg.tensors)})")
+    t = msg.tensors[name]
+    if dtype is not None and t.dtype != dtype:
+        raise WireError(f"{msg.op}: tensor {name!r} has dtype {_NAMES.get(t.dtype, t.dtype)}, "
+                        f"expected {_NAMES.get(dtype, dtype)}")
+    if shape is not None:
+        if len(shape) != t.dim() or any(s is not None and s != d for s, d in zip(shape, t.shape, strict=True)):
+            want = "×".join("B" if s is None else str(s) for s in shape)
+            raise WireError(f"{msg.op}: tensor {name!r} has shape {list(t.shape)}, expected {want}")
+    if max_batch is not None and t.dim() and t.shape[0] > max_batch:
+        raise WireError(f"{msg.op}: batch of {t.shape[0]} exceeds the limit of {max_batch}")
+    return t
+
+
+class SequenceGuard:
+    """Per-session sequence numbers. A request must carry last+1. An exact repeat of the last successful request
+    (same number, same bytes) is a retry and gets the cached response; anything else at or below the last number
+    is a replay and anything above last+1 is out of order. Only successful requests advance the counter."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[int, bytes, bytes]] = {}  # session -> (seq, request digest, response)
+
+    def check(self, session: str, seq: int, digest: bytes) -> bytes | None:
+        """The cached response if this is a retry, else None; raises WireError on replay or a gap."""
+        seen, d, resp = self.last.get(session, (0, b"", b""))
+        if seen and seq == seen and digest == d:
+            return resp
+        if seq <= seen:
+            raise WireError(f"replayed message: sequence number {seq} already used in session {session!r} "
+                            f"(last {seen})")
+        if seq != seen + 1:
+            raise WireError(f"out-of-order message: sequence number {seq} in session {session!r}, "
+                            f"expected {seen + 1}")
+        return None
+
+    def commit(self, session: str, seq: int, digest: bytes, response: bytes) -> None:
+        self.last[session] = (seq, digest, response)
+
+    def last_seq(self, session: str) -> int:
+        return self.last.get(session, (0, b"", b""))[0]
+
+    def restore(self, session: str, seq: int) -> None:
+        if seq > self.last_seq(session):
+            self.last[session] = (seq, b"", b"")

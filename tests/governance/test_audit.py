@@ -1,0 +1,90 @@
+import sqlite3
+
+import pytest
+
+from modelward.governance.audit import AuditError, AuditLog, verify
+
+
+@pytest.fixture()
+def log(tmp_path):
+    a = AuditLog(tmp_path / "audit.db", "bob")
+    for i in range(6):
+        a.append("alice", "forward", "s1", i, i + 1, 32, {"h": [32, 16]}, "allow", "policy")
+    head = a.head
+    a.close()
+    return tmp_path / "audit.db", head
+
+
+def _sql(path, q, *args):
+    db = sqlite3.connect(path)
+    db.execute(q, args)
+    db.commit()
+    db.close()
+
+
+def test_intact_log_verifies_and_reopens_with_same_head(log):
+    path, head = log
+    r = verify(path, expect_head=head)
+    assert r.ok and r.records == 6 and "OK" in str(r)
+    a = AuditLog(path, "bob")
+    assert a.head == head
+    a.append("alice", "backward", "s1", 6, 7, 32)
+    a.close()
+    assert verify(path).ok
+
+
+def test_edited_record_is_found(log):
+    path, _ = log
+    _sql(path, "UPDATE audit SET decision='deny' WHERE id=3")
+    r = verify(path)
+    assert not r.ok and r.bad_id == 3 and "edited" in r.problem
+
+
+def test_deleted_record_is_found(log):
+    path, _ = log
+    _sql(path, "DELETE FROM audit WHERE id=4")
+    r = verify(path)
+    assert not r.ok and r.bad_id == 5 and "deleted" in r.problem
+
+
+def test_reordered_records_are_found(log):
+    path, _ = log
+    db = sqlite3.connect(path)
+    rows = db.execute("SELECT * FROM audit WHERE id IN (2,3) ORDER BY id").fetchall()
+    db.execute("DELETE FROM audit WHERE id IN (2,3)")
+    for row, new_id in zip(rows, (3, 2), strict=True):
+        db.execute(f"INSERT INTO audit VALUES ({','.join('?' * len(row))})", (new_id, *row[1:]))
+    db.commit()
+    db.close()
+    r = verify(path)
+    assert not r.ok and r.bad_id == 2
+
+
+def test_inserted_record_is_found(log):
+    path, _ = log
+    db = sqlite3.connect(path)
+    db.execute("UPDATE audit SET id = id + 100 WHERE id >= 4")
+    db.execute("UPDATE audit SET id = id - 99 WHERE id >= 100")
+    row = list(db.execute("SELECT * FROM audit WHERE id=3").fetchone())
+    row[0] = 4
+    db.execute(f"INSERT INTO audit VALUES ({','.join('?' * len(row))})", row)
+    db.commit()
+    db.close()
+    r = verify(path)
+    assert not r.ok and r.bad_id == 4
+
+
+def test_truncated_tail_needs_the_published_head(log):
+    path, head = log
+    _sql(path, "DELETE FROM audit WHERE id=6")
+    assert verify(path).ok  # a chain cut at the end is still a chain ...
+    r = verify(path, expect_head=head)  # ... but not the one the party published
+    assert not r.ok and "published head" in r.problem
+
+
+def test_missing_or_foreign_file(tmp_path):
+    with pytest.raises(AuditError, match="not found"):
+        verify(tmp_path / "nope.db")
+    (tmp_path / "x.db").write_text("hello")
+    with pytest.raises(AuditError, match="not a modelward audit log"):
+        verify(tmp_path / "x.db")

@@ -1,0 +1,93 @@
+import datetime as dt
+import sys
+
+import pytest
+
+from modelward.core.config import validate
+from modelward.errors import ConfigError
+from modelward.governance.audit import AuditLog
+from modelward.governance.consent import ConsentChecker, PassRequest, Policy, in_window
+
+
+def req(**kw):
+    base = dict(party="bob", caller="alice", op="forward", purpose="train", session="s", step=0, batch=32)
+    return PassRequest(**{**base, **kw})
+
+
+@pytest.fixture()
+def audit(tmp_path):
+    a = AuditLog(tmp_path / "a.db", "bob")
+    yield a
+    a.close()
+
+
+def test_default_policy_denies_everything(audit):
+    c = ConsentChecker(Policy(), audit)
+    for purpose in ("train", "eval", "predict"):
+        d = c.check(req(purpose=purpose))
+        assert not d.allowed and "allowed peer" in d.reason
+
+
+def test_peer_purpose_and_batch(audit):
+    c = ConsentChecker(Policy(allow_peers=["alice"], training=True, max_batch=16), audit)
+    assert not c.check(req(caller="mallory")).allowed
+    assert "inference is not allowed" in c.check(req(purpose="predict", batch=8)).reason
+    assert "max_batch" in c.check(req(batch=32)).reason
+    assert c.check(req(batch=16)).allowed
+
+
+def test_step_and_daily_limits_count_from_the_audit_log(audit):
+    c = ConsentChecker(Policy(allow_peers=["alice"], training=True, max_steps_per_session=2,
+                              max_passes_per_day=5), audit)
+    for i in range(2):
+        assert c.check(req(op="backward", step=i)).allowed
+        audit.append("alice", "backward", "s", i, i + 1, 32)
+    d = c.check(req(op="backward", step=2))
+    assert not d.allowed and "max_steps_per_session" in d.reason
+    assert c.check(req(op="backward", session="other")).allowed  # per session
+    for i in range(3):
+        audit.append("alice", "forward", "other", i, 10 + i, 32)
+    d = c.check(req(op="forward", session="other"))
+    assert not d.allowed and "max_passes_per_day" in d.reason
+
+
+def test_time_window(audit):
+    assert in_window("08:00-18:00", dt.datetime(2024, 1, 1, 9, 0)) and not in_window("08:00-18:00",
+                                                                                      dt.datetime(2024, 1, 1, 19))
+    assert in_window("22:00-02:00", dt.datetime(2024, 1, 1, 1, 0))
+    night = lambda: dt.datetime(2024, 1, 1, 23, 30, tzinfo=dt.UTC)  # noqa: E731
+    c = ConsentChecker(Policy(allow_peers=["alice"], training=True, window_utc="08:00-18:00"), audit, now=night)
+    assert "time window" in c.check(req()).reason
+
+
+def test_python_hook_per_pass_and_per_session(audit, tmp_path, monkeypatch):
+    (tmp_path / "myhooks.py").write_text("calls = []\ndef even(r):\n    calls.append(r)\n"
+                                         "    return r['step'] % 2 == 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import myhooks
+
+    calls = myhooks.calls
+    pol = Policy(allow_peers=["alice"], training=True, approval="myhooks:even", approval_scope="pass")
+    c = ConsentChecker(pol, audit)
+    assert c.check(req(step=0)).allowed and not c.check(req(step=1)).allowed
+    c2 = ConsentChecker(pol.model_copy(update={"approval_scope": "session"}), audit)
+    assert c2.check(req(step=0)).allowed and c2.check(req(step=1)).allowed  # asked once per session
+    assert len(calls) == 3
+
+
+def test_command_hook(audit, tmp_path):
+    script = tmp_path / "hook.py"
+    script.write_text("import json,sys\nr=json.load(sys.stdin)\nprint('yes' if r['batch'] <= 8 else 'no')\n")
+    pol = Policy(allow_peers=["alice"], training=True, approval_command=[sys.executable, str(script)],
+                 approval_scope="pass")
+    c = ConsentChecker(pol, audit)
+    assert c.check(req(batch=8)).allowed
+    d = c.check(req(batch=9))
+    assert not d.allowed and "'no'" in d.reason
+
+
+def test_policy_validation_errors():
+    with pytest.raises(ConfigError, match="window_utc"):
+        validate(Policy, {"window_utc": "8-18"}, "p.toml")
+    with pytest.raises(ConfigError, match="unknown field"):
+        validate(Policy, {"allow_peer": ["alice"]}, "p.toml")

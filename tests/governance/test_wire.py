@@ -1,0 +1,86 @@
+import struct
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from modelward.governance.wire import MAGIC, Message, SequenceGuard, WireError, decode, encode, expect
+
+
+@pytest.mark.parametrize("t", [torch.randn(3, 4), torch.tensor(1.5), torch.zeros(0, 3), torch.ones(2, dtype=torch.bool),
+                               torch.randn(2, 2).bfloat16(), torch.arange(5), torch.randn(2, 1, 3).double()])
+def test_roundtrip_keeps_dtype_shape_and_values(t):
+    m = decode(encode(Message("forward", "s", 7, 3, {"purpose": "train"}, {"a": t})))
+    assert (m.op, m.session, m.step, m.seq, m.meta) == ("forward", "s", 7, 3, {"purpose": "train"})
+    assert m.tensors["a"].dtype == t.dtype and m.tensors["a"].shape == t.shape and torch.equal(m.tensors["a"], t)
+
+
+def _with_header(header: bytes, body: bytes = b"") -> bytes:
+    return MAGIC + struct.pack("<I", len(header)) + header + body
+
+
+@pytest.mark.parametrize("data,needle", [
+    (b"GET / HTTP/1.1", "bad magic"),
+    (_with_header(b"{not json"), "not valid JSON"),
+    (_with_header(b'{"op":"f","tensors":[{"name":"h","dtype":"object","shape":[1],"nbytes":8}]}', b"x" * 8),
+     "dtype 'object' not allowed"),
+    (_with_header(b'{"op":"f","tensors":[{"name":"h","dtype":"float32","shape":[2],"nbytes":4}]}', b"x" * 4),
+     "needs 8"),
+    (_with_header(b'{"op":"f","tensors":[{"name":"h","dtype":"float32","shape":[99999,99999],'
+                  b'"nbytes":39999200004}]}'), "truncated"),
+    (_with_header(b'{"op":"f","step":-1}'), "non-negative"),
+    (_with_header(b'{"op":"f"}', b"extra"), "trailing"),
+])
+def test_malformed_messages_are_refused_with_a_reason(data, needle):
+    with pytest.raises(WireError, match=needle):
+        decode(data)
+
+
+def test_nonfinite_oversized_and_wrong_shape_refused():
+    with pytest.raises(WireError, match="NaN or Inf"):
+        decode(encode(Message("f", tensors={"h": torch.tensor([1.0, float("nan")])})))
+    with pytest.raises(WireError, match="exceeds the limit"):
+        decode(encode(Message("f", tensors={"h": torch.zeros(1000)})), max_bytes=1000)
+    m = decode(encode(Message("f", tensors={"h": torch.zeros(4, 3)})))
+    with pytest.raises(WireError, match="expected B×5"):
+        expect(m, "h", torch.float32, (None, 5))
+    with pytest.raises(WireError, match="expected float64"):
+        expect(m, "h", torch.float64)
+    with pytest.raises(WireError, match="batch of 4 exceeds"):
+        expect(m, "h", torch.float32, (None, 3), max_batch=2)
+
+
+def test_sequence_guard_detects_replay_gap_and_answers_retries():
+    g = SequenceGuard()
+    assert g.check("s", 1, b"a") is None
+    g.commit("s", 1, b"a", b"resp1")
+    assert g.check("s", 1, b"a") == b"resp1"  # identical retry
+    with pytest.raises(WireError, match="replayed"):
+        g.check("s", 1, b"different")
+    with pytest.raises(WireError, match="out-of-order"):
+        g.check("s", 3, b"c")
+    assert g.check("s", 2, b"b") is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=512))
+def test_fuzz_random_bytes_never_crash_the_decoder(data):
+    try:
+        decode(data)
+    except WireError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=1, max_size=64), st.integers(0, 200))
+def test_fuzz_corrupted_valid_messages(noise, pos):
+    good = bytearray(encode(Message("forward", "s", 1, 1, {"k": 1}, {"h": torch.randn(2, 3)})))
+    pos = min(pos, len(good) - 1)
+    bad = bytes(good[:pos]) + noise + bytes(good[pos + len(noise):])
+    try:
+        m = decode(bad)
+    except WireError:
+        return
+    for t in m.tensors.values():  # anything accepted is well-formed
+        assert t.numel() * t.element_size() <= len(bad)
