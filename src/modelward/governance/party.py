@@ -104,6 +104,7 @@ class PartyConfig(StrictModel):
     data: PartyData | None = None
     tls: TLSConfig
     policy: Policy = Field(default_factory=Policy)
+    policy_file: str | None = None  # a TOML file with the policy table's keys (instead of [policy])
     checkpoint_dir: str
     checkpoint_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(3, ge=2)
@@ -141,6 +142,11 @@ def resolve_paths(cfg: PartyConfig, base: Path) -> PartyConfig:
         cfg.init.checkpoint = _resolve(base, cfg.init.checkpoint)
     if cfg.data and cfg.data.file:
         cfg.data.file = _resolve(base, cfg.data.file)
+    if cfg.policy_file:
+        if cfg.policy != Policy():
+            raise ConfigError("give the consent policy either as [policy] or as policy_file, not both")
+        cfg.policy_file = _resolve(base, cfg.policy_file)
+        cfg.policy = load_config(cfg.policy_file, Policy)
     return cfg
 
 
@@ -202,6 +208,8 @@ class Party:
         self.train_cfg: TrainConfig | None = None
         self.opt: torch.optim.Optimizer | None = None
         self.pending: _Pending | None = None
+        # the first optimizer in a process imports a lot of torch; pay that before READY, not on the first request
+        make_optimizer([torch.nn.Parameter(torch.zeros(1))], TrainConfig()).step()
         latest = self.checkpoints()
         if latest:
             self._restore(latest[-1])

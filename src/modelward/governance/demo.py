@@ -1,0 +1,159 @@
+"""Loopback split training of an in-memory model: certificates, party processes, driver, export, audit check.
+
+Used by ``modelward demo`` (the trained model then goes into the completion study: how hard is it for one party to
+complete the other's part?), by the benchmark and by the end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from torch import nn
+
+from modelward.core.data import DataSplit
+from modelward.core.io import load_tensors, save_tensors
+from modelward.core.progress import make_progress
+from modelward.core.train import TrainConfig
+from modelward.governance.audit import AuditError, verify
+from modelward.governance.certs import make_certs
+from modelward.governance.driver import PartyRef, SplitConfig, SplitDriver
+from modelward.governance.launch import PartyProcess, start_parties, stop_parties, to_toml
+from modelward.governance.party import TLSConfig
+from modelward.governance.plan import infer_model_config, make_plan, model_layers
+
+
+@dataclass
+class SplitDemoResult:
+    state_dict: dict[str, torch.Tensor]  # the full trained model's parameters+buffers, names as in `model`
+    curve: list[tuple[int, float]]  # (step, test loss) at 0, every eval_every steps and at the end
+    party_params: dict[str, list[str]]  # party name -> the parameter names it holds
+    summary: dict[str, float]  # bytes per link, seconds, steps, ...
+
+
+@dataclass
+class LocalSplit:
+    """Configs for a split of `model` across local parties, written under one folder."""
+
+    root: Path
+    party_configs: dict[str, Path]  # chain order
+    owners: dict[str, list[str]]
+    tls: TLSConfig
+    processes: dict[str, PartyProcess] = field(default_factory=dict)
+
+    def start(self, names: list[str] | None = None) -> None:
+        names = names or list(self.party_configs)
+        self.processes.update(start_parties({n: self.party_configs[n] for n in names},
+                                            {n: self.root / n / "server.log" for n in names}))
+
+    def split_config(self, train_cfg: TrainConfig, seed: int, **kw: Any) -> SplitConfig:
+        return SplitConfig(parties=[PartyRef(name=n, address=self.processes[n].address) for n in self.party_configs],
+                           tls=self.tls, train=train_cfg, seed=seed, out_dir=str(self.root / "driver"), **kw)
+
+    def stop(self) -> None:
+        stop_parties(list(self.processes.values()))
+
+
+def prepare_local_split(root: Path, model: nn.Module, data: DataSplit, parties: list[str], cuts: list[str],
+                        policy: dict[str, Any] | None = None, checkpoint_every: int = 10, threads: int = 0,
+                        driver: str | None = None) -> LocalSplit:
+    """Write certificates, each party's own data file, the initial weights and one PARTY.toml per party.
+
+    Port 0: each server picks a free port and prints it. The first party's identity is the driver's.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    plan = make_plan(model, parties, cuts)
+    mcfg = infer_model_config(model)
+    make_certs(root / "certs", parties)
+    init = root / "init.safetensors"
+    save_tensors(init, model.state_dict())  # each party reads only its own entries from it
+    driver = driver or parties[0]
+    pol = policy or {"allow_peers": [driver], "training": True, "inference": True}
+    configs: dict[str, Path] = {}
+    for i, p in enumerate(parties):
+        cfg: dict[str, Any] = {
+            "name": p, "host": "127.0.0.1", "port": 0, "layers": plan.owners[p],
+            "input_shape": list(data.x_train.shape[1:]), "num_classes": int(data.num_classes),
+            "checkpoint_dir": str(root / p / "checkpoints"), "checkpoint_every": checkpoint_every,
+            "audit_db": str(root / p / "audit.db"), "threads": threads,
+            "model": mcfg.model_dump(mode="json", exclude_none=True),
+            "init": {"checkpoint": str(init)}, "policy": pol,
+            "tls": {"ca": str(root / "certs/ca.pem"), "cert": str(root / f"certs/{p}.pem"),
+                    "key": str(root / f"certs/{p}.key")},
+        }
+        cfg["model"].pop("kwargs", None)
+        own: dict[str, torch.Tensor] = {}
+        if i == 0:
+            own = {"x_train": data.x_train, "x_test": data.x_test}
+        if i == len(parties) - 1:
+            own = {"y_train": data.y_train, "y_test": data.y_test}
+        if own:
+            save_tensors(root / p / "data.safetensors", own)
+            cfg["data"] = {"file": str(root / p / "data.safetensors")}
+        path = root / f"party_{p}.toml"
+        path.write_text(to_toml(cfg))
+        configs[p] = path
+    tls = TLSConfig(ca=str(root / "certs/ca.pem"), cert=str(root / f"certs/{driver}.pem"),
+                    key=str(root / f"certs/{driver}.key"))
+    return LocalSplit(root, configs, plan.owners, tls)
+
+
+def run_split_demo(out_dir: Path, model: nn.Module, data: DataSplit, train_cfg: TrainConfig, seed: int,
+                   console: Console, cut: str | None = None) -> SplitDemoResult:
+    """Make certs in out_dir, start alice+bob party servers on 127.0.0.1 (subprocesses), split-train `model`
+    (alice: the layers up to and including `cut`, default: the first part in model.part_names), collect the
+    trained parameters (each party exports its checkpoint at the end), stop the servers, verify the audit logs."""
+    out_dir = Path(out_dir)
+    names = [lay.name for lay in model_layers(model)]
+    cut = cut or getattr(model, "part_names", names)[0]
+    t0 = time.perf_counter()
+    split = prepare_local_split(out_dir, model, data, ["alice", "bob"], [cut])
+    console.print(f"split: alice holds {split.owners['alice']} and the inputs, bob holds {split.owners['bob']} "
+                  "and the labels; mutual TLS on 127.0.0.1")
+    try:
+        split.start()
+        scfg = split.split_config(train_cfg, seed)
+        with SplitDriver(scfg) as drv, make_progress(console) as progress:
+            task = progress.add_task("split training", total=train_cfg.steps, info="")
+            last_eval = {"L": float("nan")}
+
+            def on_step(step, loss, links):
+                wire = sum(s.sent + s.received for s in links.values())
+                progress.update(task, completed=step,
+                                info=f"loss {loss:.3f}  L {last_eval['L']:.3f}  wire {wire / 2**20:.1f} MiB")
+
+            def on_eval(step, val):
+                last_eval["L"] = val
+
+            res = drv.train(on_step, on_eval, out_dir / "driver")
+            exports = drv.checkpoint_all(export=True)
+    finally:
+        split.stop()
+    state: dict[str, torch.Tensor] = {}
+    party_params: dict[str, list[str]] = {}
+    for p, meta in exports.items():
+        sd = load_tensors(meta["export"])
+        state.update(sd)
+        party_params[p] = [k for k in sd if k in dict(model.named_parameters())]
+    missing = set(model.state_dict()) - set(state)
+    if missing:
+        raise AuditError(f"exported checkpoints miss {sorted(missing)[:5]}")
+    for p in split.party_configs:
+        v = verify(out_dir / p / "audit.db", expect_head=None)
+        if not v.ok:
+            raise AuditError(f"audit log of {p}: {v}")
+    summary: dict[str, float] = {"steps": float(res.steps_run), "seconds": time.perf_counter() - t0,
+                                 "train_seconds": res.seconds, "resumes": float(res.resumes)}
+    for link, s in res.links.items():
+        summary[f"{link}.bytes_sent"] = float(s["sent"])
+        summary[f"{link}.bytes_received"] = float(s["received"])
+        summary[f"{link}.seconds"] = float(s["seconds"])
+    (out_dir / "split_summary.json").write_text(json.dumps({**summary, "party_params": party_params}, indent=2))
+    console.print(f"split training done: {res.steps_run} steps in {res.seconds:.1f}s; audit logs verified")
+    return SplitDemoResult(state, res.curve, party_params, summary)
