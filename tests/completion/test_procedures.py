@@ -1,0 +1,44 @@
+"""Retraining procedures T1–T4 through the supervised problem."""
+
+from __future__ import annotations
+
+import torch
+
+from modelward.completion.problem import ProcedureSpec
+from modelward.completion.procedures import prepare_retraining
+from modelward.completion.supervised import SupervisedProblem
+from modelward.core.data import DataConfig
+from modelward.core.train import TrainConfig
+from modelward.core.zoo import ModelConfig
+
+
+def _problem() -> SupervisedProblem:
+    return SupervisedProblem(DataConfig(source="iris"), ModelConfig(arch="mlp", hidden=[8]),
+                             TrainConfig(steps=40, eval_every=10, batch_size=16, lr=0.05))
+
+
+def test_t2_returns_only_the_part_and_t3_overparametrises(tmp_path):
+    p = _problem()
+    m = p.build()
+    g = torch.Generator().manual_seed(0)
+    assert prepare_retraining(m, "fc1", ProcedureSpec(name="a", kind="T2"), g) == {"fc1.weight", "fc1.bias"}
+    assert prepare_retraining(m, "fc1", ProcedureSpec(name="b", kind="T1"), g) is None
+    m3 = p.build()
+    prepare_retraining(m3, "fc1", ProcedureSpec(name="c", kind="T3", t3_factor=3.0), g)
+    assert isinstance(m3.fc1, torch.nn.Sequential) and m3.fc1[0].out_features == 24
+    assert m3(torch.rand(2, 4)).shape == (2, 3)
+
+
+def test_retrain_curves_for_every_procedure(tmp_path):
+    p = _problem()
+    orig = p.train_original(0, "", tmp_path)
+    assert orig.curve[0][0] == 0 and orig.best < orig.loss0
+    for spec in [ProcedureSpec(name="T1", kind="T1"), ProcedureSpec(name="T2", kind="T2"),
+                 ProcedureSpec(name="T3", kind="T3", t3_variant="wider"),
+                 ProcedureSpec(name="T4", kind="T4", init="caffe")]:
+        curve = p.retrain(orig, "fc1", spec, 0, budget=40, stop_at=None, workdir=tmp_path)
+        assert curve[0][0] == 0 and curve[-1][0] == 40, spec.name
+    # early stop: a loose threshold is met right away
+    short = p.retrain(orig, "logits", ProcedureSpec(name="T1", kind="T1"), 0, budget=40, stop_at=1.0,
+                      workdir=tmp_path)
+    assert short == short[:1]
