@@ -1,0 +1,22 @@
+"""`modelward demo --quick`: split training over real sockets feeds the completion study (and the guarded API)."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+
+def test_quick_demo_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    r = subprocess.run([sys.executable, "-m", "modelward.cli.main", "demo", "--quick", "--out", str(out),
+                        "--workers", "1"], capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = list(csv.DictReader((out / "completion" / "hardness.csv").open()))
+    assert {r["part"] for r in rows} == {"conv1", "conv2+fc1+logits"}
+    assert all(0.0 <= float(r["mean"]) <= 1.0 for r in rows)
+    md = (out / "completion" / "hardness.md").read_text()
+    assert "## α = 1" in md and "conv2+fc1+logits" in md
+    # seed 0's original model is the one trained split between the parties
+    assert list((out / "completion" / "checkpoints").glob("original_seed0_split.safetensors"))
+    assert "audit logs verified" in r.stdout
