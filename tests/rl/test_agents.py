@@ -1,0 +1,57 @@
+"""The agents learn something in seconds (return rises above a random policy), T2 freezes everything else."""
+
+import numpy as np
+import torch
+
+from modelward.core.init import init_model_
+from modelward.rl.a2c import A2CConfig, ac_policy, train_a2c
+from modelward.rl.dqn import DQNConfig, q_policy, train_dqn
+from modelward.rl.envs import env_spec
+from modelward.rl.evaluate import CurveRecorder, episode_returns, loss_from_returns, random_policy
+from modelward.rl.nets import ActorCritic, QNetwork
+
+ENV = "CartPole-v1"
+
+
+def _random_loss(n_actions: int) -> float:
+    return loss_from_returns(episode_returns(random_policy(n_actions, 0), ENV, 8, 500, 300))
+
+
+def test_a2c_beats_random_on_cartpole():
+    torch.set_num_threads(1)
+    spec = env_spec(ENV)
+    net = init_model_(ActorCritic(spec), seed=0)
+    ev = lambda: loss_from_returns(episode_returns(ac_policy(net, 8, 1), ENV, 8, 500, 300))  # noqa: E731
+    curve = train_a2c(net, ENV, A2CConfig(n_envs=8, rms_eps=1e-5), 0, 24_000, CurveRecorder(ev, 8_000))
+    assert curve[0][0] == 0 and curve[-1][0] == 24_000
+    assert min(v for _, v in curve) < _random_loss(spec.n_actions) - 20  # mean return > random + 20
+
+
+def test_dqn_beats_random_on_cartpole_and_fills_buffer():
+    torch.set_num_threads(1)
+    spec = env_spec(ENV)
+    net = init_model_(QNetwork(spec), seed=0)
+    ev = lambda: loss_from_returns(episode_returns(q_policy(net, 2, 0.0, 1), ENV, 8, 500, 300))  # noqa: E731
+    cfg = DQNConfig(lr=1e-3, learning_starts=300, target_update=300, eps_fraction=0.3, buffer_size=5_000)
+    curve, buf = train_dqn(net, ENV, cfg, 0, 3_000, CurveRecorder(ev, 1_000))
+    assert len(buf) > 2_900 and buf.discount.max() > 0.96 and (buf.discount[: len(buf)] == 0).any()
+    assert min(v for _, v in curve) < _random_loss(spec.n_actions) - 20
+
+
+def test_recurrent_a2c_trains_and_t2_freezes_the_rest():
+    torch.set_num_threads(1)
+    spec = env_spec("MinAtar/Breakout-v1")
+    net = init_model_(ActorCritic(spec, recurrent=True), seed=0)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    trainable = {n for n, _ in net.named_parameters() if n.startswith("lstm.")}
+    ev = lambda: loss_from_returns(episode_returns(ac_policy(net, 2, 1), "MinAtar/Breakout-v1", 2, 0, 50))  # noqa
+    curve = train_a2c(net, "MinAtar/Breakout-v1", A2CConfig(n_envs=4), 0, 400, CurveRecorder(ev, 200), trainable)
+    assert [c for c, _ in curve] == [0, 200, 400]
+    after = net.state_dict()
+    for k, v in before.items():
+        if k.startswith("lstm."):
+            assert not torch.equal(v, after[k])
+        else:
+            assert torch.equal(v, after[k]), k
+    assert all(p.requires_grad for p in net.parameters())
+    assert np.isfinite([v for _, v in curve]).all()

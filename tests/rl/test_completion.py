@@ -1,0 +1,71 @@
+"""RLProblem: config validation, train/retrain semantics, buffer kept vs reset, the random-agent filter."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from modelward.completion.problem import ProcedureSpec
+from modelward.core.io import load_state_dict
+from modelward.errors import ConfigError, PartError
+from modelward.rl.completion import RLProblem
+from modelward.rl.replay import ReplayBuffer
+
+RL = {"env": "CartPole-v1", "agent": "dqn", "steps": 2_000, "eval_every": 1_000, "eval_episodes": 4,
+      "eval_max_steps": 150, "dqn": {"lr": 1e-3, "learning_starts": 300, "target_update": 300,
+                                     "eps_fraction": 0.3, "buffer_size": 4_000}}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    torch.set_num_threads(1)
+    p = RLProblem.from_study(SimpleNamespace(rl=RL))
+    d = tmp_path_factory.mktemp("rl")
+    return p, p.train_original(0, p.tasks[0], d), d
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="rl: field 'agent'.*valid choices"):
+        RLProblem.from_study(SimpleNamespace(rl={"agent": "ppo"}))
+    with pytest.raises(ConfigError, match="rl: field 'dqn.lr'"):
+        RLProblem.from_study(SimpleNamespace(rl={"dqn": {"lr": -1}}))
+    p = RLProblem.from_study(SimpleNamespace(rl={}))
+    assert p.tasks == ["MinAtar/Breakout-v1"] and p.part_names()[0] == "conv1"
+    assert RLProblem.from_study(SimpleNamespace(rl={"suite": "minatar-fast"})).tasks[2].endswith("SpaceInvaders-v1")
+    with pytest.raises(PartError, match="valid parts"):
+        p.validate_part("conv9")
+
+
+def test_original_run_curve_checkpoint_buffer(trained):
+    p, orig, _ = trained
+    assert [c for c, _ in orig.curve] == [0, 1_000, 2_000] and orig.loss0 == orig.curve[0][1]
+    state, meta = load_state_dict(orig.checkpoint)
+    assert meta["task"] == "CartPole-v1" and "linear.weight" in state
+    assert len(ReplayBuffer.load(orig.extras["replay_buffer"])) >= 1_990
+    assert orig.extras["random_loss"] == p.random_loss("CartPole-v1")
+    assert p.usable(orig) == (p.random_loss("CartPole-v1") > orig.curve[-1][1])
+    strict = RLProblem.from_study(SimpleNamespace(rl={**RL, "min_gain": 1e9}))
+    assert not strict.usable(orig)
+    assert RLProblem.from_study(SimpleNamespace(rl={**RL, "min_gain": 1e9, "filter_random": False})).usable(orig)
+
+
+def test_retrain_resets_only_the_part_and_buffer_choice_matters(trained):
+    p, orig, d = trained
+    curves = {}
+    for keep in (True, False):
+        proc = ProcedureSpec(name=f"T2-{keep}", kind="T2", keep_buffer=keep)
+        curves[keep] = p.retrain(orig, "advantage", proc, 0, 600, None, d)
+        assert curves[keep][0][0] == 0 and curves[keep][-1][0] == 600
+    # same reset weights, same seeds: the only difference is the buffer — kept updates at once, reset waits for
+    # learning_starts transitions, so the curves differ
+    assert curves[True][0] == curves[False][0]
+    assert curves[True] != curves[False]
+    stop = p.retrain(orig, "fc1", ProcedureSpec(name="T1", kind="T1"), 0, 2_000, stop_at=1e9, workdir=d)
+    assert stop == stop[:1] and stop[0][0] == 0
+
+
+def test_keep_buffer_needs_a_replay_agent(trained):
+    _, orig, d = trained
+    a2c = RLProblem.from_study(SimpleNamespace(rl={"env": "CartPole-v1"}))
+    with pytest.raises(ConfigError, match="keep_buffer"):
+        a2c.retrain(orig, "fc1", ProcedureSpec(name="k", kind="T1", keep_buffer=True), 0, 10, None, d)

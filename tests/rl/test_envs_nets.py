@@ -1,0 +1,79 @@
+"""Environments (MinAtar, classic control, ALE with standard preprocessing) and the agents' part-named networks."""
+
+import numpy as np
+import pytest
+import torch
+
+from modelward.core.parts import resolve_part
+from modelward.errors import ConfigError
+from modelward.rl.envs import SUITES, env_spec, make_env, make_vector_env, resolve_games
+from modelward.rl.nets import ActorCritic, NetConfig, QNetwork
+
+
+def test_minatar_is_channels_first_uint8():
+    env = make_env("MinAtar/Breakout-v1")
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4, 10, 10) and obs.dtype == np.uint8 and set(np.unique(obs)) <= {0, 1}
+    spec = env_spec("MinAtar/Breakout-v1")
+    assert spec.n_actions == 3 and spec.is_image and spec.scale == 1.0
+
+
+def test_atari_standard_preprocessing():
+    spec = env_spec("ALE/Pong-v5")
+    assert spec.obs_shape == (4, 84, 84) and spec.scale == pytest.approx(1 / 255)
+    net = ActorCritic(spec)
+    assert net.kind == "atari" and net.linear.in_features == 7 * 7 * 64 and net.linear.out_features == 512
+
+
+def test_time_limit_and_vector_env_same_step_reset():
+    venv = make_vector_env("MinAtar/Breakout-v1", 2, seed=0, max_episode_steps=3)
+    venv.reset(seed=[0, 1])
+    for _ in range(2):
+        _, _, term, trunc, _ = venv.step(np.zeros(2, dtype=np.int64))
+    _, _, term, trunc, info = venv.step(np.zeros(2, dtype=np.int64))
+    assert (term | trunc).all() and "final_obs" in info
+    venv.close()
+
+
+def test_suites_and_errors():
+    assert resolve_games(None, "minatar", None) == SUITES["minatar"]
+    assert resolve_games("CartPole-v1", None, None) == ["CartPole-v1"]
+    with pytest.raises(ConfigError, match="valid choices"):
+        resolve_games(None, "nope", None)
+    with pytest.raises(ConfigError, match="cannot be made"):
+        make_env("NoSuchEnv-v0")
+
+
+def test_actor_critic_parts_lower_to_higher():
+    spec = env_spec("MinAtar/Breakout-v1")
+    net = ActorCritic(spec)
+    assert net.part_names == ["conv1", "conv2", "conv3", "linear", "policy", "value"]
+    rec = ActorCritic(spec, recurrent=True)
+    assert rec.part_names == ["conv1", "conv2", "conv3", "linear", "lstm", "policy", "value"]
+    for name in rec.part_names:
+        assert resolve_part(rec, name).params
+    logits, value, state = rec(torch.zeros(5, 4, 10, 10), rec.initial_state(5))
+    assert logits.shape == (5, 3) and value.shape == (5,) and state[0].shape == (1, 5, rec.hidden)
+    with pytest.raises(ConfigError, match="vector observations"):
+        ActorCritic(spec, NetConfig(torso="mlp"))
+
+
+def test_recurrent_unroll_matches_stepping_with_resets():
+    torch.manual_seed(0)
+    net = ActorCritic(env_spec("CartPole-v1"), recurrent=True)
+    obs = torch.randn(4, 3, 4)
+    starts = torch.tensor([[1.0, 1, 1], [0, 0, 0], [0, 1, 0], [0, 0, 0]])
+    logits, values = net.unroll(obs, net.initial_state(3), starts)
+    state = net.initial_state(3)
+    for t in range(4):
+        keep = (1 - starts[t]).view(1, 3, 1)
+        lg, v, state = net(obs[t], (state[0] * keep, state[1] * keep))
+        assert torch.allclose(lg, logits[t], atol=1e-6) and torch.allclose(v, values[t], atol=1e-6)
+
+
+def test_dueling_q_network():
+    spec = env_spec("MinAtar/Asterix-v1")
+    q = QNetwork(spec)
+    assert q.part_names == ["conv1", "conv2", "conv3", "linear", "value", "advantage"]
+    assert q(torch.zeros(2, *spec.obs_shape)).shape == (2, spec.n_actions)
+    assert QNetwork(spec, dueling=False).part_names[-1] == "q"
