@@ -38,3 +38,7 @@ def serve(
 
     cfg = load_party_config(config, set_)
     run(cfg, log=lambda s: print(s, flush=True))
+
+
+if __name__ == "__main__":  # the launcher starts servers this way: lighter than importing every command group
+    app()

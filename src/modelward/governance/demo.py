@@ -140,7 +140,7 @@ def run_split_demo(out_dir: Path, model: nn.Module, data: DataSplit, train_cfg: 
     for p, meta in exports.items():
         sd = load_tensors(meta["export"])
         state.update(sd)
-        party_params[p] = [k for k in sd if k in dict(model.named_parameters())]
+        party_params[p] = [n for n, _ in model.named_parameters() if n in sd]
     missing = set(model.state_dict()) - set(state)
     if missing:
         raise AuditError(f"exported checkpoints miss {sorted(missing)[:5]}")

@@ -115,6 +115,10 @@ class SplitDriver:
             # the server certificate must name this party: the driver pins whom it talks to
             ch = grpc.secure_channel(p.address, creds, options=[("grpc.ssl_target_name_override", p.name),
                                                                 ("grpc.max_receive_message_length", limit),
+                                                                # a restarted party is found within a second
+                                                                ("grpc.initial_reconnect_backoff_ms", 200),
+                                                                ("grpc.min_reconnect_backoff_ms", 200),
+                                                                ("grpc.max_reconnect_backoff_ms", 1000),
                                                                 ("grpc.max_send_message_length", limit)])
             self.channels[p.name] = ch
             self.stubs[p.name] = ch.unary_unary(METHOD)

@@ -85,7 +85,7 @@ def spawn_party(config: Path, log: Path, overrides: list[str] | None = None,
                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
     """Run `modelward party serve CONFIG` in a subprocess, output appended to `log`; returns (process, log offset)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "modelward.cli.main", "party", "serve", str(config)]
+    cmd = [sys.executable, "-m", "modelward.cli.party", "serve", str(config)]
     for o in overrides or []:
         cmd += ["--set", o]
     with log.open("ab") as fh:

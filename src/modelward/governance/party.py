@@ -160,6 +160,11 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def _opt_fields(tc: TrainConfig) -> dict[str, Any]:
+    """What fixes a party's parameter trajectory (run length and evaluation cadence may change between runs)."""
+    return tc.model_dump(mode="json", include={"optimizer", "lr", "momentum", "weight_decay", "lr_schedule"})
+
+
 @dataclass
 class _Pending:
     step: int
@@ -388,9 +393,10 @@ class Party:
             if self.train_cfg is None:
                 self.train_cfg = cfg
                 self.opt = make_optimizer(list(self.params.values()), cfg)
-            elif self.train_cfg != cfg:
-                raise PartyError(f"party {self.cfg.name} is already training with a different configuration; "
-                                 "use a fresh checkpoint_dir to start over")
+            elif _opt_fields(self.train_cfg) != _opt_fields(cfg):
+                raise PartyError(f"party {self.cfg.name} is already training with a different optimizer "
+                                 f"configuration {_opt_fields(self.train_cfg)}; use a fresh checkpoint_dir to "
+                                 "start over")
         self.guard.restore(msg.session, self.audit.last_seq(msg.session))
         return {**self._status(), "last_seq": self.guard.last_seq(msg.session)}
 
@@ -622,7 +628,7 @@ def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None
         signal.signal(signal.SIGINT, _handler)
     while not stop.wait(0.2):
         pass
-    server.server.stop(5.0).wait()
+    server.server.stop(1.0).wait()
     with party.lock:
         if party.pending is None and party.step not in party.checkpoints():
             party._save_checkpoint()
