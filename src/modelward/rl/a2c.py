@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from modelward.core.config import StrictModel
-from modelward.rl.envs import make_vector_env
+from modelward.rl.envs import env_seeds, make_vector_env
 from modelward.rl.evaluate import ActFn, CurveRecorder
 from modelward.rl.nets import ActorCritic, State
 
@@ -56,7 +56,7 @@ def train_a2c(net: ActorCritic, env_id: str, cfg: A2CConfig, seed: int, steps: i
     n = cfg.n_envs
     venv = make_vector_env(env_id, n, seed, max_episode_steps)
     try:
-        obs, _ = venv.reset(seed=[seed * 1000 + i for i in range(n)])
+        obs, _ = venv.reset(seed=env_seeds(seed, n))
         state = net.initial_state(n)
         starts = torch.ones(n)
         cost = 0

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from modelward.core.config import StrictModel
-from modelward.rl.envs import make_vector_env
+from modelward.rl.envs import env_seeds, make_vector_env
 from modelward.rl.evaluate import ActFn, CurveRecorder
 from modelward.rl.nets import QNetwork
 from modelward.rl.replay import NStepFolder, ReplayBuffer
@@ -64,7 +64,7 @@ def train_dqn(net: QNetwork, env_id: str, cfg: DQNConfig, seed: int, steps: int,
     n = cfg.n_envs
     venv = make_vector_env(env_id, n, seed, max_episode_steps)
     try:
-        obs, _ = venv.reset(seed=[seed * 1000 + i for i in range(n)])
+        obs, _ = venv.reset(seed=env_seeds(seed, n))
         if buffer is None:
             buffer = new_buffer(cfg, obs.shape[1:], obs.dtype)
         folders = [NStepFolder(cfg.n_step, cfg.gamma) for _ in range(n)]

@@ -119,6 +119,11 @@ def make_vector_env(env_id: str, n: int, seed: int, max_episode_steps: int | Non
     return venv
 
 
+def env_seeds(seed: int, n: int) -> list[int]:
+    """`n` distinct 32-bit environment seeds derived from any non-negative `seed` (Gymnasium needs < 2**32)."""
+    return [int(x) for x in np.random.SeedSequence(seed).generate_state(n)]
+
+
 def resolve_games(env: str | None, suite: str | None, games: list[str] | None) -> list[str]:
     """The list of tasks of a learning problem: explicit `games`, a named `suite`, or a single `env`."""
     if games:
