@@ -1,0 +1,228 @@
+"""Config-driven robust training / certification / attack evaluation behind ``modelward robust ...``.
+
+One TOML file (:class:`RobustConfig`) names the data, the architecture (App. A.4 notation), the training mode —
+``standard`` | ``pgd`` | ``trades`` (adversarial training, :mod:`modelward.robustness.training`) | ``gloro`` |
+``rtk`` | ``affinity`` — and the evaluation (ε list, attacks). Trained models are safetensors files whose metadata
+carries the config, so ``certify`` / ``attack`` rebuild the exact architecture from the file alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from modelward.core.config import StrictModel
+from modelward.core.data import DataConfig, DataSplit
+from modelward.core.io import load_state_dict, optimizer_from_tensors, optimizer_to_tensors, save_state_dict
+from modelward.core.train import TrainConfig
+from modelward.errors import ConfigError, DataError
+from modelward.robustness.gloro.certify import certify
+from modelward.robustness.gloro.layers import Activation, Init, build_gloro_model
+from modelward.robustness.gloro.net import AffinityGloroNet, GloroNet, RtkGloroNet
+from modelward.robustness.gloro.train import GloroTrainConfig, train_gloro
+from modelward.robustness.training import AdversarialConfig
+
+Mode = Literal["standard", "pgd", "trades", "gloro", "rtk", "affinity"]
+GLORO_MODES = ("gloro", "rtk", "affinity")
+
+
+class GloroModelConfig(StrictModel):
+    arch: str = "2C2F"  # App. A.4 name (2C2F, 4C3F, 6C2F, 8C2F, mlp) or e.g. "c(16,4,2).c(32,4,2).d(100)"
+    activation: Activation = "minmax"
+    init: Init = "orthogonal"
+
+
+class RobustTrainConfig(GloroTrainConfig):
+    mode: Mode = "gloro"
+    rtk_k: int = Field(2, ge=1)  # mode = rtk
+    affinity_sets: list[list[int]] = Field(default_factory=list)  # mode = affinity
+    adversarial: AdversarialConfig = Field(default_factory=lambda: AdversarialConfig(eps=0.3, norm="l2"))
+    checkpoint_every: int = Field(10, ge=1)  # epochs (gloro/standard modes resume from the last checkpoint)
+
+    @model_validator(mode="after")
+    def _mode_needs(self) -> RobustTrainConfig:
+        if self.mode == "affinity" and not self.affinity_sets:
+            raise ValueError("train.mode='affinity' needs train.affinity_sets, e.g. [[0], [1, 7], [3, 5, 8]]")
+        return self
+
+
+class AttackSpec(StrictModel):
+    name: str = "pgd"
+    params: dict[str, Any] = Field(default_factory=lambda: {"norm": "l2", "steps": 40, "restarts": 1})
+
+
+class EvalConfig(StrictModel):
+    epsilons: list[float] = Field(default_factory=lambda: [0.1, 0.3, 0.5])
+    attacks: list[AttackSpec] = Field(default_factory=lambda: [AttackSpec()])
+    max_points: int | None = Field(None, ge=1)  # evaluate on the first N test points only
+    batch_size: int = Field(1024, ge=1)
+
+    @model_validator(mode="after")
+    def _eps(self) -> EvalConfig:
+        if not self.epsilons or min(self.epsilons) < 0:
+            raise ValueError("evaluate.epsilons must be a non-empty list of radii >= 0")
+        return self
+
+
+class RobustConfig(StrictModel):
+    seed: int = 0
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: GloroModelConfig = Field(default_factory=GloroModelConfig)
+    train: RobustTrainConfig = Field(default_factory=RobustTrainConfig)
+    evaluate: EvalConfig = Field(default_factory=EvalConfig)
+
+
+def build_net(model: nn.Sequential, input_shape: tuple[int, ...], train: RobustTrainConfig, epsilon: float,
+              seed: int = 0) -> GloroNet:
+    """The GloRo wrapper for the training mode (rtk / affinity relaxations, plain GloRo otherwise)."""
+    kw = {"num_iterations": train.power_iterations, "seed": seed}
+    if train.mode == "rtk":
+        return RtkGloroNet(model, input_shape, epsilon, train.rtk_k, **kw)
+    if train.mode == "affinity":
+        return AffinityGloroNet(model, input_shape, epsilon, train.affinity_sets, **kw)
+    return GloroNet(model, input_shape, epsilon, **kw)
+
+
+@dataclass
+class TrainOutcome:
+    model: nn.Sequential
+    net: GloroNet
+    history: list[dict[str, float]]
+    seconds: float
+
+
+def train_robust(cfg: RobustConfig, data: DataSplit, out: Path,
+                 on_progress: Callable[[int, int, str], None] | None = None) -> TrainOutcome:
+    """Train per ``cfg.train.mode``; checkpoints to ``out/checkpoint.safetensors`` and resumes from it."""
+    torch.manual_seed(cfg.seed)
+    model = build_gloro_model(cfg.model.arch, data.input_shape, data.num_classes, cfg.model.activation,
+                              cfg.model.init, cfg.seed)
+    t = cfg.train
+    net = build_net(model, data.input_shape, t, t.epsilon, cfg.seed)
+    history: list[dict[str, float]] = []
+    if t.mode in ("pgd", "trades"):
+        from modelward.robustness.training import pgd_adversarial_training, trades_training
+
+        per_epoch = max(1, len(data.x_train) // t.batch_size)
+        steps = t.epochs * per_epoch
+        tc = TrainConfig(optimizer="adam", lr=t.lr, weight_decay=0.0, batch_size=t.batch_size, steps=steps,
+                         eval_every=per_epoch)
+        fn = pgd_adversarial_training if t.mode == "pgd" else trades_training
+
+        def on_step(step: int, loss: float) -> None:
+            if on_progress and step % per_epoch == 0:
+                on_progress(step // per_epoch, t.epochs, f"loss {loss:.3f}")
+
+        res = fn(model, data.x_train, data.y_train, tc, t.adversarial, seed=cfg.seed, on_step=on_step)
+        history = [{"epoch": s / per_epoch, "loss": v} for s, v in res.train_loss]
+        return TrainOutcome(model, net, history, res.seconds)
+
+    gcfg = GloroTrainConfig(**{k: getattr(t, k) for k in GloroTrainConfig.model_fields})
+    if t.mode == "standard":
+        gcfg.loss = "standard"
+    ckpt = out / "checkpoint.safetensors"
+    opt = torch.optim.Adam(model.parameters(), lr=t.lr, eps=1e-7)
+    start = 0
+    fingerprint = json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+    if ckpt.is_file():
+        tensors, meta = load_state_dict(ckpt)
+        if meta.get("config") == fingerprint:
+            net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+            optimizer_from_tensors(opt, {k: v for k, v in tensors.items() if k.startswith("opt.")},
+                                   meta["optimizer"])
+            start, history = int(meta["epoch"]), list(meta["history"])
+
+    def on_epoch(row: dict[str, float]) -> None:
+        history.append(row)
+        e = int(row["epoch"])
+        if e % t.checkpoint_every == 0 or e == t.epochs:
+            otensors, skel = optimizer_to_tensors(opt)
+            tensors = {f"net.{k}": v for k, v in net.state_dict().items()} | otensors
+            save_state_dict(ckpt, tensors, {"config": fingerprint, "optimizer": skel, "epoch": e, "history": history})
+        if on_progress:
+            on_progress(e, t.epochs, f"loss {row['loss']:.3f} ε {row['epsilon']:.3f}")
+
+    res = train_gloro(net, data.x_train, data.y_train, gcfg, cfg.seed, on_epoch, start_epoch=start, optimizer=opt)
+    net.epsilon = t.epsilon
+    return TrainOutcome(model, net, history, res.seconds)
+
+
+def save_model(path: Path, outcome: TrainOutcome, cfg: RobustConfig, input_shape: tuple[int, ...],
+               num_classes: int) -> None:
+    """Weights of the underlying model + power iterates; the metadata carries what is needed to rebuild it."""
+    tensors = {f"f.{k}": v for k, v in outcome.model.state_dict().items()}
+    tensors |= {f"iterates.{k}": v for k, v in outcome.net.sub.state_dict().items()}
+    save_state_dict(path, tensors, {"config": cfg.model_dump(mode="json"), "input_shape": list(input_shape),
+                                    "num_classes": num_classes})
+
+
+def load_model(path: str | Path) -> tuple[GloroNet, RobustConfig]:
+    """Rebuild a trained model (as a GloRo net of its training mode) from a file or run directory."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "model.safetensors"
+    tensors, meta = load_state_dict(p)
+    if "config" not in meta:
+        raise DataError(f"{p}: not a 'modelward robust train' model (no config in its metadata)")
+    from modelward.core.config import validate
+
+    cfg = validate(RobustConfig, meta["config"], f"{p} (embedded config)")
+    shape, m = tuple(meta["input_shape"]), int(meta["num_classes"])
+    model = build_gloro_model(cfg.model.arch, shape, m, cfg.model.activation, cfg.model.init, cfg.seed)
+    net = build_net(model, shape, cfg.train, cfg.train.epsilon, cfg.seed)
+    try:
+        model.load_state_dict({k[2:]: v for k, v in tensors.items() if k.startswith("f.")})
+        net.sub.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("iterates.")})
+    except RuntimeError as e:
+        raise DataError(f"{p}: weights do not match the embedded architecture ({e})") from None
+    net.eval()
+    return net, cfg
+
+
+def eval_points(cfg: RobustConfig, data: DataSplit) -> tuple[torch.Tensor, torch.Tensor]:
+    n = cfg.evaluate.max_points or len(data.x_test)
+    return data.x_test[:n], data.y_test[:n]
+
+
+def check_shapes(net: GloroNet, data: DataSplit) -> None:
+    if tuple(net.input_shape) != tuple(data.input_shape) or net.num_classes != data.num_classes:
+        raise ConfigError(f"data: {data.describe()} does not match the model (input {net.input_shape}, "
+                          f"{net.num_classes} classes); use the [data] section the model was trained with")
+
+
+def certify_table(net: GloroNet, x: torch.Tensor, y: torch.Tensor, epsilons: list[float],
+                  batch_size: int = 1024) -> tuple[list[dict[str, float]], dict]:
+    """Clean accuracy, VRA and rejection rate per ε (the bound is frozen once for all ε)."""
+    report = net.freeze()
+    rows = [certify(net, x, y, eps, batch_size).to_dict() for eps in epsilons]
+    return rows, report.to_dict()
+
+
+def attack_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epsilons: list[float],
+                 attacks: list[AttackSpec], seed: int = 0,
+                 on_done: Callable[[str, float], None] | None = None) -> list[dict[str, Any]]:
+    """Robust accuracy per attack and ε (part A's :func:`modelward.robustness.metrics.robust_accuracy`)."""
+    from modelward.robustness.metrics import robust_accuracy
+
+    rows: list[dict[str, Any]] = []
+    for spec in attacks:
+        params = dict(spec.params)
+        params.setdefault("seed", seed)
+        for eps in epsilons:
+            pt = robust_accuracy(model, x, y, spec.name, [eps], params)[0]
+            rows.append({"attack": spec.name, **pt.as_dict()})
+            if on_done:
+                on_done(spec.name, eps)
+    return rows
+
+
+__all__ = ["AttackSpec", "EvalConfig", "GloroModelConfig", "RobustConfig", "RobustTrainConfig", "attack_table",
+           "build_net", "certify_table", "check_shapes", "eval_points", "load_model", "save_model",
+           "train_robust"]

@@ -1,0 +1,91 @@
+"""`modelward robust train / certify / attack` end to end on digits with tiny settings; example configs parse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from modelward.cli.main import app, main
+from modelward.core.config import load_config
+from modelward.core.io import load_state_dict
+from modelward.robustness.gloro.run import RobustConfig, load_model
+
+torch.set_num_threads(1)
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TINY = ["--set", "model.arch=c(4,4,2).d(16)", "--set", "train.epochs=3", "--set", "train.batch_size=128",
+        "--set", "train.lr=0.01", "--set", "train.lr_decay_to=0.005",
+        "--set", "evaluate.max_points=60", "--set", "evaluate.epsilons=[0.1, 0.3]"]
+runner = CliRunner()
+
+
+def _run(*args: str) -> str:
+    res = runner.invoke(app, list(args))
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    return res.output
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("robust_*.toml")), ids=lambda p: p.name)
+def test_example_configs_validate(path: Path) -> None:
+    cfg = load_config(path, RobustConfig)
+    assert cfg.train.epochs >= 1 and cfg.evaluate.epsilons
+
+
+def test_gloro_train_certify_attack_and_resume(tmp_path: Path) -> None:
+    cfg = str(EXAMPLES / "robust_gloro.toml")
+    out = tmp_path / "gloro"
+    _run("robust", "train", cfg, "--out", str(out), *TINY)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["mode"] == "gloro" and 0.0 <= metrics["vra"] <= metrics["clean_accuracy"] <= 1.0
+    assert metrics["clean_accuracy"] > 0.3  # three epochs already learn something on digits
+    weights, meta = load_state_dict(out / "model.safetensors")
+    assert any(k.startswith("iterates.") for k in weights) and meta["config"]["train"]["mode"] == "gloro"
+
+    # a second run of the same config resumes from the final checkpoint: nothing left to train, same weights
+    _run("robust", "train", cfg, "--out", str(out), *TINY)
+    again, _ = load_state_dict(out / "model.safetensors")
+    assert all(torch.equal(weights[k], again[k]) for k in weights if k.startswith("f."))
+
+    ev = ["--set", "evaluate.max_points=60", "--set", "evaluate.epsilons=[0.1, 0.3]",
+          "--set", 'evaluate.attacks=[{name="pgd", params={norm="l2", steps=5}}]']
+    _run("robust", "certify", cfg, "--model", str(out), "--out", str(out), *ev)
+    rows = json.loads((out / "certify.json").read_text())
+    assert [r["epsilon"] for r in rows] == [0.1, 0.3]
+    for r in rows:  # certified points are a subset of the points PGD cannot break
+        assert r["vra"] <= r["robust_accuracy_pgd"] + 1e-9
+    assert rows[1]["vra"] <= rows[0]["vra"]
+    assert (out / "certify.png").stat().st_size > 0 and (out / "certify.md").read_text().startswith("# GloRo")
+
+    _run("robust", "attack", cfg, "--model", str(out / "model.safetensors"), "--out", str(out), *ev)
+    arows = json.loads((out / "attack.json").read_text())
+    assert [a["eps"] for a in arows] == [0.1, 0.3] and arows[1]["robust_accuracy"] <= arows[0]["clean_accuracy"]
+    assert (out / "attack.png").is_file()
+
+
+@pytest.mark.parametrize("mode", ["standard", "pgd", "rtk"])
+def test_other_modes_train(tmp_path: Path, mode: str) -> None:
+    out = tmp_path / mode
+    extra = ["--set", f"train.mode={mode}", "--set", "train.adversarial.attack_steps=2", "--set", "train.rtk_k=2"]
+    _run("robust", "train", str(EXAMPLES / "robust_gloro.toml"), "--out", str(out), *TINY, *extra)
+    net, cfg = load_model(out)
+    assert cfg.train.mode == mode and type(net).__name__ == ("RtkGloroNet" if mode == "rtk" else "GloroNet")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["clean_accuracy"] > 0.2
+
+
+def test_bad_config_and_missing_model_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    cfg = str(EXAMPLES / "robust_gloro.toml")
+    with pytest.raises(SystemExit) as e:
+        main(["robust", "train", cfg, "--out", str(tmp_path), "--set", "train.mode=magic"])
+    assert e.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "train.mode" in err and "gloro" in err
+    with pytest.raises(SystemExit):
+        main(["robust", "train", cfg, "--out", str(tmp_path), "--set", "model.arch=c(4,4).d(16)"])
+    assert "cannot parse layer" in " ".join(capsys.readouterr().err.split())
+    with pytest.raises(SystemExit):
+        main(["robust", "certify", cfg, "--model", str(tmp_path / "nothing")])
+    assert "no trained model" in " ".join(capsys.readouterr().err.split())
