@@ -52,10 +52,11 @@ def test_original_run_curve_checkpoint_buffer(trained):
 def test_retrain_resets_only_the_part_and_buffer_choice_matters(trained):
     p, orig, d = trained
     curves = {}
+    fine = RLProblem.from_study(SimpleNamespace(rl={**RL, "eval_every": 200}))
     for keep in (True, False):
-        proc = ProcedureSpec(name=f"T2-{keep}", kind="T2", keep_buffer=keep)
-        curves[keep] = p.retrain(orig, "advantage", proc, 0, 600, None, d)
-        assert curves[keep][0][0] == 0 and curves[keep][-1][0] == 600
+        proc = ProcedureSpec(name=f"T1-{keep}", kind="T1", keep_buffer=keep)
+        curves[keep] = fine.retrain(orig, "linear", proc, 0, 1_000, None, d)
+        assert curves[keep][0][0] == 0 and curves[keep][-1][0] == 1_000
     # same reset weights, same seeds: the only difference is the buffer — kept updates at once, reset waits for
     # learning_starts transitions, so the curves differ
     assert curves[True][0] == curves[False][0]
