@@ -20,7 +20,8 @@ SIMPLEX_TOL = 1e-4  # the official code's is_in_simplex tolerance
 
 
 def as_probs(probs: Tensor, name: str = "probs") -> Tensor:
-    """Validate a B×K batch of probability vectors and return it as float64 (defenses compute in float64)."""
+    """Validate a B×K batch of probability vectors; return it as float64 rows summing to 1 (defenses compute in
+    float64)."""
     if not torch.is_tensor(probs):
         raise DataError(f"{name}: expected a torch.Tensor, got {type(probs).__name__}")
     if probs.dim() != 2 or probs.shape[1] < 2:
@@ -30,7 +31,8 @@ def as_probs(probs: Tensor, name: str = "probs") -> Tensor:
         raise DataError(f"{name}: contains NaN or infinite values")
     if (p < -SIMPLEX_TOL).any() or ((p.sum(1) - 1.0).abs() > 1e-3).any():
         raise DataError(f"{name}: rows must be probability vectors (non-negative, summing to 1)")
-    return p.clamp_min(0.0)
+    p = p.clamp_min(0.0)
+    return p / p.sum(1, keepdim=True)  # exact sum 1 in float64 (float32 softmax sums are off by ~1e-7)
 
 
 def is_in_simplex(probs: Tensor, tol: float = SIMPLEX_TOL) -> Tensor:
