@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from modelward.errors import ConfigError
-from modelward.robustness.attacks.base import EvasionAttack, Norm, l2_norms, predict, project_l2, project_linf
+from modelward.robustness.attacks.base import EvasionAttack, Norm, l2_norms, predict, project_l2
 
 
 class PGD(EvasionAttack):
@@ -51,11 +51,14 @@ class PGD(EvasionAttack):
              gen: torch.Generator) -> torch.Tensor:
         eps = self.eps or 0.0
         x_adv = self._start(x, gen)
+        if self.norm == "linf":
+            # the ε-ball ∩ box is a per-coordinate interval: one clamp per step projects onto both
+            low, high = (x - eps).clamp_(min=self.clip[0]), (x + eps).clamp_(max=self.clip[1])
         for _ in range(self.steps):
             g = self.ascent_grad(x_adv, y, target)
             with torch.no_grad():
                 if self.norm == "linf":
-                    x_adv = project_linf(x_adv.add_(g.sign_(), alpha=self.alpha), x, eps, self.clip)
+                    x_adv = torch.clamp(x_adv.add_(g.sign_(), alpha=self.alpha), low, high)
                 else:
                     step = g / l2_norms(g).clamp_min(1e-12)
                     x_adv = project_l2(x_adv.add_(step, alpha=self.alpha), x, eps, self.clip)
