@@ -30,8 +30,11 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check src tests bench
 
+# Benchmark-only baselines. torchattacks declares torchvision, which would replace the CPU torch with a CUDA
+# build, so the baselines are installed without their dependencies (they do not need torchvision to run).
 bench: install
-	$(PIP) install -q -e ".[test,bench]"
+	$(PIP) install -q "$(TORCH_PIN)" tqdm requests
+	$(PIP) install -q --no-deps "torchattacks>=3.5" "adversarial-robustness-toolbox>=1.17"
 	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 clean:
