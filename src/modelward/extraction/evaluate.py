@@ -92,6 +92,7 @@ class DefenseSpec(StrictModel):
     params: dict[str, Any] = Field(default_factory=dict)
     epsilons: list[float] = Field(default_factory=list)
     label: str | None = None
+    attacks: list[str] = Field(default_factory=list)  # attack rows (labels) to run here; empty = all
 
     @model_validator(mode="after")
     def _known(self) -> DefenseSpec:
@@ -152,6 +153,13 @@ class EvalConfig(StrictModel):
         labels = [a.key for a in self.attacks]
         if len(set(labels)) != len(labels):
             raise ValueError(f"attacks: duplicate rows {labels}; give repeated strategies distinct 'label's")
+        for i, d in enumerate(self.defenses):
+            bad = sorted(set(d.attacks) - set(labels))
+            if bad:
+                raise ValueError(f"defenses.{i}.attacks: unknown attack rows {bad}; valid: {labels}")
+        keys = [(d.label or d.name, e) for d in self.defenses for e in (d.epsilons or [None])]
+        if len(set(keys)) != len(keys):
+            raise ValueError("defenses: two entries give the same column (label, ε); use distinct labels or ε")
         if self.victim.url and len(self.defenses) != 1:
             raise ValueError("victim.url: a remote victim runs one defense; list exactly that one in [[defenses]] "
                              "(the adaptive attacker's replica)")
@@ -184,6 +192,8 @@ def cells(cfg: EvalConfig) -> list[Cell]:
     for d in cfg.defenses:
         for eps in (d.epsilons or [None]):
             for a in cfg.attacks:
+                if d.attacks and a.key not in d.attacks:
+                    continue
                 for s in cfg.seeds:
                     out.append(Cell(d, eps, a, s))
     return out
@@ -600,14 +610,14 @@ def write_report(cfg: EvalConfig, rows: list[dict[str, Any]], prep: Prepared,
             f"{k}: {v[1][-1]} after {v[0][-1]}" for k, v in curves.items())]
     (out / "results.md").write_text("\n".join(md) + "\n")
 
-    # accuracy vs ε: one line per (defense, attack) with at least two ε values
+    # accuracy vs ε: one line per (defense, attack) with at least two ε values (across [[defenses]] entries)
     series: dict[str, tuple[list[float], list[float]]] = {}
-    for d in cfg.defenses:
-        if len(d.epsilons) < 2:
-            continue
-        base = d.label or d.name
+    bases = list(dict.fromkeys(d.label or d.name for d in cfg.defenses))
+    eps_of = {b: sorted({e for d in cfg.defenses if (d.label or d.name) == b for e in d.epsilons}) for b in bases}
+    for base in bases:
         for a in attacks:
-            pts = [(e, means[(a, f"{base}@{e:g}")]["accuracy"]) for e in d.epsilons if (a, f"{base}@{e:g}") in means]
+            pts = [(e, means[(a, f"{base}@{e:g}")]["accuracy"]) for e in eps_of[base]
+                   if (a, f"{base}@{e:g}") in means]
             if len(pts) >= 2:
                 series[f"{base} / {a}"] = ([p[0] for p in pts], [p[1] for p in pts])
     if series:
