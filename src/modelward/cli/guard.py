@@ -1,0 +1,34 @@
+"""`modelward guard`: serve a model behind a prediction-perturbation defense (KServe v2 over HTTP)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)
+
+
+@app.command()
+def serve(config: Path = typer.Argument(..., help="GUARD.toml (see examples/guard_*.toml)"),
+          host: str = typer.Option(None, help="override server.host"),
+          port: int = typer.Option(None, help="override server.port"),
+          set_: list[str] = typer.Option(None, "--set", help="override a config value, e.g. defense.params.epsilon=0.5")
+          ) -> None:
+    """Serve the configured model, guarded by the configured defense, until interrupted."""
+    from modelward.extraction.service import serve as run
+
+    run(config, host=host, port=port, overrides=set_)
+
+
+@app.command()
+def check(config: Path = typer.Argument(..., help="GUARD.toml"),
+          set_: list[str] = typer.Option(None, "--set", help="override a config value")) -> None:
+    """Load the config, model and defense without serving; print what would be served."""
+    from modelward.extraction.service import build_service
+
+    svc = build_service(config, set_)
+    meta = svc.metadata()
+    typer.echo(f"model {meta['name']}: input {meta['inputs'][0]['shape']}, {svc.num_classes} classes; "
+               f"defense {svc.defense!r}; {len(svc.keys)} key(s)")
+    svc.close()

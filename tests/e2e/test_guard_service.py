@@ -1,0 +1,110 @@
+"""The guarded prediction service over real HTTP on 127.0.0.1 (subprocess server, bounded requests)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from modelward.core.zoo import ModelConfig, build_model
+from modelward.extraction.defenses import make_defense
+from modelward.extraction.defenses.base import is_in_simplex, l1_distortion
+from modelward.extraction.service_process import start_guard_server, write_guard_config
+from modelward.extraction.victim import HttpVictim, LocalVictim, QueryBudgetExceeded, VictimError
+
+KEY, SMALL_KEY = "test-key-unlimited", "test-key-budget-20"
+SHAPE, K = (1, 4, 4), 5
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("guard")
+    cfg = ModelConfig(arch="mlp", hidden=[16])
+    torch.manual_seed(0)
+    model = build_model(cfg, SHAPE, K)
+    path = write_guard_config(d, model, cfg, SHAPE, K, defense="modelguard_s", defense_params={"epsilon": 0.5},
+                              keys={KEY: None, SMALL_KEY: 20}, name="tiny", server={"max_batch": 32,
+                                                                                    "max_body_bytes": 20000})
+    return d, path, model
+
+
+def _payload(x: torch.Tensor, **over) -> dict:
+    t = {"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.flatten().tolist()}
+    t.update(over)
+    return {"inputs": [t]}
+
+
+def test_service_end_to_end(setup):
+    d, path, model = setup
+    x = torch.rand(40, *SHAPE, generator=torch.Generator().manual_seed(1))
+    with start_guard_server(path) as server:
+        url, h = server.url, {"Authorization": f"Bearer {KEY}"}
+        assert httpx.get(f"{url}/v2/health/ready", timeout=5).json() == {"ready": True}
+        meta = httpx.get(f"{url}/v2/models/tiny", timeout=5).json()
+        assert meta["outputs"][0]["shape"] == [-1, K] and meta["parameters"]["defense"] == "modelguard_s"
+        # happy path through the client: batches split by max_batch, answers are defended probabilities
+        with HttpVictim(url, "tiny", KEY) as victim:
+            ans = victim.query(x)
+            assert ans.shape == (40, K) and victim.queries_used == 40 and victim.batch_size == 32
+        with torch.no_grad():
+            clean = torch.softmax(model(x), 1)
+        assert is_in_simplex(ans).all()
+        assert (ans.argmax(1) == clean.argmax(1)).all()
+        assert float(l1_distortion(clean, ans).max()) <= 0.5 + 1e-5
+        assert not torch.allclose(ans, clean, atol=1e-4)  # the defense did perturb something
+        # same answers as a local ModelGuard-S fed the same stream
+        local = LocalVictim(model, make_defense("modelguard_s", epsilon=0.5), batch_size=32).query(x)
+        assert torch.allclose(ans, local, atol=1e-6)
+        # bad requests get 4xx JSON errors, and the server keeps serving
+        bad = [
+            (_payload(x[:2]), {}, 401),
+            (_payload(x[:2]), {"Authorization": "Bearer wrong-key-123"}, 401),
+            (_payload(x[:2], datatype="FP64"), h, 400),
+            (_payload(x[:2], shape=[2, 1, 4, 5]), h, 400),
+            (_payload(x[:2], data=[0.1] * 3), h, 400),
+            (_payload(x[:2], data=[math.nan] + [0.0] * 31), h, 400),
+            (_payload(x[:2], name="logits"), h, 400),
+            ({"inputs": "nope"}, h, 400),
+            (_payload(torch.rand(33, *SHAPE)), h, 413),
+        ]
+        for payload, headers, status in bad:
+            r = httpx.post(f"{url}/v2/models/tiny/infer", content=json.dumps(payload).encode(),  # allows NaN
+                           headers={"Content-Type": "application/json", **headers}, timeout=5)
+            assert r.status_code == status, (payload.get("inputs"), r.text)
+            assert "error" in r.json()
+        r = httpx.post(f"{url}/v2/models/tiny/infer", content=b"{not json", headers=h, timeout=5)
+        assert r.status_code == 400
+        r = httpx.post(f"{url}/v2/models/tiny/infer", content=b"x" * 30000, headers=h, timeout=5)
+        assert r.status_code == 413
+        assert httpx.post(f"{url}/v2/models/other/infer", json=_payload(x[:1]), headers=h, timeout=5).status_code == 404
+        # budgets: 20 rows for the small key, then a specific error; nothing partial is answered
+        with HttpVictim(url, "tiny", SMALL_KEY) as v:
+            v.query(x[:15])
+            with pytest.raises(QueryBudgetExceeded):
+                v.query(x[:10])
+            v.query(x[:5])
+            with pytest.raises(QueryBudgetExceeded):
+                v.query(x[:1])
+        with pytest.raises(VictimError):
+            HttpVictim(url, "nope", KEY)
+        # still serving after all of that, and deterministic for repeated queries
+        with HttpVictim(url, "tiny", KEY) as victim:
+            assert torch.equal(victim.query(x), ans)
+    # restart: ModelGuard-S centroids and budgets persist
+    state = next((d / "guard_state").glob("*.state.safetensors"))
+    assert state.is_file()
+    with start_guard_server(path) as server, HttpVictim(server.url, "tiny", KEY) as victim:
+        assert torch.equal(victim.query(x), ans)
+        with HttpVictim(server.url, "tiny", SMALL_KEY) as v, pytest.raises(QueryBudgetExceeded):
+            v.query(x[:1])
+    # every request was logged, answered or not
+    db = sqlite3.connect(str(Path(d) / "guard_state" / "queries.sqlite"))
+    codes = dict(db.execute("SELECT code, COUNT(*) FROM queries GROUP BY code").fetchall())
+    db.close()
+    assert codes["ok"] >= 8 and codes["unauthenticated"] == 2 and codes["query_budget_exceeded"] == 3
+    assert codes["bad_shape"] == 2 and codes["batch_too_large"] == 1
