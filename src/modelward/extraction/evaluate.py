@@ -16,6 +16,7 @@ HTTP service on 127.0.0.1 (``victim.serve = true``), or at a remote URL (``victi
 
 from __future__ import annotations
 
+import copy
 import csv
 import hashlib
 import json
@@ -224,6 +225,7 @@ class Prepared:
     substitute_factory: Callable[[], nn.Module]
     misinformation: nn.Module | None
     cached: bool
+    model_cfg: ModelConfig
 
 
 def _cfg_hash(obj: Any) -> str:
@@ -297,7 +299,7 @@ def prepare(cfg: EvalConfig, console: Console | None = None) -> Prepared:
                           "or enlarge the pool (transfer.size / victim.victim_fraction)")
     sub_arch = cfg.substitute_model or arch
     return Prepared(data, victim, vacc, transfer, EvalSet(data.x_test, data.y_test, vlab),
-                    lambda: build_model(sub_arch, data.input_shape, data.num_classes), mis, cached)
+                    lambda: build_model(sub_arch, data.input_shape, data.num_classes), mis, cached, arch)
 
 
 def _transfer(cfg: EvalConfig, data: DataSplit, pidx: torch.Tensor) -> TransferSet:
@@ -385,6 +387,7 @@ def run_cell(cfg: EvalConfig, prep: Prepared, cell: Cell, workdir: Path) -> dict
     attack = make_attack(cell.attack.query, cell.attack.strategy, cell.attack.query_params,
                          cell.attack.strategy_params, cfg.substitute)
     server = None
+    inner: Any = None
     try:
         if cfg.victim.url:
             inner = HttpVictim(cfg.victim.url, cfg.victim.model_name, cfg.victim.api_key)
@@ -409,12 +412,15 @@ def run_cell(cfg: EvalConfig, prep: Prepared, cell: Cell, workdir: Path) -> dict
         else:
             protected = protected_accuracy(cell, prep)
     finally:
+        if inner is not None and hasattr(inner, "close"):
+            inner.close()
         if server is not None:
             server.stop()
     out = result.to_dict()
     out.pop("curve")
     out.update({"max_l1": max_l1, "mean_l1": mean_l1, "protected_accuracy": protected,
-                "centroids": centroid_count(defense), "cell_seconds": time.perf_counter() - t0})
+                "centroids": None if (cfg.victim.url or cfg.victim.serve) else centroid_count(defense),
+                "cell_seconds": time.perf_counter() - t0})
     return out
 
 
@@ -432,13 +438,41 @@ def _remote_accuracy(victim: Any, prep: Prepared) -> float:
     return (ans.argmax(1) == prep.eval_set.y).float().mean().item()
 
 
+def fold_temperature(victim: nn.Module) -> nn.Module:
+    """A plain zoo model computing z / T: the temperature folded into the output Linear layer (for serving)."""
+    from modelward.extraction.attacks.s4l import last_linear
+
+    if not isinstance(victim, Tempered):
+        return copy.deepcopy(victim)
+    model = copy.deepcopy(victim.model)
+    if victim.temperature != 1.0:
+        lin = last_linear(model)
+        with torch.no_grad():
+            lin.weight.div_(victim.temperature)
+            if lin.bias is not None:
+                lin.bias.div_(victim.temperature)
+    return model
+
+
 def _serve(cfg: EvalConfig, prep: Prepared, cell: Cell, workdir: Path) -> tuple[Any, Any]:
     """Start the guarded HTTP service on 127.0.0.1 for this cell's defense and connect an HTTP victim."""
-    from modelward.extraction import service
+    from modelward.extraction.service_process import start_guard_server, write_guard_config
     from modelward.extraction.victim import HttpVictim
 
-    return service.serve_for_evaluation(prep.victim, cell.defense.name, _serve_params(cell),
-                                        prep.data.input_shape, prep.data.num_classes, workdir, HttpVictim)
+    if cell.defense.name in ("mad", "adaptive_misinformation"):
+        raise ConfigError("victim.serve: MAD and AdaptiveMisinformation need model files on the server; "
+                          "evaluate them with a local victim (victim.serve = false)")
+    key = "modelward-eval-" + hashlib.sha256(cell.run_id.encode()).hexdigest()[:16]
+    folder = workdir / "serve" / hashlib.sha256(cell.run_id.encode()).hexdigest()[:12]
+    path = write_guard_config(folder, fold_temperature(prep.victim), prep.model_cfg, prep.data.input_shape,
+                              prep.data.num_classes, defense=cell.defense.name, defense_params=_serve_params(cell),
+                              keys={key: None}, name=cfg.victim.model_name)
+    server = start_guard_server(path)
+    try:
+        return server, HttpVictim(server.url, server.model_name, key)
+    except BaseException:
+        server.stop()
+        raise
 
 
 def _serve_params(cell: Cell) -> dict[str, Any]:

@@ -8,7 +8,8 @@ A restorer network r maps a perturbed answer ŷ back to a clean prediction y; th
 Restorer: Linear(C,h1)–BN–LeakyReLU(0.2)–Linear(h1,h2)–BN–LeakyReLU(0.2)–Linear(h2,C)–BN–LeakyReLU(0.2)–softmax,
 trained with the ℓ1 norm loss (mean-ℓ1 × C), SGD lr 1e-2, momentum 0.9, wd 1e-4, StepLR(epochs/2, 0.5).
 Deviation: the official 200 epochs × batch 1024 assume 1,000,000 pairs; at small scale (a few thousand pairs) that
-is a handful of SGD steps, so the defaults here are 100 epochs × batch 64 (same optimiser otherwise).
+is a handful of SGD steps, so the defaults here are batch 64 for up to 100 epochs, capped at ``max_steps`` = 1500
+SGD steps in total (same optimiser otherwise).
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ def make_restorer(c: int, hidden: tuple[int, int] | None = None) -> nn.Module:
 
 
 def train_restorer(perturbed: torch.Tensor, clean: torch.Tensor, epochs: int, batch_size: int, seed: int,
-                   hidden: tuple[int, int] | None = None) -> nn.Module:
+                   hidden: tuple[int, int] | None = None, max_steps: int | None = None) -> nn.Module:
     c = clean.shape[1]
+    if max_steps is not None:
+        epochs = max(1, min(epochs, max_steps // max(1, -(-len(clean) // batch_size))))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = make_restorer(c, hidden)
@@ -78,10 +81,11 @@ def train_restorer(perturbed: torch.Tensor, clean: torch.Tensor, epochs: int, ba
 class _Restorer(AttackStrategy):
     needs_knowledge = True
 
-    def __init__(self, epochs: int = 100, batch_size: int = 64, hidden: tuple[int, int] | None = None) -> None:
-        if epochs < 1 or batch_size < 2:
-            raise AttackError(f"{self.name}: epochs >= 1 and batch_size >= 2 required")
-        self.epochs, self.batch_size, self.hidden = epochs, batch_size, hidden
+    def __init__(self, epochs: int = 100, batch_size: int = 64, hidden: tuple[int, int] | None = None,
+                 max_steps: int = 1500) -> None:
+        if epochs < 1 or batch_size < 2 or max_steps < 1:
+            raise AttackError(f"{self.name}: epochs >= 1, batch_size >= 2 and max_steps >= 1 required")
+        self.epochs, self.batch_size, self.hidden, self.max_steps = epochs, batch_size, hidden, max_steps
         self.restorer: nn.Module | None = None
 
     def pairs(self, ctx: Context, x: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +93,8 @@ class _Restorer(AttackStrategy):
 
     def recover(self, ctx: Context, x: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
         pert, clean = self.pairs(ctx, x, answers)
-        self.restorer = train_restorer(pert, clean, self.epochs, self.batch_size, ctx.seed + 13, self.hidden)
+        self.restorer = train_restorer(pert, clean, self.epochs, self.batch_size, ctx.seed + 13, self.hidden,
+                                       self.max_steps)
         with torch.no_grad():
             return self.restorer(answers.float())
 
@@ -100,8 +105,8 @@ class DDAE(_Restorer):
     name = "ddae"
 
     def __init__(self, shadows: int = 5, shadow_epochs: int = 5, shadow_fraction: float = 0.5, epochs: int = 100,
-                 batch_size: int = 64, hidden: tuple[int, int] | None = None) -> None:
-        super().__init__(epochs, batch_size, hidden)
+                 batch_size: int = 64, hidden: tuple[int, int] | None = None, max_steps: int = 1500) -> None:
+        super().__init__(epochs, batch_size, hidden, max_steps)
         if shadows < 1 or shadow_epochs < 1 or not 0 < shadow_fraction <= 1:
             raise AttackError("ddae: shadows >= 1, shadow_epochs >= 1 and 0 < shadow_fraction <= 1 required")
         self.shadows, self.shadow_epochs, self.shadow_fraction = shadows, shadow_epochs, shadow_fraction
@@ -148,8 +153,8 @@ class DDAEPlus(_Restorer):
     name = "ddae_plus"
 
     def __init__(self, k: int = 20, precision_factor: float = 8.0, epochs: int = 100, batch_size: int = 64,
-                 hidden: tuple[int, int] | None = None) -> None:
-        super().__init__(epochs, batch_size, hidden)
+                 hidden: tuple[int, int] | None = None, max_steps: int = 1500) -> None:
+        super().__init__(epochs, batch_size, hidden, max_steps)
         self.k, self.precision_factor = k, precision_factor
 
     def pairs(self, ctx: Context, x: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
