@@ -30,5 +30,5 @@ def check(config: Path = typer.Argument(..., help="GUARD.toml"),
     svc = build_service(config, set_)
     meta = svc.metadata()
     typer.echo(f"model {meta['name']}: input {meta['inputs'][0]['shape']}, {svc.num_classes} classes; "
-               f"defense {svc.defense!r}; {len(svc.keys)} key(s)")
+               f"defense {svc.defense.name} {svc.defense.params()}; {len(svc.keys)} key(s)")
     svc.close()

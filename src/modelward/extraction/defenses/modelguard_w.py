@@ -31,7 +31,7 @@ Two exact solvers:
      the interval ends have closed forms (see ``solve``); near-tied rows find them by bisection.
 
   Everything is vectorised over the batch in float64 (the sort orders of c do not depend on h and are computed
-  once; per-row step functions are evaluated with batched ``torch.searchsorted``).
+  once; the pairing of receivers with donors is precomputed, so each F(h) is a handful of array passes).
 
 Infeasible queries (only possible when y has no top-1 margin ≥ m and ε is too small to create one) are answered
 with y itself by both solvers. The LP is degenerate where many y_k ≈ 0 share the cost log(1e-6): the two solvers
