@@ -142,3 +142,18 @@ def test_noise_transfer_and_epsilon_sweep_plot(tmp_path):
     run_evaluation(cfg, tmp_path / "run")
     rows = _read(tmp_path / "run" / "results.csv")
     assert len(rows) == 2 and all(not math.isnan(float(r["accuracy"])) for r in rows)
+
+
+@pytest.mark.parametrize("name", ["extraction_digits.toml", "extraction_manyclass.toml"])
+def test_example_configs_load(name):
+    from pathlib import Path
+
+    from modelward.core.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / name, EvalConfig)
+    cs = cells(cfg)
+    keys = {c.defense_key for c in cs}
+    assert {"none", "mg_s@1", "mg_w@1", "mg_s@0.5", "mg_s@1.5"} <= keys
+    sweep = {c.attack.key for c in cs if c.defense_key == "mg_s@0.5"}
+    assert sweep == {"knockoff/naive", "knockoff/pbayes"}
+    assert len({c.run_id for c in cs}) == len(cs)

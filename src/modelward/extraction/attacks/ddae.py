@@ -22,7 +22,6 @@ from modelward.extraction.attacks.base import (
     AttackError,
     AttackStrategy,
     Context,
-    SubstituteConfig,
     fit_substitute,
     seeded_model,
 )
@@ -104,7 +103,7 @@ class DDAE(_Restorer):
 
     name = "ddae"
 
-    def __init__(self, shadows: int = 5, shadow_epochs: int = 5, shadow_fraction: float = 0.5, epochs: int = 100,
+    def __init__(self, shadows: int = 5, shadow_epochs: int = 30, shadow_fraction: float = 0.5, epochs: int = 100,
                  batch_size: int = 64, hidden: tuple[int, int] | None = None, max_steps: int = 1500) -> None:
         super().__init__(epochs, batch_size, hidden, max_steps)
         if shadows < 1 or shadow_epochs < 1 or not 0 < shadow_fraction <= 1:
@@ -120,8 +119,9 @@ class DDAE(_Restorer):
         g = torch.Generator().manual_seed(ctx.seed + 17)
         classes = torch.unique(ctx.transfer.y)
         c = ctx.num_classes
-        cfg = SubstituteConfig(epochs=self.shadow_epochs, lr=0.01, lr_step=3, momentum=0.5,
-                               batch_size=ctx.cfg.batch_size)
+        # official shadows: 5 epochs from *pretrained* AlexNet; ours start from random weights, so they are trained
+        # like the substitute (its optimiser settings) for shadow_epochs epochs to give confident predictions
+        cfg = ctx.cfg.model_copy(update={"epochs": self.shadow_epochs})
         models = []
         for s in range(self.shadows):
             chosen = classes[torch.randperm(len(classes), generator=g)[: min(c, len(classes))]]
