@@ -22,26 +22,34 @@ from torch import Tensor
 from modelward.errors import ConfigError, DataError
 from modelward.extraction.defenses.base import PredictionDefense
 
-_CHUNK_ELEMS = 1 << 21  # bound on the B×N×K distance block evaluated at once (~16 MiB of float64)
+_CHUNK_ELEMS = 1 << 20  # bound on the B×N distance block evaluated at once (8 MiB of float64)
+_BLOCK = 4096  # centroids per block in the single-query early-exit scan
 
 
 class _ClassCentroids:
-    """One class's ordered centroid list in a growable float64 buffer (amortised O(1) append)."""
+    """One class's ordered centroid list in a growable, class-major float64 buffer (K × capacity).
+
+    Class-major so that an ℓ1 scan is K vector passes over contiguous rows (≈ 10× faster than reducing the
+    short rows of an N × K array).
+    """
 
     def __init__(self, k: int) -> None:
-        self.buf = np.empty((16, k))
+        self.buf = np.empty((k, 16))
         self.n = 0
 
     @property
-    def rows(self) -> np.ndarray:
-        return self.buf[: self.n]
+    def cols(self) -> np.ndarray:
+        return self.buf[:, : self.n]
+
+    def centroid(self, i: int) -> np.ndarray:
+        return self.buf[:, i]
 
     def append(self, y: np.ndarray) -> int:
-        if self.n == self.buf.shape[0]:
-            grown = np.empty((2 * self.n, self.buf.shape[1]))
-            grown[: self.n] = self.buf[: self.n]
+        if self.n == self.buf.shape[1]:
+            grown = np.empty((self.buf.shape[0], 2 * self.n))
+            grown[:, : self.n] = self.buf[:, : self.n]
             self.buf = grown
-        self.buf[self.n] = y
+        self.buf[:, self.n] = y
         self.n += 1
         return self.n - 1
 
@@ -86,7 +94,8 @@ class ModelGuardS(PredictionDefense):
 
     def state_dict(self) -> dict[str, Tensor]:
         k = self.num_classes or 0
-        cents = np.stack([self._classes[c].buf[i] for c, i in self._order]) if self._order else np.zeros((0, k))
+        cents = (np.stack([self._classes[c].centroid(i) for c, i in self._order]) if self._order
+                 else np.zeros((0, k)))
         labels = np.array([c for c, _ in self._order], dtype=np.int64)
         growth = np.array(self.growth, dtype=np.int64).reshape(-1, 2)
         return {"centroids": torch.from_numpy(cents), "labels": torch.from_numpy(labels),
@@ -126,20 +135,35 @@ class ModelGuardS(PredictionDefense):
         self.load_state_dict(load_tensors(path))
 
     # ---------------------------------------------------------------- lookup
-    def _match(self, cents: np.ndarray, ys: np.ndarray) -> np.ndarray:
-        """For each row of ``ys``, the index of its answer among ``cents`` (first or nearest within ε), or -1."""
+    def _distances(self, cols: np.ndarray, ys: np.ndarray) -> np.ndarray:
+        """ℓ1 distances (len(ys) × n) between query rows and class-major centroids ``cols`` (K × n)."""
+        acc = np.abs(cols[0][None, :] - ys[:, 0][:, None])
+        for j in range(1, cols.shape[0]):
+            acc += np.abs(cols[j][None, :] - ys[:, j][:, None])
+        return acc
+
+    def _match(self, cols: np.ndarray, ys: np.ndarray) -> np.ndarray:
+        """For each row of ``ys``, the index of its answer among ``cols`` (first or nearest within ε), or -1."""
         out = np.full(ys.shape[0], -1, dtype=np.int64)
-        if cents.shape[0] == 0:
+        n = cols.shape[1]
+        if n == 0:
             return out
-        step = max(1, _CHUNK_ELEMS // max(1, cents.size))
+        if self.ordered:
+            # query by query: scan in blocks and stop at the first block with a hit (covered queries hit early;
+            # a B × N block would be memory-bound and slower than B early-exit scans)
+            for r in range(ys.shape[0]):
+                for lo in range(0, n, _BLOCK):
+                    within = self._distances(cols[:, lo:lo + _BLOCK], ys[r:r + 1])[0] <= self.epsilon
+                    if within.any():
+                        out[r] = lo + int(within.argmax())
+                        break
+            return out
+        step = max(1, _CHUNK_ELEMS // n)
         for i in range(0, ys.shape[0], step):
-            d = np.abs(cents[None, :, :] - ys[i:i + step, None, :]).sum(2)
+            d = self._distances(cols, ys[i:i + step])
             within = d <= self.epsilon
             hit = within.any(1)
-            if self.ordered:
-                idx = within.argmax(1)
-            else:
-                idx = np.where(within, d, np.inf).argmin(1)
+            idx = np.where(within, d, np.inf).argmin(1)  # non-ordered: the nearest centroid
             out[i:i + step] = np.where(hit, idx, -1)
         return out
 
@@ -149,28 +173,28 @@ class ModelGuardS(PredictionDefense):
         self._ensure_classes(k)
         tops = ys.argmax(1)
         out = ys.copy()
-        for t in np.unique(tops):
+        for t in (tops if b == 1 else np.unique(tops)):
             rows = np.nonzero(tops == t)[0]  # ascending = arrival order
             cls = self._classes[int(t)]
             n_before = cls.n
-            idx = self._match(cls.rows, ys[rows])
+            idx = self._match(cls.cols, ys[rows])
             for r, j in zip(rows, idx, strict=True):
                 if j >= 0 and self.ordered:
-                    out[r] = cls.buf[j]  # an existing centroid precedes anything this batch appends
+                    out[r] = cls.centroid(j)  # an existing centroid precedes anything this batch appends
                     continue
                 if frozen:
-                    out[r] = cls.buf[j] if j >= 0 else ys[r]
+                    out[r] = cls.centroid(j) if j >= 0 else ys[r]
                     continue
                 # uncovered by the pre-batch centroids (or non-ordered: a newer centroid may be nearer):
                 # look at the centroids this batch has appended so far, then append if still uncovered
-                new = cls.rows[n_before:]
+                new = cls.cols[:, n_before:]
                 jn = self._match(new, ys[r:r + 1])[0]
                 if self.ordered:
                     if jn < 0:
                         jn = cls.append(ys[r]) - n_before
                         self._order.append((int(t), n_before + jn))
                         self.growth.append((self.queries_seen + int(r) + 1, self.num_centroids))
-                    out[r] = cls.buf[n_before + jn]
+                    out[r] = cls.centroid(n_before + jn)
                 else:
                     cands = [c for c in (j, n_before + jn if jn >= 0 else -1) if c >= 0]
                     if not cands:
@@ -178,8 +202,8 @@ class ModelGuardS(PredictionDefense):
                         self._order.append((int(t), c))
                         self.growth.append((self.queries_seen + int(r) + 1, self.num_centroids))
                         cands = [c]
-                    dist = [np.abs(cls.buf[c] - ys[r]).sum() for c in cands]
-                    out[r] = cls.buf[cands[int(np.argmin(dist))]]
+                    dist = [np.abs(cls.centroid(c) - ys[r]).sum() for c in cands]
+                    out[r] = cls.centroid(cands[int(np.argmin(dist))])
         if not frozen:
             self.queries_seen += b
         return torch.from_numpy(out)
