@@ -28,7 +28,7 @@ def as_probs(probs: Tensor, name: str = "probs") -> Tensor:
     if probs.dim() != 2 or probs.shape[1] < 2:
         raise DataError(f"{name}: expected shape [batch, num_classes>=2], got {list(probs.shape)}")
     # numpy: these checks run on every query, and numpy's per-call overhead is a fraction of torch's
-    p = probs.detach().cpu().numpy().astype(np.float64)
+    p = probs.detach().to(device="cpu", dtype=torch.float64).numpy().copy()
     if not np.isfinite(p).all():
         raise DataError(f"{name}: contains NaN or infinite values")
     sums = p.sum(1)
