@@ -577,6 +577,10 @@ def aggregate(rows: list[dict[str, Any]]) -> tuple[list[str], list[str], dict[tu
                 means[(a, d)] = {k: _mean([r[k] for r in rs]) for k in
                                  ("accuracy", "fidelity", "max_l1", "protected_accuracy", "recovery_distance")}
                 means[(a, d)]["n"] = len(rs)
+                accs = [r["accuracy"] for r in rs]
+                mu = means[(a, d)]["accuracy"]
+                means[(a, d)]["accuracy_sd"] = (math.sqrt(sum((v - mu) ** 2 for v in accs) / (len(accs) - 1))
+                                                if len(accs) > 1 else float("nan"))
     return attacks, defenses, means
 
 
@@ -600,6 +604,12 @@ def _pct(v: float) -> str:
     return "—" if v is None or math.isnan(v) else f"{100 * v:.2f}%"
 
 
+def _cell(m: dict[str, float]) -> str:
+    """Mean accuracy, with ± the SD over seeds (n − 1) when there are several."""
+    sd = m.get("accuracy_sd", float("nan"))
+    return _pct(m["accuracy"]) + ("" if math.isnan(sd) else f" ± {100 * sd:.1f}")
+
+
 def write_report(cfg: EvalConfig, rows: list[dict[str, Any]], prep: Prepared,
                  curves: dict[str, tuple[list[int], list[int]]], out: Path) -> dict[str, Any]:
     from modelward.core.plots import line_plot
@@ -618,11 +628,11 @@ def write_report(cfg: EvalConfig, rows: list[dict[str, Any]], prep: Prepared,
     md = [f"# {cfg.name}: extraction accuracy of the substitute", "",
           f"Victim: {cfg.data.source}, {cfg.victim.model.arch}, T = {cfg.victim.temperature:g}, test accuracy "
           f"{_pct(prep.victim_accuracy)}; transfer pool: {cfg.transfer.source} ({len(prep.transfer)}); budget "
-          f"{cfg.budget}; seeds {cfg.seeds} (mean over seeds).", ""]
+          f"{cfg.budget}; seeds {cfg.seeds} (mean ± SD over seeds where there are several).", ""]
     md.append("| Attack | " + " | ".join(defenses) + " |")
     md.append("|---|" + "---|" * len(defenses))
     for a in attacks:
-        md.append(f"| {a} | " + " | ".join(_pct(means[(a, d)]["accuracy"]) if (a, d) in means else "—"
+        md.append(f"| {a} | " + " | ".join(_cell(means[(a, d)]) if (a, d) in means else "—"
                                            for d in defenses) + " |")
     wcd = {r["defense"]: r for r in wc}
     md.append("| **Max accuracy of w_s** | " + " | ".join(f"**{_pct(wcd[d]['max_accuracy'])}**" for d in defenses)
