@@ -68,5 +68,5 @@ def _print_summary(cfg, tables, out: Path) -> None:  # type: ignore[no-untyped-d
             t.add_row(part, *[escape(c) for c in cells], f"{inf['value']:.2f} ({inf['procedure']})" if inf else "–")
         console.print(t)
     if tables.filtered:
-        console.print(f"filtered (no better than untrained): {', '.join(tables.filtered)}")
+        console.print(f"filtered (no better than untrained/random; excluded): {', '.join(tables.filtered)}")
     console.print(f"tables: {out / 'hardness.md'}  csv: {out / 'hardness.csv'}  plots: {out}/hardness_*.png")

@@ -62,7 +62,9 @@ def compute_tables(cfg: Any, problem: CompletionProblem, results: dict[str, dict
             usable[(task, seed)] = _usable(problem, run, t)
             if not usable[(task, seed)]:
                 filtered.append(f"{task or 'model'} seed {seed}")
+            rnd = getattr(problem, "random_loss", None)
             originals.append({"task": task, "seed": seed, "loss0": t.loss0, "best": t.best, "steps": curve[-1][0],
+                              "random": float(rnd(task)) if callable(rnd) else None,
                               **{f"C(alpha={a})": t.costs[a] for a in alphas},
                               "usable": usable[(task, seed)]})
     per_seed: dict[tuple[str, str, float, int], list[float]] = defaultdict(list)
@@ -147,17 +149,20 @@ def markdown(cfg: Any, t: HardnessTables) -> str:
             inf_s = f"{inf['value']:.2f} ({inf['procedure']})" if inf else "–"
             lines.append(f"| {part} | " + " | ".join(cells) + f" | {inf_s} |")
         lines.append("")
+    has_random = any(o["random"] is not None for o in t.originals)
+    reference = "random policy" if has_random else "untrained model"
     lines += ["## Original training runs", "",
-              "| task | seed | L(θ₀) | ℓ* | steps | " + " | ".join(f"C(ℓ*_{a:g})" for a in sorted(cfg.alphas,
-                                                                                          reverse=True)) + " |",
-              "|---|---|---|---|---|" + "---|" * len(cfg.alphas)]
+              "| task | seed | L(θ₀) | ℓ* | " + ("L(random) | " if has_random else "") + "steps | "
+              + " | ".join(f"C(ℓ*_{a:g})" for a in sorted(cfg.alphas, reverse=True)) + " |",
+              "|---|---|---|---|---|" + ("---|" if has_random else "") + "---|" * len(cfg.alphas)]
     for o in t.originals:
         costs = " | ".join(str(o[f"C(alpha={a})"]) for a in sorted(cfg.alphas, reverse=True))
-        mark = "" if o["usable"] else " (filtered: no better than untrained)"
-        lines.append(f"| {o['task'] or '-'}{mark} | {o['seed']} | {o['loss0']:.4f} | {o['best']:.4f} | "
+        mark = "" if o["usable"] else f" (filtered: no better than the {reference})"
+        rnd = f"{o['random']:.4f} | " if has_random else ""
+        lines.append(f"| {o['task'] or '-'}{mark} | {o['seed']} | {o['loss0']:.4f} | {o['best']:.4f} | {rnd}"
                      f"{o['steps']} | {costs} |")
     if t.filtered:
-        lines += ["", "Filtered (no better than untrained/random, excluded from the statistics): "
+        lines += ["", f"Filtered (no better than the {reference}; excluded from the statistics): "
                   + ", ".join(t.filtered)]
     return "\n".join(lines) + "\n"
 
