@@ -160,3 +160,18 @@ def test_unlabelled_pool_rejected_where_labels_needed(setup):
     kn = AttackKnowledge(perturb=lambda y, x: y)
     with pytest.raises(AttackError, match="labelled pool"):
         make_attack("knockoff", "ddae", substitute=FAST).run(victim, bare, 50, factory, knowledge=kn)
+
+
+def test_mqpi_sees_flips_of_the_non_ordered_quantizer_only(setup):
+    """Table 6: a second pass changes answers of the nearest-centroid quantizer, never of ordered ModelGuard-S."""
+    from modelward.extraction.evaluate import Tempered
+
+    model, transfer, ev, factory = setup
+    changed = {}
+    for ordered in (True, False):
+        dfn = make_defense("modelguard_s", epsilon=0.2, ordered=ordered)
+        victim = LocalVictim(Tempered(model, 4.0), dfn, num_classes=10)  # less confident → many centroids
+        attack = make_attack("knockoff", "mqpi", None, {"m": 2}, FAST)
+        attack.run(victim, transfer, 300, factory, seed=0, eval_set=ev)
+        changed[ordered] = attack.strategy.changed
+    assert changed[True] == 0 and changed[False] > 0, changed
