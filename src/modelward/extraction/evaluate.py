@@ -390,6 +390,9 @@ def run_cell(cfg: EvalConfig, prep: Prepared, cell: Cell, workdir: Path) -> dict
     inner: Any = None
     try:
         if cfg.victim.url:
+            if defense.stateful and ATTACK_STRATEGIES[cell.attack.strategy].needs_knowledge:
+                raise ConfigError("victim.url: adaptive attacks against a stateful defense need the server's "
+                                  "quantizer state, which a remote victim does not reveal; use a local victim")
             inner = HttpVictim(cfg.victim.url, cfg.victim.model_name, cfg.victim.api_key)
             victim: Any = _Recording(inner, None)
             knowledge = knowledge_from_defense(defense, None)
@@ -642,6 +645,10 @@ def write_report(cfg: EvalConfig, rows: list[dict[str, Any]], prep: Prepared,
         "—" if math.isnan(wcd[d]["max_l1"]) else f"{wcd[d]['max_l1']:.2f}" for d in defenses) + " |")
     md.append("| Protected accuracy of w_t | " + " | ".join(_pct(wcd[d]["protected_accuracy"]) for d in defenses)
               + " |")
+    partial = [d for d in defenses if wcd[d]["attacks"] < len(attacks)]
+    if partial:
+        md += ["", f"Columns {', '.join(partial)} ran a subset of the attacks (— cells); their max is over that "
+               "subset."]
     if any(not math.isnan(m["recovery_distance"]) for m in means.values()):
         md += ["", "Mean recovery distance E‖ỹ − y‖₂ (lower = the attacker recovered the clean answers better):", "",
                "| Attack | " + " | ".join(defenses) + " |", "|---|" + "---|" * len(defenses)]
