@@ -151,6 +151,44 @@ def test_modelguard_s_state_roundtrip_and_frozen(tmp_path):
         e.load_state_dict({"centroids": torch.zeros(2, 6)})
 
 
+def _algorithm_1_reference(stream: np.ndarray, eps: float, ordered: bool) -> np.ndarray:
+    """Algorithm 1 as a plain loop over each class's ordered centroid list (first, or nearest, within ε)."""
+    lists: dict[int, list[np.ndarray]] = {}
+    out = []
+    for y in stream:
+        cents = lists.setdefault(int(y.argmax()), [])
+        d = [float(np.abs(c - y).sum()) for c in cents]
+        hits = [i for i, di in enumerate(d) if di <= eps]
+        if not hits:
+            cents.append(y)
+            out.append(y)
+        else:
+            out.append(cents[hits[0] if ordered else min(hits, key=lambda i: (d[i], i))])
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+@pytest.mark.parametrize("eps", [0.0, 0.05, 0.4, 1.2])
+def test_modelguard_s_lookup_matches_the_plain_loop(eps, ordered, monkeypatch):
+    """The float32 pre-filter is exact: same answers as the loop, incl. duplicates at ε = 0 and ℓ1 = ε ties."""
+    import modelward.extraction.defenses.modelguard_s as mg_s
+
+    g = torch.Generator().manual_seed(7)
+    ys = torch.softmax(torch.randn(300, 5, generator=g, dtype=torch.float64) * 2, 1)
+    coarse = torch.round(ys * 20) / 20 + 1e-3  # coarse values: exact repeats and distances exactly at ε
+    ys = torch.cat([ys[:150], coarse[150:] / coarse[150:].sum(1, keepdim=True)])
+    ys = torch.cat([ys, ys[::3]])
+    ref = torch.from_numpy(_algorithm_1_reference(ys.numpy(), eps, ordered))
+    for limit, block in ((1 << 15, 1024), (4, 2)):  # also the query-by-query path for many candidates
+        monkeypatch.setattr(mg_s, "_EXACT_LIMIT", limit)
+        monkeypatch.setattr(mg_s, "_EXACT_BLOCK", block)
+        for bs in (1, 7, 64):
+            d = make_defense("modelguard_s", epsilon=eps, ordered=ordered)
+            out = torch.cat([d.defend(ys[i:i + bs]) for i in range(0, len(ys), bs)])
+            assert torch.allclose(out, ref, atol=1e-15, rtol=0), (limit, bs)
+            assert d.num_centroids == len({tuple(r.tolist()) for r in ref})
+
+
 def test_non_ordered_quantizer_changes_answers_on_a_second_pass():
     """Table 6: nearest-centroid quantization is inconsistent under 2-QPI; ordered quantization never is."""
     g = torch.Generator().manual_seed(1)
