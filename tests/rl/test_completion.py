@@ -1,5 +1,6 @@
 """RLProblem: config validation, train/retrain semantics, buffer kept vs reset, the random-agent filter."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -70,3 +71,21 @@ def test_keep_buffer_needs_a_replay_agent(trained):
     a2c = RLProblem.from_study(SimpleNamespace(rl={"env": "CartPole-v1"}))
     with pytest.raises(ConfigError, match="keep_buffer"):
         a2c.retrain(orig, "fc1", ProcedureSpec(name="k", kind="T1", keep_buffer=True), 0, 10, None, d)
+
+
+def test_relative_output_folder_round_trips_through_the_study(tmp_path, monkeypatch):
+    """`complete run --out runs/x` passes a relative workdir: the stored original must still be found again."""
+    from modelward.completion.study import original_from_result, record_original
+    from modelward.core.ledger import RunLedger
+
+    monkeypatch.chdir(tmp_path)
+    out = Path("runs") / "x"  # relative, as typed on the command line
+    (out / "checkpoints").mkdir(parents=True)
+    tiny = {**RL, "steps": 100, "eval_every": 100, "eval_episodes": 1, "eval_max_steps": 20}
+    p = RLProblem.from_study(SimpleNamespace(rl=tiny))
+    run = p.train_original(0, p.tasks[0], out / "checkpoints")
+    ledger = RunLedger(out / "ledger.sqlite")
+    ledger.add("orig|CartPole-v1|0", {"kind": "orig"})
+    back = original_from_result(out, record_original(out, ledger, run))
+    assert Path(back.checkpoint).is_file() and Path(back.extras["replay_buffer"]).is_file()
+    assert "linear.weight" in load_state_dict(back.checkpoint)[0]

@@ -148,7 +148,9 @@ class RLProblem(CompletionProblem):
         rec = CurveRecorder(lambda: self.evaluate(net, task), self.cfg.eval_every, None, on_eval)
         curve, buffer = self._train(net, task, stable_seed("original", seed, task), self.cfg.steps, rec, None,
                                     None, None)
-        workdir = Path(workdir)
+        # absolute paths: the study stores a relative checkpoint path as relative to its output folder, so a
+        # relative `--out` would otherwise be prefixed twice
+        workdir = Path(workdir).resolve()
         stem = f"original_{_slug(task)}_seed{seed}"
         ckpt = workdir / f"{stem}.safetensors"
         save_state_dict(ckpt, net.state_dict(), {"seed": seed, "task": task, "agent": self.cfg.agent})
