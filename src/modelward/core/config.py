@@ -99,6 +99,21 @@ def load_config(path: str | Path, model: type[M], overrides: list[str] | None = 
     return validate(model, data, str(path))
 
 
+def _drop_none(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _drop_none(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list | tuple):
+        return [_drop_none(x) for x in v]
+    return v
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """Serialise a config dict as TOML (None values are left out: TOML has no null)."""
+    import tomli_w
+
+    return tomli_w.dumps(_drop_none(data))
+
+
 def dump_config(cfg: BaseModel, path: str | Path) -> None:
     """Write the resolved config as TOML-like JSON (JSON is a subset reviewers can diff; TOML writer optional)."""
     Path(path).write_text(json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from modelward.core.config import read_toml
+from modelward.core.config import read_toml, to_toml
 from modelward.core.io import save_state_dict
 from modelward.core.zoo import ModelConfig
 from modelward.errors import ModelwardError
@@ -84,33 +84,6 @@ def start_guard_server(config_path: str | Path, port: int | None = None, timeout
     raise ModelwardError(f"guard server did not become ready within {timeout:.0f} s (log: {log_path})")
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def _toml_table(name: str, d: dict[str, Any]) -> list[str]:
-    lines = [f"[{name}]"]
-    subs = []
-    for k, v in d.items():
-        if v is None:
-            continue
-        if isinstance(v, dict):
-            subs.append((k, v))
-        else:
-            lines.append(f"{k} = {_toml_value(v)}")
-    for k, v in subs:
-        lines += ["", *_toml_table(f"{name}.{k}", v)]
-    return lines
-
-
 def write_guard_config(directory: str | Path, model: nn.Module, model_cfg: ModelConfig,
                        input_shape: tuple[int, ...] | list[int], num_classes: int,
                        defense: str = "modelguard_s", defense_params: dict[str, Any] | None = None,
@@ -125,15 +98,14 @@ def write_guard_config(directory: str | Path, model: nn.Module, model_cfg: Model
     directory.mkdir(parents=True, exist_ok=True)
     save_state_dict(directory / "model.safetensors", model.state_dict(), {"arch": model_cfg.model_dump()})
     keys = keys or {"modelward-demo-key": None}
-    lines = _toml_table("server", {"host": "127.0.0.1", **(server or {})})
-    lines += ["", *_toml_table("model", {"name": name, "checkpoint": "model.safetensors",
-                                         "input_shape": list(input_shape), "num_classes": int(num_classes),
-                                         "net": model_cfg.model_dump(exclude_none=True)})]
-    lines += ["", *_toml_table("defense", {"name": defense, "params": dict(defense_params or {})})]
-    for i, (key, budget) in enumerate(keys.items()):
-        lines += ["", "[[keys]]", f"name = \"key{i}\"", f"key = {_toml_value(key)}"]
-        if budget is not None:
-            lines.append(f"budget = {int(budget)}")
+    config = {
+        "server": {"host": "127.0.0.1", **(server or {})},
+        "model": {"name": name, "checkpoint": "model.safetensors", "input_shape": list(input_shape),
+                  "num_classes": int(num_classes), "net": model_cfg.model_dump(exclude_none=True)},
+        "defense": {"name": defense, "params": dict(defense_params or {})},
+        "keys": [{"name": f"key{i}", "key": key, "budget": None if budget is None else int(budget)}
+                 for i, (key, budget) in enumerate(keys.items())],
+    }
     path = directory / "guard.toml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.write_text(to_toml(config), encoding="utf-8")
     return path

@@ -16,6 +16,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from modelward.core.config import to_toml
 from modelward.core.data import DataSplit
 from modelward.core.io import load_tensors, save_tensors
 from modelward.core.progress import make_progress
@@ -23,7 +24,7 @@ from modelward.core.train import TrainConfig
 from modelward.governance.audit import AuditError, verify
 from modelward.governance.certs import make_certs
 from modelward.governance.driver import PartyRef, SplitConfig, SplitDriver
-from modelward.governance.launch import PartyProcess, start_parties, stop_parties, to_toml
+from modelward.governance.launch import PartyProcess, start_parties, stop_parties
 from modelward.governance.party import TLSConfig
 from modelward.governance.plan import infer_model_config, make_plan, model_layers
 

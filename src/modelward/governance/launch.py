@@ -9,47 +9,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from modelward.errors import ModelwardError
 
 
 class LaunchError(ModelwardError):
     """A party server did not start; the message quotes the end of its log."""
-
-
-def to_toml(data: dict[str, Any]) -> str:
-    """A small TOML writer for config dicts (scalars, lists of scalars, nested tables; no None values)."""
-
-    def val(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, int | float):
-            return repr(v)
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, list | tuple):
-            return "[" + ", ".join(val(x) for x in v) + "]"
-        raise TypeError(f"cannot write {type(v).__name__} as TOML")
-
-    lines: list[str] = []
-
-    def table(d: dict[str, Any], prefix: str) -> None:
-        subs = {k: v for k, v in d.items() if isinstance(v, dict)}
-        arrays = {k: v for k, v in d.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)}
-        for k, v in d.items():
-            if k not in subs and k not in arrays and v is not None:
-                lines.append(f"{k} = {val(v)}")
-        for k, v in subs.items():
-            lines.append(f"\n[{prefix}{k}]")
-            table(v, f"{prefix}{k}.")
-        for k, items in arrays.items():
-            for item in items:
-                lines.append(f"\n[[{prefix}{k}]]")
-                table(item, f"{prefix}{k}.")
-
-    table(data, "")
-    return "\n".join(lines) + "\n"
 
 
 @dataclass
