@@ -129,10 +129,10 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
     # 2. completion study ----------------------------------------------------------------------------------------
     console.print(Rule("2 · model-completion hardness (T1, T2; seed 0 = the split-trained model)"))
     outcome = run_study(cfg, study_dir, workers, console, preset_originals=presets)
-    from modelward.completion.report import write_report
+    from modelward.completion.report import rich_tables, write_report
 
-    tables = write_report(study_dir)
-    _print_tables(console, cfg, tables)
+    for table in rich_tables(cfg, write_report(study_dir)):
+        console.print(table)
     summary["completion"] = {"out": str(study_dir), "done": outcome.done, "total": outcome.total,
                              "failed": len(outcome.failed)}
     console.print(f"'{ALICE_PART}' is Alice's part (Bob must complete it); '{BOB_PART}' is Bob's part "
@@ -154,24 +154,3 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
     console.print(Rule("done"))
     console.print(f"everything is in {out}/")
     return summary
-
-
-def _print_tables(console: Console, cfg: Any, tables: Any) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from modelward.completion.report import cell
-
-    procs = [p.name for p in cfg.procedures]
-    for a in sorted(cfg.alphas, reverse=True):
-        t = Table(title=f"MC-hardness at α={a:g}: median / mean ± SD \\[min–max] over seeds")
-        t.add_column("part")
-        for p in procs:
-            t.add_column(p)
-        t.add_column("inf (Eq. 1)")
-        for part in dict.fromkeys(r["part"] for r in tables.rows):
-            cells = [cell(next(r for r in tables.rows if r["part"] == part and r["procedure"] == p
-                                and r["alpha"] == a)) for p in procs]
-            inf = next((r for r in tables.inf_rows if r["part"] == part and r["alpha"] == a), None)
-            t.add_row(part, *[escape(c) for c in cells], f"{inf['value']:.2f} ({inf['procedure']})" if inf else "–")
-        console.print(t)

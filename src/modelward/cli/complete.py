@@ -49,24 +49,10 @@ def report(out: Annotated[Path, typer.Argument(help="a study output folder")]) -
 
 
 def _print_summary(cfg, tables, out: Path) -> None:  # type: ignore[no-untyped-def]
-    from rich.markup import escape
-    from rich.table import Table
+    from modelward.completion.report import rich_tables
 
-    from modelward.completion.report import cell
-
-    procs = [p.name for p in cfg.procedures]
-    for a in sorted(cfg.alphas, reverse=True):
-        t = Table(title=f"{cfg.name}: MC-hardness at α={a:g} (median / mean ± SD \\[min–max])")
-        t.add_column("part")
-        for p in procs:
-            t.add_column(p)
-        t.add_column("inf")
-        for part in dict.fromkeys(r["part"] for r in tables.rows):
-            cells = [cell(next(r for r in tables.rows if r["part"] == part and r["procedure"] == p
-                                and r["alpha"] == a)) for p in procs]
-            inf = next((r for r in tables.inf_rows if r["part"] == part and r["alpha"] == a), None)
-            t.add_row(part, *[escape(c) for c in cells], f"{inf['value']:.2f} ({inf['procedure']})" if inf else "–")
-        console.print(t)
+    for table in rich_tables(cfg, tables):
+        console.print(table)
     if tables.filtered:
         console.print(f"filtered (no better than untrained/random; excluded): {', '.join(tables.filtered)}")
     console.print(f"tables: {out / 'hardness.md'}  csv: {out / 'hardness.csv'}  plots: {out}/hardness_*.png")

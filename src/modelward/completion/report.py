@@ -128,6 +128,28 @@ def cell(r: dict[str, Any]) -> str:
     return f"{_fmt(r['median'])} / {_fmt(r['mean'])} ± {_fmt(r['sd'])} [{_fmt(r['min'])}–{_fmt(r['max'])}]"
 
 
+def rich_tables(cfg: Any, t: HardnessTables) -> list[Any]:
+    """One rich Table per α (highest first) for terminal output: part × procedure cells plus the infimum."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    procs = [p.name for p in cfg.procedures]
+    out = []
+    for a in sorted(cfg.alphas, reverse=True):
+        table = Table(title=f"{cfg.name}: MC-hardness at α={a:g} — median / mean ± SD \\[min–max] over seeds")
+        table.add_column("part")
+        for p in procs:
+            table.add_column(p)
+        table.add_column("inf (Eq. 1)")
+        for part in dict.fromkeys(r["part"] for r in t.rows):
+            cells = [cell(next(r for r in t.rows if r["part"] == part and r["procedure"] == p and r["alpha"] == a))
+                     for p in procs]
+            inf = next((r for r in t.inf_rows if r["part"] == part and r["alpha"] == a), None)
+            table.add_row(part, *[escape(c) for c in cells], f"{inf['value']:.2f} ({inf['procedure']})" if inf else "–")
+        out.append(table)
+    return out
+
+
 def markdown(cfg: Any, t: HardnessTables) -> str:
     procs = [p.name for p in cfg.procedures]
     lines = [f"# MC-hardness: {cfg.name}", "",
