@@ -22,8 +22,9 @@ def test_a2c_beats_random_on_cartpole():
     spec = env_spec(ENV)
     net = init_model_(ActorCritic(spec), seed=0)
     ev = lambda: loss_from_returns(episode_returns(ac_policy(net, 8, 1), ENV, 8, 500, 300))  # noqa: E731
-    curve = train_a2c(net, ENV, A2CConfig(n_envs=8, rms_eps=1e-5), 0, 24_000, CurveRecorder(ev, 8_000))
-    assert curve[0][0] == 0 and curve[-1][0] == 24_000
+    # lr 2e-3 learns CartPole in 12k steps (< 1 s of CPU): seed 0 reaches random + 48; seeds 0-4 all > random + 20
+    curve = train_a2c(net, ENV, A2CConfig(n_envs=8, lr=2e-3), 0, 12_000, CurveRecorder(ev, 6_000))
+    assert [c for c, _ in curve] == [0, 6_000, 12_000]
     assert min(v for _, v in curve) < _random_loss(spec.n_actions) - 20  # mean return > random + 20
 
 
@@ -32,10 +33,11 @@ def test_dqn_beats_random_on_cartpole_and_fills_buffer():
     spec = env_spec(ENV)
     net = init_model_(QNetwork(spec), seed=0)
     ev = lambda: loss_from_returns(episode_returns(q_policy(net, 2, 0.0, 1), ENV, 8, 500, 300))  # noqa: E731
-    cfg = DQNConfig(lr=1e-3, learning_starts=300, target_update=300, eps_fraction=0.3, buffer_size=5_000)
-    curve, buf = train_dqn(net, ENV, cfg, 0, 4_000, CurveRecorder(ev, 1_000))
-    assert len(buf) > 3_900 and buf.discount.max() > 0.96 and (buf.discount[: len(buf)] == 0).any()
-    assert min(v for _, v in curve) < _random_loss(spec.n_actions) - 10
+    # 2.5k steps (~1.5 s of CPU): seed 0 peaks at random + 146; seeds 0-2 all > random + 60
+    cfg = DQNConfig(lr=2e-3, learning_starts=200, target_update=300, eps_fraction=0.3, buffer_size=5_000)
+    curve, buf = train_dqn(net, ENV, cfg, 0, 2_500, CurveRecorder(ev, 500))
+    assert len(buf) > 2_400 and buf.discount.max() > 0.96 and (buf.discount[: len(buf)] == 0).any()
+    assert min(v for _, v in curve) < _random_loss(spec.n_actions) - 20
 
 
 def test_recurrent_a2c_trains_and_t2_freezes_the_rest():
