@@ -89,3 +89,21 @@ def test_relative_output_folder_round_trips_through_the_study(tmp_path, monkeypa
     back = original_from_result(out, record_original(out, ledger, run))
     assert Path(back.checkpoint).is_file() and Path(back.extras["replay_buffer"]).is_file()
     assert "linear.weight" in load_state_dict(back.checkpoint)[0]
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("name,agent,n_runs", [("completion_minatar.toml", "a2c", 3 + 3 * 6 * 2),
+                                               ("completion_minatar_dqn.toml", "dqn", 3 + 3 * 4 * 4),
+                                               ("completion_cartpole.toml", "dqn", 2 + 2 * 2 * 2)])
+def test_example_studies_validate_and_plan(name, agent, n_runs):
+    from modelward.completion.study import load_study, make_problem, plan
+
+    cfg = load_study(EXAMPLES / name)
+    problem = make_problem(cfg)
+    assert isinstance(problem, RLProblem) and problem.cfg.agent == agent
+    assert len(plan(cfg, problem)) == n_runs
+    if agent == "dqn":  # the replay-buffer study: every procedure kind comes kept and reset
+        kinds = {(p.kind, p.keep_buffer) for p in cfg.procedures}
+        assert {k for k, _ in kinds} == {k for k, keep in kinds if keep} == {k for k, keep in kinds if not keep}
