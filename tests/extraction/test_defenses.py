@@ -104,6 +104,27 @@ def test_modelguard_w_batch_of_100_classes_matches_lp():
     assert torch.allclose(objective(y, fast), objective(y, lp), atol=1e-6, rtol=0)
 
 
+def test_modelguard_w_stress_900_cases_match_the_lp():
+    """900 hard rows in batches: exact ties (also at the top), near-uniform and near-one-hot rows, zeros, every ε
+    regime; the certified search must reach the LP optimum (objective within 1e-6) and keep the constraints."""
+    g = torch.Generator().manual_seed(11)
+    n_rows = 0
+    for k in (2, 3, 5, 10, 40):
+        for eps in (0.0, 1e-4, 0.05, 0.5, 1.2, 2.0):
+            n = 30
+            scale = torch.tensor([0.01, 0.3, 1.0, 3.0, 10.0, 30.0], dtype=torch.float64)[torch.arange(n) % 6, None]
+            y = torch.softmax(torch.randn(n, k, generator=g, dtype=torch.float64) * scale, 1)
+            y[::4] = torch.round(y[::4] * 8) / 8  # exact ties and exact zeros
+            y[::4] = (y[::4] + 1e-9) / (y[::4] + 1e-9).sum(1, keepdim=True)
+            fast = make_defense("modelguard_w", epsilon=eps).defend(y)
+            lp = make_defense("modelguard_w", epsilon=eps, solver="lp").defend(y)
+            gap = (objective(y, fast) - objective(y, lp)).abs().max().item()
+            assert gap <= 1e-6, (k, eps, gap)
+            assert (l1_distortion(y, fast) <= eps + 1e-8).all() and is_in_simplex(fast, 1e-9).all()
+            n_rows += n
+    assert n_rows == 900
+
+
 @SETTINGS
 @given(y=prob_batches(max_b=1, ties=False), eps=st.sampled_from([0.2, 0.7, 1.5]), n=st.integers(20, 120))
 def test_modelguard_s_algorithm_1(y, eps, n):

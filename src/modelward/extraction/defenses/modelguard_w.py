@@ -52,6 +52,10 @@ from modelward.extraction.defenses.base import PredictionDefense
 LOG_FLOOR = 1e-6  # c_k = log(y_k + 1e-6), as the official code
 MARGIN = 1e-4  # strict top-1 margin of the official code
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+_MAX_ITERS = 52  # golden-section steps at most: 0.618⁵² ≈ 1.4e-11 of the initial interval
+_CERT_START, _CERT_EVERY = 6, 2  # try the optimality certificate after 6 steps, then every 2nd step
+_BLOCK_VALUES = 50_000  # batch rows × classes solved at once
+_CERT_TOL = 1e-10  # a row stops when its best value is within this of the certified lower bound
 
 
 def objective(y: Tensor, y_hat: Tensor) -> Tensor:
@@ -84,6 +88,13 @@ def solve_lp(y: np.ndarray, epsilon: float, margin: float = MARGIN) -> np.ndarra
     return res.x[:k]
 
 
+def _inverse(order: np.ndarray) -> np.ndarray:
+    """Inverse permutations of the columns of ``order`` (a scatter; cheaper than another argsort)."""
+    inv = np.empty_like(order)
+    np.put_along_axis(inv, order, np.arange(order.shape[0])[:, None], 0)
+    return inv
+
+
 def _cumsum_rows(x: np.ndarray) -> np.ndarray:
     """[0, x0, x0+x1, ...] along axis 0 (a loop of row adds: numpy's axis-0 cumsum is slow for short axes)."""
     out = np.empty((x.shape[0] + 1, x.shape[1]))
@@ -91,6 +102,86 @@ def _cumsum_rows(x: np.ndarray) -> np.ndarray:
     for i in range(x.shape[0]):
         np.add(out[i], x[i], out=out[i + 1])
     return out
+
+
+def _min_l1_at(yt: np.ndarray, yo: np.ndarray, m: float, hs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """g(h), the least ℓ1 needed for top level h, and φ(h) = y_t − h + f(h), at points ``hs`` (M × B)."""
+    u = np.maximum(hs - m, 0.0)[:, None, :]
+    f = np.maximum(yo[None] - u, 0.0).sum(1)  # forced reduction Σ (y_j − u)⁺
+    phi = yt - hs + f
+    return np.abs(yt - hs) + f + np.abs(phi), phi
+
+
+def _crossing(hs: np.ndarray, gs: np.ndarray, level: np.ndarray | float, i: np.ndarray) -> np.ndarray:
+    """Where the linear piece of g between samples i and i + 1 (rows of ``hs``/``gs``) takes ``level``."""
+    cols = np.arange(hs.shape[1])
+    h0, h1, g0, g1 = hs[i, cols], hs[i + 1, cols], gs[i, cols], gs[i + 1, cols]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.clip((g0 - level) / (g0 - g1), 0.0, 1.0)
+    return np.where(np.isfinite(t), h0 + t * (h1 - h0), h0)
+
+
+def _feasible_interval(yt: np.ndarray, yo: np.ndarray, m: float, eps: float,
+                       h_cap: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """{h ∈ [h_cap, 1] : g(h) ≤ ε} for rows without the top-1 margin: g is convex piecewise linear with kinks at
+    y_t, at y_j + m and at the root h0 of the decreasing φ, so evaluating it there and interpolating linearly on
+    the crossing pieces gives the interval's ends exactly. Returns (lo, hi, feasible)."""
+    b = yt.shape[0]
+    pts = np.concatenate([np.full((1, b), h_cap), np.ones((1, b)), yt[None], yo + m], 0)
+    pts = np.sort(np.clip(pts, h_cap, 1.0), axis=0)
+    _, phi = _min_l1_at(yt, yo, m, pts)
+    # φ decreases: its root lies on the last piece starting with φ ≥ 0 (or at an end)
+    i = np.clip((phi >= 0).sum(0) - 1, 0, pts.shape[0] - 2)
+    h0 = _crossing(pts, phi, 0.0, i)
+    pts = np.sort(np.concatenate([pts, h0[None]], 0), axis=0)
+    g, _ = _min_l1_at(yt, yo, m, pts)
+    cols = np.arange(b)
+    j = g.argmin(0)
+    feasible = g[j, cols] <= eps + 1e-12
+    n = pts.shape[0]
+    rows = np.arange(n)[:, None]
+    # lo: on the last piece left of the minimum that starts above ε; hi: the first right of it that ends above ε
+    above = g > eps
+    i_lo = np.where(above & (rows < j), rows, -1).max(0)
+    lo = np.where(i_lo < 0, pts[0], _crossing(pts, g, eps, np.maximum(i_lo, 0)))
+    i_hi = np.where(above & (rows > j), rows, n).min(0)
+    hi = np.where(i_hi >= n, pts[-1], _crossing(pts, g, eps, np.minimum(i_hi, n - 1) - 1))
+    lo, hi = np.where(feasible, lo, pts[j, cols]), np.where(feasible, hi, pts[j, cols])
+    return lo, np.maximum(hi, lo), feasible
+
+
+def _chord(p: np.ndarray, v: np.ndarray, i: int, x: np.ndarray) -> np.ndarray:
+    """The chord of samples i and i + 1 evaluated at x (−inf where a sample is missing or the chord degenerate)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = v[i] + (v[i + 1] - v[i]) / (p[i + 1] - p[i]) * (x - p[i])
+    return np.where(np.isfinite(out), out, -np.inf)
+
+
+def _certify(p: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A lower bound of a convex F on [p1, p4] from six ascending samples p0 < … < p5 (p0, p5 may be NaN), and
+    where to probe next.
+
+    The chord of two consecutive samples lies below F outside their interval, so on each interval [p_i, p_i+1]
+    (i = 1, 2, 3) F ≥ max(chord(i−1, i), chord(i+1, i+2)). For a piecewise-linear F whose kink (the minimiser)
+    lies in that interval with no other kink in the two neighbouring intervals, the bound is attained where the
+    two chords cross, so probing there certifies the exact minimiser (golden-section search alone would only
+    approach it geometrically).
+    """
+    bounds, probes = [], []
+    for i in (1, 2, 3):
+        lo, hi = p[i], p[i + 1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sl = (v[i] - v[i - 1]) / (p[i] - p[i - 1])
+            sr = (v[i + 2] - v[i + 1]) / (p[i + 2] - p[i + 1])
+            cross = (v[i + 1] - v[i] + sl * p[i] - sr * p[i + 1]) / (sl - sr)
+        cross = np.clip(np.where(np.isfinite(cross), cross, (lo + hi) / 2.0), lo, hi)
+        vals = [np.maximum(_chord(p, v, i - 1, x), _chord(p, v, i + 1, x)) for x in (lo, hi, cross)]
+        bounds.append(np.minimum.reduce(vals))
+        probes.append(cross)
+    bounds, probes = np.stack(bounds), np.stack(probes)
+    j = bounds.argmin(0)
+    cols = np.arange(j.shape[0])
+    return probes[j, cols], bounds[j, cols]
 
 
 class _Fast:
@@ -102,6 +193,7 @@ class _Fast:
 
     def __init__(self, y: np.ndarray, epsilon: float, margin: float) -> None:
         b, k = y.shape
+        self.y = y
         self.eps, self.m, self.k = epsilon, margin, k
         rows = np.arange(b)
         self.t = y.argmax(1)
@@ -114,25 +206,48 @@ class _Fast:
         c = np.log(y + LOG_FLOOR)
         self.ct = c[rows, self.t]
         self.co = np.ascontiguousarray(c[mask].reshape(b, k - 1).T)
-        # stable orders so ties resolve identically every time (determinism)
-        self.inc_order = np.argsort(self.co, axis=0, kind="stable")  # ascending c: filled first
-        self.dec_order = np.argsort(-self.co, axis=0, kind="stable")  # descending c: drained first
-        self.inc_inv = np.argsort(self.inc_order, axis=0)
-        self.dec_inv = np.argsort(self.dec_order, axis=0)
+        # stable orders so ties resolve identically every time (determinism); sorted along contiguous rows
+        co_rows = c[mask].reshape(b, k - 1)
+        self.inc_order = np.ascontiguousarray(np.argsort(co_rows, axis=1, kind="stable").T)  # ascending c: filled
+        # descending c: drained first (ties in reverse class order)
+        self.dec_order = np.ascontiguousarray(self.inc_order[::-1])
+        self.inc_inv = _inverse(self.inc_order)
+        self.dec_inv = (k - 2) - self.inc_inv
         self.c_inc = np.take_along_axis(self.co, self.inc_order, 0)
-        self.c_dec = np.take_along_axis(self.co, self.dec_order, 0)
+        self.c_dec = np.ascontiguousarray(self.c_inc[::-1])
         self.h_cap = (1.0 + (k - 1) * margin) / k
         # receiver i (incl. a virtual K-th with c = +inf: no capacity left) pairs with the first donor j whose
-        # c_dec[j] ≤ c_inc[i] (a virtual last donor with c = -inf always qualifies)
-        c_inc_ext = np.concatenate([self.c_inc, np.full((1, b), np.inf)], 0)
-        c_dec_ext = np.concatenate([self.c_dec, np.full((1, b), -np.inf)], 0)
-        self.j_first = (c_dec_ext[None, :, :] <= c_inc_ext[:, None, :]).argmax(1)  # K × B, first True along j
+        # c_dec[j] ≤ c_inc[i] (a virtual last donor with c = -inf always qualifies). c_dec is c in descending
+        # order, so that j is #{c > c_inc[i]} = (K − 1) − (end of c_inc[i]'s run of equal values in c_inc) − 1.
+        pos = np.arange(k - 1)[:, None]
+        boundary = np.ones((k - 1, b), dtype=bool)
+        boundary[:-1] = self.c_inc[1:] != self.c_inc[:-1]
+        run_end = np.minimum.accumulate(np.where(boundary, pos, k)[::-1], axis=0)[::-1]
+        self.j_first = np.concatenate([(k - 2) - run_end, np.zeros((1, b), dtype=np.int64)], 0)  # K × B
+        self._index()
+
+    _COLUMN_ARRAYS = ("y", "t", "yt", "yo", "ct", "co", "inc_order", "dec_order", "inc_inv", "dec_inv", "c_inc",
+                      "c_dec", "j_first")
+
+    def _index(self) -> None:
+        b = self.yt.shape[0]
         self.zero = np.zeros((1, b))
         # flat indices: x.ravel()[idx] is a much faster take_along_axis for repeated use
         col = np.arange(b)[None, :]
         self.ix_inc, self.ix_dec = self.inc_order * b + col, self.dec_order * b + col
         self.ix_inc_inv, self.ix_dec_inv = self.inc_inv * b + col, self.dec_inv * b + col
         self.ix_j_first = self.j_first * b + col
+
+    def take(self, cols: np.ndarray) -> _Fast:
+        """The solver restricted to the batch rows ``cols`` (no re-sorting)."""
+        sub = object.__new__(_Fast)
+        sub.eps, sub.m, sub.k, sub.h_cap = self.eps, self.m, self.k, self.h_cap
+        for name in self._COLUMN_ARRAYS:
+            arr = getattr(self, name)
+            setattr(sub, name, arr[cols] if name in ("y", "t", "yt", "ct") else np.ascontiguousarray(arr[:, cols]))
+        sub.mask = None
+        sub._index()
+        return sub
 
     def _forced(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         u = np.maximum(h - self.m, 0.0)
@@ -144,7 +259,7 @@ class _Fast:
         _, _, f = self._forced(h)
         return np.abs(self.yt - h) + f + np.abs(self.yt - h + f)
 
-    def inner(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def inner(self, h: np.ndarray, values_only: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         """Value F(h) and the others' optimal values ((K−1)×B) for top level h (B,)."""
         u, z, f = self._forced(h)
         n = self.yt - h + f
@@ -165,36 +280,62 @@ class _Fast:
         a, d = n_pos + s, n_neg + s
         inc = np.minimum(np.maximum(a - cum_inc[:-1], 0.0), cap_inc)
         dec = np.minimum(np.maximum(d - cum_dec[:-1], 0.0), cap_dec)
+        if values_only:
+            return self.ct * h + (self.co * z).sum(0) + (self.c_inc * inc).sum(0) - (self.c_dec * dec).sum(0), None
         others = z + inc.ravel()[self.ix_inc_inv] - dec.ravel()[self.ix_dec_inv]
         value = self.ct * h + (self.co * others).sum(0)
         return value, others
 
-    @staticmethod
-    def _golden(fn, lo: np.ndarray, hi: np.ndarray, iters: int = 52) -> np.ndarray:
-        """Minimiser of a convex function on [lo, hi] (row-wise) by golden-section search (0.618⁵² ≈ 1.4e-11)."""
+    def value(self, h: np.ndarray) -> np.ndarray:
+        """F(h) alone (cheaper than :meth:`inner`: no scatter back to class order)."""
+        return self.inner(h, values_only=True)[0]
+
+    def _minimise(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Minimiser of the convex piecewise-linear F on [lo, hi] (row-wise): golden-section search that stops
+        each row as soon as a lower bound certifies the best point found (see :func:`_certify`)."""
+        out = (lo + hi) / 2.0
+        idx = np.arange(lo.shape[0])
+        fast = self
         a, b = lo.copy(), hi.copy()
-        x1 = b - _GOLDEN * (b - a)
-        x2 = a + _GOLDEN * (b - a)
-        f1, f2 = fn(x1), fn(x2)
-        for _ in range(iters):
+        fa, fb = fast.value(a), fast.value(b)
+        x1, x2 = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
+        f1, f2 = fast.value(x1), fast.value(x2)
+        a_out, fa_out = np.full_like(a, np.nan), np.full_like(a, np.nan)  # the last samples left of a / right of b
+        b_out, fb_out = a_out.copy(), a_out.copy()
+        finished = np.zeros(a.shape[0], dtype=bool)
+        for it in range(1, _MAX_ITERS + 1):
             left = f1 <= f2  # the minimum lies in [a, x2]; otherwise in [x1, b]
-            b = np.where(left, x2, b)
-            a = np.where(left, a, x1)
+            b_out, fb_out = np.where(left, b, b_out), np.where(left, fb, fb_out)
+            a_out, fa_out = np.where(left, a_out, a), np.where(left, fa_out, fa)
+            b, fb = np.where(left, x2, b), np.where(left, f2, fb)
+            a, fa = np.where(left, a, x1), np.where(left, fa, f1)
             x_new = np.where(left, b - _GOLDEN * (b - a), a + _GOLDEN * (b - a))
-            f_new = fn(x_new)  # one evaluation per iteration: the other probe is reused
+            f_new = fast.value(x_new)  # one evaluation per iteration: the other probe is reused
             x1, x2, f1, f2 = (np.where(left, x_new, x2), np.where(left, x1, x_new),
                               np.where(left, f_new, f2), np.where(left, f1, f_new))
-        return (a + b) / 2.0
-
-    def _bisect(self, ok_at: np.ndarray, bad_at: np.ndarray, iters: int = 54) -> np.ndarray:
-        """Boundary of {h : min_l1(h) ≤ ε} between a feasible and an infeasible point (returns the feasible end)."""
-        ok, bad = ok_at.copy(), bad_at.copy()
-        for _ in range(iters):
-            mid = (ok + bad) / 2.0
-            good = self.min_l1(mid) <= self.eps
-            ok = np.where(good, mid, ok)
-            bad = np.where(good, bad, mid)
-        return ok
+            if it < _CERT_START or (it - _CERT_START) % _CERT_EVERY and it < _MAX_ITERS:
+                continue
+            pts = np.stack([a_out, a, x1, x2, b, b_out])
+            vals = np.stack([fa_out, fa, f1, f2, fb, fb_out])
+            x_star, bound = _certify(pts, vals)
+            f_star = fast.value(x_star)
+            pts, vals = np.stack([a, x1, x2, b, x_star]), np.stack([fa, f1, f2, fb, f_star])
+            best = vals.argmin(0)
+            cols = np.arange(best.shape[0])
+            done = (vals[best, cols] - bound <= _CERT_TOL) | (b - a <= 1e-15) | (it == _MAX_ITERS) | finished
+            new = done & ~finished
+            out[idx[new]] = pts[best, cols][new]
+            finished = done
+            if done.all():
+                break
+            if done.mean() > 0.3:  # continue with the uncertified rows only (compacting costs a few passes)
+                keep = ~done
+                finished = finished[keep]
+                idx = idx[keep]
+                a, b, x1, x2, fa, fb, f1, f2, a_out, fa_out, b_out, fb_out = (
+                    v[keep] for v in (a, b, x1, x2, fa, fb, f1, f2, a_out, fa_out, b_out, fb_out))
+                fast = fast.take(np.nonzero(keep)[0])
+        return out
 
     def solve(self) -> tuple[np.ndarray, np.ndarray]:
         """Optimal ŷ (B×K) and a feasibility mask (B,)."""
@@ -213,13 +354,11 @@ class _Fast:
         lo = np.maximum(lo0, np.minimum(h_k.max(0), self.yt))
         hi = np.minimum(hi0, self.yt + self.eps / 2.0)
         feasible = np.ones(b, dtype=bool)
-        if not ok.all():
-            h_g = np.where(ok, self.yt, self._golden(self.min_l1, lo0, hi0))
-            feasible = self.min_l1(h_g) <= self.eps + 1e-9  # search precision; the LP tolerance is ~1e-7
-            lo_ok, hi_ok = self.min_l1(lo0) <= self.eps, self.min_l1(hi0) <= self.eps
-            lo = np.where(ok, lo, np.where(lo_ok, lo0, self._bisect(h_g, lo0)))
-            hi = np.where(ok, hi, np.where(hi_ok, hi0, self._bisect(h_g, hi0)))
-        h = self._golden(lambda x: self.inner(x)[0], lo, hi)
+        if not ok.all():  # near-tied rows: the feasible interval from g's breakpoints (exact, no search)
+            nk = np.nonzero(~ok)[0]
+            lo_n, hi_n, feas_n = _feasible_interval(self.yt[nk], self.yo[:, nk], self.m, self.eps, self.h_cap)
+            lo[nk], hi[nk], feasible[nk] = lo_n, hi_n, feas_n
+        h = self._minimise(lo, hi)
         _, others = self.inner(h)
         out = np.empty((b, self.k))
         out[self.mask] = others.T.reshape(-1)
@@ -251,12 +390,19 @@ class ModelGuardW(PredictionDefense):
             for row in y.numpy():
                 sol = solve_lp(row, self.epsilon, self.margin)
                 rows.append(row if sol is None else sol)
-            out = torch.from_numpy(np.stack(rows)).to(torch.float64)
+            out = np.stack(rows).astype(np.float64)
         else:
-            sol, feasible = _Fast(y.numpy(), self.epsilon, self.margin).solve()
-            out = torch.from_numpy(np.where(feasible[:, None], sol, y.numpy()))
-        out = out.clamp_min(0.0)
-        return out / out.sum(1, keepdim=True)
+            yn = y.numpy()
+            out = np.empty_like(yn)
+            # rows are independent: blocks of ~50k values keep the solver's temporaries in cache
+            step = max(128, _BLOCK_VALUES // yn.shape[1])
+            for i in range(0, yn.shape[0], step):
+                sol, feasible = _Fast(yn[i:i + step], self.epsilon, self.margin).solve()
+                out[i:i + step] = np.where(feasible[:, None], sol, yn[i:i + step])
+        # numpy: torch's intra-op threads make these two passes cost milliseconds on a busy CPU
+        res = np.maximum(out, 0.0)
+        res /= res.sum(1, keepdims=True)
+        return torch.from_numpy(res)
 
     def params(self) -> dict[str, float | int | str | bool | None]:
         return {"epsilon": self.epsilon, "solver": self.solver, "margin": self.margin}
