@@ -176,3 +176,19 @@ def train(
     for p in named.values():
         p.requires_grad_(True)
     return TrainResult(curve, step, stopped and step < cfg.steps, time.perf_counter() - t0, train_loss)
+
+
+def fit_from_config(data_cfg: object, model_cfg: object, train_cfg: TrainConfig, seed: int = 0,
+                    init_scheme: str = "glorot_uniform",
+                    on_eval: Callable[[int, float], None] | None = None) -> tuple[nn.Module, TrainResult, object]:
+    """Load the data, build and initialise the zoo model, train it with T; returns (model, result, data)."""
+    from modelward.core.data import load_data
+    from modelward.core.init import init_model_
+    from modelward.core.zoo import build_model
+
+    data = load_data(data_cfg)  # type: ignore[arg-type]
+    torch.manual_seed(seed)
+    model = init_model_(build_model(model_cfg, data.input_shape, data.num_classes), init_scheme, seed)  # type: ignore[arg-type]
+    result = train(model, data.x_train, data.y_train, data.x_test, data.y_test, train_cfg, seed, on_eval=on_eval)
+    model.eval()
+    return model, result, data

@@ -1,0 +1,57 @@
+"""`modelward train`: train a zoo model from a config's [data], [model], [train] tables and save it (safetensors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ConfigDict
+from rich.console import Console
+
+from modelward.core.config import StrictModel, load_config
+from modelward.core.data import DataConfig
+from modelward.core.train import TrainConfig
+from modelward.core.zoo import ModelConfig
+
+
+class TrainFile(StrictModel):
+    """The tables `modelward train` reads; other tables of the file (a study's procedures, ...) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    seed: int = 0
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train_cmd(
+        config: Annotated[Path, typer.Argument(help="TOML with [data], [model], [train] (a study file works)")],
+        out: Annotated[Path, typer.Option("--out", help="checkpoint to write (.safetensors)")],
+        seed: Annotated[int | None, typer.Option("--seed", help="initialisation and data-order seed")] = None,
+        set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
+    ) -> None:
+        """Train a model with procedure T and save its weights, e.g. for `modelward guard serve`."""
+        from modelward.core.io import save_state_dict
+        from modelward.core.progress import make_progress
+        from modelward.core.train import fit_from_config
+
+        console = Console()
+        cfg = load_config(config, TrainFile, set_)
+        s = cfg.seed if seed is None else seed
+        with make_progress(console) as progress:
+            task = progress.add_task("training", total=cfg.train.steps, info="")
+
+            def on_eval(step: int, loss: float) -> None:
+                progress.update(task, completed=step, info=f"test {cfg.train.loss} {loss:.4f}")
+
+            model, result, data = fit_from_config(cfg.data, cfg.model, cfg.train, s, on_eval=on_eval)
+        meta = {"model": cfg.model.model_dump(mode="json"), "data": cfg.data.model_dump(mode="json"),
+                "input_shape": list(data.input_shape), "num_classes": data.num_classes, "seed": s,
+                "final_test_loss": result.curve[-1][1], "loss": cfg.train.loss}
+        save_state_dict(out, model.state_dict(), meta)
+        console.print(f"{data.describe()}; test {cfg.train.loss} {result.curve[0][1]:.4f} → {result.curve[-1][1]:.4f} "
+                      f"after {result.steps_run} steps")
+        console.print(f"saved {out} (safetensors; architecture and data config in its metadata)")
