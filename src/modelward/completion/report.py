@@ -180,8 +180,8 @@ def markdown(cfg: Any, t: HardnessTables) -> str:
     for o in t.originals:
         costs = " | ".join(str(o[f"C(alpha={a})"]) for a in sorted(cfg.alphas, reverse=True))
         mark = "" if o["usable"] else f" (filtered: no better than the {reference})"
-        rnd = f"{o['random']:.4f} | " if has_random else ""
-        lines.append(f"| {o['task'] or '-'}{mark} | {o['seed']} | {o['loss0']:.4f} | {o['best']:.4f} | {rnd}"
+        rnd = f"{o['random'] + 0.0:.4f} | " if has_random else ""  # + 0.0 turns -0.0 into 0.0
+        lines.append(f"| {o['task'] or '-'}{mark} | {o['seed']} | {o['loss0'] + 0.0:.4f} | {o['best'] + 0.0:.4f} | {rnd}"
                      f"{o['steps']} | {costs} |")
     if t.filtered:
         lines += ["", f"Filtered (no better than the {reference}; excluded from the statistics): "
