@@ -1,0 +1,76 @@
+"""Hardness tables from hand-made run results: multi-task averaging within a seed, filtering, the infimum."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modelward.completion.problem import CompletionProblem, OriginalRun
+from modelward.completion.report import compute_tables, markdown
+from modelward.completion.study import StudyConfig, orig_id, retrain_id
+
+
+class TwoGames(CompletionProblem):
+    tasks = ["pong", "maze", "breakout"]
+
+    def part_names(self) -> list[str]:
+        return ["conv1"]
+
+    def parts_table(self) -> list[dict[str, Any]]:
+        return []
+
+    def train_original(self, seed, task, workdir, on_eval=None):  # pragma: no cover - not run here
+        raise NotImplementedError
+
+    def retrain(self, *a, **k):  # pragma: no cover - not run here
+        raise NotImplementedError
+
+    def random_loss(self, task: str) -> float:
+        return -1.0
+
+    def usable(self, original: OriginalRun) -> bool:
+        return original.best < self.random_loss(original.task)
+
+
+def _results() -> dict[str, dict[str, Any]]:
+    res: dict[str, dict[str, Any]] = {}
+    orig = {"pong": [(0, 0.0), (100, -5.0), (200, -10.0)], "maze": [(0, 0.0), (100, -0.5), (200, -0.9)],
+            "breakout": [(0, 0.0), (200, -10.0)]}
+    for seed in (0, 1):
+        for task, curve in orig.items():
+            res[orig_id(task, seed)] = {"kind": "orig", "task": task, "seed": seed, "curve": curve,
+                                        "checkpoint": "x"}
+    # pong: C(ℓ*_1) = 200. seed 0 reaches -10 at 50 (0.25) and T2 never (1.0); seed 1 reaches it at 150 (0.75)
+    for seed, t1, t2 in ((0, [(0, 0.0), (50, -10.0)], [(0, 0.0), (200, -9.0)]),
+                         (1, [(0, 0.0), (150, -10.0)], [(0, 0.0), (100, -10.0)])):
+        for proc, curve in (("T1", t1), ("T2", t2)):
+            res[retrain_id("pong", seed, "conv1", proc)] = {"kind": "re", "task": "pong", "seed": seed,
+                                                            "part": "conv1", "procedure": proc, "curve": curve}
+            # maze never beats random (-0.9 > -1): filtered, its (terrible) ratios must not count
+            res[retrain_id("maze", seed, "conv1", proc)] = {"kind": "re", "task": "maze", "seed": seed,
+                                                            "part": "conv1", "procedure": proc,
+                                                            "curve": [(0, 0.0), (200, 0.0)]}
+            # breakout: every retraining reaches ℓ* at 100 of 200 steps (0.5)
+            res[retrain_id("breakout", seed, "conv1", proc)] = {"kind": "re", "task": "breakout", "seed": seed,
+                                                                "part": "conv1", "procedure": proc,
+                                                                "curve": [(0, 0.0), (100, -10.0)]}
+    return res
+
+
+def test_multi_task_filtering_averaging_and_infimum():
+    cfg = StudyConfig.model_validate({"kind": "rl", "rl": {}, "seeds": [0, 1], "alphas": [1.0],
+                                      "procedures": [{"name": "T1", "kind": "T1"}, {"name": "T2", "kind": "T2"}]})
+    t = compute_tables(cfg, TwoGames(), _results(), Path("."))
+    rows = {(r["procedure"], r["alpha"]): r for r in t.rows}
+    # per seed: mean over the usable games (pong, breakout); then statistics over seeds
+    t1 = rows[("T1", 1.0)]
+    assert (t1["min"], t1["max"], t1["n"]) == (pytest.approx(0.375), pytest.approx(0.625), 2)
+    assert t1["sd"] == pytest.approx(0.1767767, abs=1e-6)
+    assert rows[("T2", 1.0)]["mean"] == pytest.approx(((1.0 + 0.5) / 2 + (0.5 + 0.5) / 2) / 2)
+    assert rows[("T2", 1.0)]["not_reached"] == 1
+    assert t.inf_rows == [{"part": "conv1", "alpha": 1.0, "value": pytest.approx(0.5), "procedure": "T1"}]
+    assert sorted(t.filtered) == ["maze seed 0", "maze seed 1"]
+    md = markdown(cfg, t)
+    assert "L(random)" in md and "filtered: no better than the random policy" in md
