@@ -95,7 +95,7 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
     from modelward.core.ledger import RunLedger
 
     console = console or Console()
-    out = Path(out)
+    out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cfg = demo_study_config(quick)
     problem = make_problem(cfg)

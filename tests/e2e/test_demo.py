@@ -9,8 +9,9 @@ import sys
 
 def test_quick_demo_end_to_end(tmp_path):
     out = tmp_path / "demo"
-    r = subprocess.run([sys.executable, "-m", "modelward.cli.main", "demo", "--quick", "--out", str(out),
-                        "--workers", "1"], capture_output=True, text=True, timeout=400)
+    # a relative --out, exactly as `make demo` passes it
+    r = subprocess.run([sys.executable, "-m", "modelward.cli.main", "demo", "--quick", "--out", "demo",
+                        "--workers", "1"], capture_output=True, text=True, timeout=400, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = list(csv.DictReader((out / "completion" / "hardness.csv").open()))
     assert {r["part"] for r in rows} == {"conv1", "conv2+fc1+logits"}

@@ -193,7 +193,7 @@ def write_report(out: str | Path) -> HardnessTables:
     """(Re)build hardness.csv, hardness_inf.csv, hardness.md, hardness_<procedure>.png and parts.csv in `out`."""
     from modelward.completion.study import StudyConfig, make_problem
 
-    out = Path(out)
+    out = Path(out).resolve()
     cfg_file = out / "study.json"
     if not cfg_file.is_file() or not (out / "ledger.sqlite").is_file():
         raise ModelwardError(f"{out}: not a study folder (needs study.json and ledger.sqlite from 'complete run')")

@@ -179,8 +179,8 @@ def original_from_result(out: Path, result: dict[str, Any]) -> OriginalRun:
 def record_original(out: Path, ledger: RunLedger, run: OriginalRun) -> dict[str, Any]:
     """Store a finished original run (curve CSV + run JSON + ledger) — also used to inject a preset original."""
     rid = orig_id(run.task, run.seed)
-    ckpt = Path(run.checkpoint)
-    rel = os.path.relpath(ckpt, out) if ckpt.is_absolute() else str(ckpt)
+    # stored relative to the study folder, so the folder can be moved; resolve() makes cwd-relative paths safe
+    rel = os.path.relpath(Path(run.checkpoint).resolve(), Path(out).resolve())
     result = {"kind": "orig", "task": run.task, "seed": run.seed, "curve": [list(p) for p in run.curve],
               "checkpoint": rel, "extras": run.extras}
     stem = run_file_stem(rid)
@@ -197,7 +197,7 @@ def execute_run(cfg_json: str, out_dir: str, run_id: str) -> str:
 
     if os.environ.get("MODELWARD_WORKER") == "1":
         torch.set_num_threads(1)
-    out = Path(out_dir)
+    out = Path(out_dir).resolve()
     ledger = RunLedger(out / "ledger.sqlite")
     cfg, problem = _problem_for(cfg_json)
     spec = ledger.spec(run_id)
@@ -256,7 +256,7 @@ def run_study(cfg: StudyConfig, out: str | Path, workers: int | None = None, con
     from modelward.completion.report import live_estimate, write_report
 
     console = console or Console()
-    out = Path(out)
+    out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     problem = make_problem(cfg)
     runs = plan(cfg, problem)
