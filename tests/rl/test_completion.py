@@ -96,7 +96,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 @pytest.mark.parametrize("name,agent,n_runs", [("completion_minatar.toml", "a2c", 3 + 3 * 6 * 2),
                                                ("completion_minatar_dqn.toml", "dqn", 3 + 3 * 4 * 4),
-                                               ("completion_cartpole.toml", "dqn", 2 + 2 * 2 * 2)])
+                                               ("completion_cartpole.toml", "dqn", 3 + 3 * 2 * 2)])
 def test_example_studies_validate_and_plan(name, agent, n_runs):
     from modelward.completion.study import load_study, make_problem, plan
 
