@@ -84,3 +84,30 @@ def test_fuzz_corrupted_valid_messages(noise, pos):
         return
     for t in m.tensors.values():  # anything accepted is well-formed
         assert t.numel() * t.element_size() <= len(bad)
+
+
+def test_finite_check_is_exact_when_the_sum_overflows_and_for_every_float_dtype():
+    from modelward.governance.wire import all_finite
+
+    big = torch.full((8,), 3e38)  # every value finite, their float32 sum is inf: the exact check must decide
+    assert all_finite(big)
+    assert decode(encode(Message("f", tensors={"h": big}))).tensors["h"].equal(big)
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        for bad in (float("inf"), float("-inf"), float("nan")):
+            t = torch.zeros(1000, dtype=dtype)
+            t[537] = bad
+            assert not all_finite(t)
+            with pytest.raises(WireError, match="NaN or Inf"):
+                decode(encode(Message("f", tensors={"h": t})))
+        both = torch.tensor([float("inf"), float("-inf")], dtype=dtype)  # sums to nan, still refused
+        assert not all_finite(both)
+
+
+def test_decode_accepts_any_byte_buffer_and_returns_writable_tensors():
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    data = encode(Message("f", tensors={"h": t}))
+    for buf in (data, bytearray(data), memoryview(data)):
+        h = decode(buf).tensors["h"]
+        assert h.equal(t)
+        h.add_(1)  # owns its memory: the message buffer is untouched
+    assert decode(data).tensors["h"].equal(t)

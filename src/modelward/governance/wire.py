@@ -14,7 +14,6 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from modelward.errors import ModelwardError
@@ -54,12 +53,21 @@ def encode(msg: Message) -> bytes:
         if t.dtype not in _NAMES:
             raise WireError(f"tensor {name!r}: dtype {t.dtype} cannot be sent; valid: {sorted(DTYPES)}")
         t = t.detach().contiguous().cpu()
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
-        specs.append({"name": name, "dtype": _NAMES[t.dtype], "shape": list(t.shape), "nbytes": len(raw)})
+        raw = t.reshape(-1).view(torch.uint8).numpy()  # a view: the join below is the only copy
+        specs.append({"name": name, "dtype": _NAMES[t.dtype], "shape": list(t.shape), "nbytes": raw.nbytes})
         blobs.append(raw)
     header = json.dumps({"op": msg.op, "session": msg.session, "step": msg.step, "seq": msg.seq,
                          "meta": msg.meta, "tensors": specs}, separators=(",", ":")).encode()
-    return MAGIC + struct.pack("<I", len(header)) + header + b"".join(blobs)
+    return b"".join([MAGIC, struct.pack("<I", len(header)), header, *blobs])
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """True iff no element is NaN or ±Inf. A NaN or an infinity makes the sum non-finite, so a finite sum proves
+    the check in one vectorised pass; a non-finite sum (which overflow can also cause) falls back to the exact
+    elementwise test."""
+    if math.isfinite(float(t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32))):
+        return True
+    return bool(torch.isfinite(t).all())
 
 
 def _int(h: dict, key: str) -> int:
@@ -73,16 +81,19 @@ def decode(data: bytes, max_bytes: int = 64 * 2**20, allow_nonfinite: bool = Fal
     """Parse and check a message; raises WireError with a clear reason on any problem."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise WireError("message is not bytes")
-    data = bytes(data)
-    if len(data) > max_bytes:
-        raise WireError(f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
-    if len(data) < 8 or data[:4] != MAGIC:
-        raise WireError("not a modelward wire message (bad magic)")
-    (hlen,) = struct.unpack("<I", data[4:8])
-    if hlen > MAX_HEADER or 8 + hlen > len(data):
-        raise WireError(f"header length {hlen} is invalid (limit {MAX_HEADER}, message {len(data)} bytes)")
     try:
-        h = json.loads(data[8 : 8 + hlen].decode("utf-8"))
+        view = memoryview(data).cast("B")  # no copy of the (possibly large) message
+    except TypeError:
+        raise WireError("message is not a contiguous byte buffer") from None
+    if len(view) > max_bytes:
+        raise WireError(f"message of {len(view)} bytes exceeds the limit of {max_bytes} bytes")
+    if len(view) < 8 or bytes(view[:4]) != MAGIC:
+        raise WireError("not a modelward wire message (bad magic)")
+    (hlen,) = struct.unpack("<I", view[4:8])
+    if hlen > MAX_HEADER or 8 + hlen > len(view):
+        raise WireError(f"header length {hlen} is invalid (limit {MAX_HEADER}, message {len(view)} bytes)")
+    try:
+        h = json.loads(bytes(view[8 : 8 + hlen]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise WireError(f"header is not valid JSON ({type(e).__name__})") from None
     if not isinstance(h, dict):
@@ -112,19 +123,20 @@ def decode(data: bytes, max_bytes: int = 64 * 2**20, allow_nonfinite: bool = Fal
         expected = math.prod(shape) * _itemsize(dtype)
         if nbytes != expected:
             raise WireError(f"tensor {name!r}: {nbytes!r} bytes declared, {dtype}{shape} needs {expected}")
-        if offset + expected > len(data):
-            raise WireError(f"tensor {name!r}: truncated message ({len(data) - offset} of {expected} bytes)")
-        raw = data[offset : offset + expected]
-        offset += expected
+        if offset + expected > len(view):
+            raise WireError(f"tensor {name!r}: truncated message ({len(view) - offset} of {expected} bytes)")
         if expected:
-            t = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy()).view(DTYPES[dtype]).reshape(shape)
+            # one copy, straight from the received buffer into memory the tensor owns
+            buf = bytearray(view[offset : offset + expected])
+            t = torch.frombuffer(buf, dtype=torch.uint8).view(DTYPES[dtype]).reshape(shape)
         else:
             t = torch.empty(shape, dtype=DTYPES[dtype])
-        if dtype in _FLOATS and not allow_nonfinite and t.numel() and not bool(torch.isfinite(t).all()):
+        offset += expected
+        if dtype in _FLOATS and not allow_nonfinite and t.numel() and not all_finite(t):
             raise WireError(f"tensor {name!r} contains NaN or Inf")
         msg.tensors[name] = t
-    if offset != len(data):
-        raise WireError(f"{len(data) - offset} trailing bytes after the declared tensors")
+    if offset != len(view):
+        raise WireError(f"{len(view) - offset} trailing bytes after the declared tensors")
     return msg
 
 
