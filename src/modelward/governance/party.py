@@ -17,8 +17,10 @@ seed or from the safetensors entries of its own layers) and keeps only its segme
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -222,6 +224,9 @@ class Party:
         self.consent = ConsentChecker(cfg.policy, self.audit)
         self.guard = SequenceGuard()
         self.lock = threading.RLock()
+        self._ckpt_thread: threading.Thread | None = None
+        self._ckpt_error: str | None = None
+        self._warm: set[int] = set()  # batch sizes whose kernels have run once in this process
         self.ckpt_dir = Path(cfg.checkpoint_dir)
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.step = 0
@@ -286,6 +291,10 @@ class Party:
 
     # ----------------------------------------------------------------- checkpoints
     def checkpoints(self) -> list[int]:
+        self._ckpt_join()
+        return self._list_checkpoints()
+
+    def _list_checkpoints(self) -> list[int]:
         return sorted(int(m.group(1)) for p in self.ckpt_dir.glob("step_*.safetensors")
                       if (m := CKPT_RE.match(p.name)))
 
@@ -303,18 +312,56 @@ class Party:
             meta["opt_params"] = list(self.params)
         return tensors, meta
 
-    def _save_checkpoint(self) -> Path:
+    def _save_checkpoint(self, background: bool = False) -> Path:
+        """Checkpoint the current state. In the background, the state is snapshotted (copied) now and written
+        by a thread while training goes on: a checkpoint file appears atomically (temp file + rename) or not at
+        all, and the driver only ever restores to a step every party holds, so a crash during the write costs
+        nothing but a few steps of recomputation. One write at a time; listing checkpoints waits for it."""
+        self._ckpt_join()
         tensors, meta = self._state_tensors()
         path = self._ckpt_path(self.step)
-        save_tensors(path, tensors, {"modelward": json.dumps(meta)})
-        for old in self.checkpoints()[: -self.cfg.keep_checkpoints]:
+        md = {"modelward": json.dumps(meta)}
+        if not background:
+            save_tensors(path, tensors, md)
+            self._prune()
+            return path
+        snap = {k: v.detach().clone(memory_format=torch.contiguous_format) for k, v in tensors.items()}
+        self._ckpt_thread = threading.Thread(target=self._write_snapshot, args=(path, snap, md),
+                                             name=f"checkpoint-{self.step}", daemon=True)
+        self._ckpt_thread.start()
+        return path
+
+    def _write_snapshot(self, path: Path, snap: dict[str, torch.Tensor], md: dict[str, str]) -> None:
+        from safetensors.torch import save_file
+
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            save_file(snap, str(tmp), metadata=md)
+            os.replace(tmp, path)
+            self._prune()
+        except Exception as e:  # surfaced to the next request (before it computes anything)
+            self._ckpt_error = f"checkpoint {path.name} could not be written: {type(e).__name__}: {e}"
+
+    def _ckpt_join(self) -> None:
+        t = self._ckpt_thread
+        if t is not None:
+            t.join()
+            self._ckpt_thread = None
+
+    def _raise_ckpt_error(self) -> None:
+        err, self._ckpt_error = self._ckpt_error, None
+        if err:
+            raise PartyError(f"party {self.cfg.name}: {err}")
+
+    def _prune(self) -> None:
+        for old in self._list_checkpoints()[: -self.cfg.keep_checkpoints]:
             if old != 0:  # step 0 stays: a full restart is always possible
                 self._ckpt_path(old).unlink(missing_ok=True)
-        return path
 
     def _restore(self, step: int) -> None:
         from modelward.core.io import load_metadata
 
+        self._ckpt_join()
         path = self._ckpt_path(step)
         if not path.is_file():
             raise PartyError(f"party {self.cfg.name} has no checkpoint at step {step} (has {self.checkpoints()})")
@@ -375,6 +422,7 @@ class Party:
                                   decision.reason)
                 raise ConsentDenied(f"party {self.cfg.name} refused {msg.op} (step {msg.step}): {decision.reason}")
             try:
+                self._raise_ckpt_error()
                 reply = getattr(self, f"_op_{msg.op}")(msg)
             except (ModelwardError, RuntimeError, ValueError) as e:
                 reason = str(e) if isinstance(e, ModelwardError) else f"{type(e).__name__}: {e}"
@@ -414,8 +462,30 @@ class Party:
                 raise PartyError(f"party {self.cfg.name} is already training with a different optimizer "
                                  f"configuration {_opt_fields(self.train_cfg)}; use a fresh checkpoint_dir to "
                                  "start over")
+            n_test = self._n("test")
+            ev = min(cfg.eval_batch_size, n_test) if n_test else cfg.eval_batch_size
+            self._warm_up([cfg.batch_size, ev] + ([n_test % ev] if n_test and n_test % ev else []))
         self.guard.restore(msg.session, self.audit.last_seq(msg.session))
         return {**self._status(), "last_seq": self.guard.last_seq(msg.session)}
+
+    def _warm_up(self, batch_sizes: list[int]) -> None:
+        """Run forward and backward once per batch size on a throw-away copy of the segment (zeros in, RNG state
+        kept), so that torch's one-time kernel set-up for these shapes happens when a session opens rather than
+        inside the first training steps. The party's parameters, buffers and optimizer state are not touched."""
+        sizes = sorted({min(b, self.cfg.max_batch) for b in batch_sizes} - self._warm)
+        if not sizes:
+            return
+        seg = copy.deepcopy(self.segment)
+        with torch.random.fork_rng(devices=[]):
+            for b in sizes:
+                x = torch.zeros(b, *self.in_shape)
+                seg.train()
+                inp = _layout(x).requires_grad_(not self.is_first)
+                seg(inp).sum().backward()
+                seg.eval()
+                with torch.no_grad():
+                    seg(_layout(x))
+                self._warm.add(b)
 
     def _check_step(self, msg: Message) -> None:
         if msg.step != self.step:
@@ -497,7 +567,7 @@ class Party:
         self.step += 1
         self.pending = None
         if self.step % self.cfg.checkpoint_every == 0:
-            self._save_checkpoint()
+            self._save_checkpoint(background=True)
 
     def _op_loss_backward(self, msg: Message) -> Message:
         if not self.is_last:
