@@ -94,16 +94,30 @@ def test_relative_output_folder_round_trips_through_the_study(tmp_path, monkeypa
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.mark.parametrize("name,agent,n_runs", [("completion_minatar.toml", "a2c", 3 + 3 * 6 * 2),
-                                               ("completion_minatar_dqn.toml", "dqn", 3 + 3 * 4 * 4),
-                                               ("completion_cartpole.toml", "dqn", 3 + 3 * 2 * 2)])
-def test_example_studies_validate_and_plan(name, agent, n_runs):
+# (file, agent, games, planned runs = games × seeds × (1 original + parts × procedures))
+RL_EXAMPLES = [("completion_minatar.toml", "a2c", 1, 3 * (1 + 6 * 2)),
+               ("completion_minatar_dqn.toml", "dqn", 1, 3 * (1 + 4 * 4)),
+               ("completion_minatar_suite.toml", "a2c", 3, 3 * 3 * (1 + 4 * 1)),
+               ("completion_minatar_lstm.toml", "recurrent", 1, 3 * (1 + 7 * 1)),
+               ("completion_cartpole.toml", "dqn", 1, 3 * (1 + 2 * 2))]
+
+
+def test_every_rl_example_is_checked():
+    rl_examples = {p.name for p in EXAMPLES.glob("*.toml") if 'kind = "rl"' in p.read_text()}
+    assert rl_examples == {name for name, *_ in RL_EXAMPLES}
+
+
+@pytest.mark.parametrize("name,agent,n_games,n_runs", RL_EXAMPLES)
+def test_example_studies_validate_and_plan(name, agent, n_games, n_runs):
     from modelward.completion.study import load_study, make_problem, plan
 
     cfg = load_study(EXAMPLES / name)
     problem = make_problem(cfg)
     assert isinstance(problem, RLProblem) and problem.cfg.agent == agent
+    assert len(problem.tasks) == n_games
     assert len(plan(cfg, problem)) == n_runs
+    if agent == "recurrent":
+        assert "lstm" in problem.part_names()
     if agent == "dqn":  # the replay-buffer study: every procedure kind comes kept and reset
         kinds = {(p.kind, p.keep_buffer) for p in cfg.procedures}
         assert {k for k, _ in kinds} == {k for k, keep in kinds if keep} == {k for k, keep in kinds if not keep}
