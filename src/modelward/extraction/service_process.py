@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from torch import nn
 
 from modelward.core.config import read_toml, to_toml
 from modelward.core.io import save_state_dict
+from modelward.core.process import stop_gracefully
 from modelward.core.zoo import ModelConfig
 from modelward.errors import ModelwardError
 
@@ -34,14 +34,7 @@ class GuardServerProcess:
 
     def stop(self, timeout: float = 15.0) -> int:
         """Graceful stop (SIGTERM: the server saves the defense state), then kill after ``timeout`` s."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return int(self.proc.returncode)
+        return stop_gracefully(self.proc, timeout)
 
     def __enter__(self) -> GuardServerProcess:
         return self

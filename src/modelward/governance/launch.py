@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from modelward.core.process import stop_gracefully
 from modelward.errors import ModelwardError
 
 
@@ -30,14 +31,7 @@ class PartyProcess:
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM (graceful: the party saves a checkpoint and closes its audit log), then wait."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_gracefully(self.proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL: a crash, no chance to clean up."""
