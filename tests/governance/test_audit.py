@@ -88,3 +88,23 @@ def test_missing_or_foreign_file(tmp_path):
     (tmp_path / "x.db").write_text("hello")
     with pytest.raises(AuditError, match="not a modelward audit log"):
         verify(tmp_path / "x.db")
+
+
+def test_records_appended_after_the_published_head_are_not_tampering(log):
+    # UAT: `split predict` appends inference records after summary.json's head was published; verifying the
+    # log with that head must still pass, and a truncation below it must still fail.
+    path, head = log
+    a = AuditLog(path, "bob")
+    a.append("alice", "infer", "s2", 0, 1, 32)
+    a.close()
+    r = verify(path, expect_head=head)
+    assert r.ok and r.head_at == 6 and "1 record(s) appended" in str(r)
+    assert verify(path, expect_head=head[:16]).ok  # the prefix `audit verify` prints is enough
+    _sql(path, "DELETE FROM audit WHERE id>=6")
+    assert not verify(path, expect_head=head).ok
+
+
+def test_malformed_published_head_is_a_usage_error(log):
+    path, _ = log
+    with pytest.raises(AuditError, match="--head"):
+        verify(path, expect_head="abc")

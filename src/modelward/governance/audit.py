@@ -100,10 +100,16 @@ class VerifyResult:
     head: str
     bad_id: int | None = None
     problem: str = ""
+    head_at: int | None = None  # the record whose hash is the published head, when one was given
 
     def __str__(self) -> str:
         if self.ok:
-            return f"OK: {self.records} records, head {self.head[:16]}…"
+            extra = ""
+            if self.head_at is not None:
+                extra = f"; the published head is record {self.head_at}"
+                if self.head_at < self.records:
+                    extra += f", {self.records - self.head_at} record(s) appended after it"
+            return f"OK: {self.records} records, head {self.head[:16]}…{extra}"
         return f"TAMPERED: record {self.bad_id}: {self.problem}"
 
 
@@ -118,7 +124,13 @@ def verify(path: str | Path, expect_head: str | None = None) -> VerifyResult:
         db.close()
     except sqlite3.DatabaseError as e:
         raise AuditError(f"{path}: not a modelward audit log ({e})") from None
+    if expect_head is not None:
+        expect_head = expect_head.strip().lower()
+        if len(expect_head) < 16 or any(c not in "0123456789abcdef" for c in expect_head):
+            raise AuditError(f"--head {expect_head!r}: expected the published head hash (hex, at least its "
+                             "first 16 characters, as in summary.json's audit_heads)")
     prev, expected_id = GENESIS, 1
+    head_at: int | None = None
     for row in rows:
         rec = dict(zip(FIELDS, row[: len(FIELDS)], strict=True))
         stored_prev, stored = row[-2], row[-1]
@@ -133,8 +145,12 @@ def verify(path: str | Path, expect_head: str | None = None) -> VerifyResult:
         if record_hash(prev, rec) != stored:
             return VerifyResult(False, len(rows), prev, rid, "edited: its content does not match its hash")
         prev, expected_id = stored, rid + 1
-    if expect_head is not None and prev != expect_head:
+        if expect_head is not None and head_at is None and stored.startswith(expect_head):
+            head_at = rid
+    # The published head must be a record of the intact chain: records appended after it (a later session,
+    # split predict) are legitimate; a truncation or a rewrite removes it.
+    if expect_head is not None and head_at is None:
         return VerifyResult(False, len(rows), prev, expected_id - 1,
-                            f"head {prev[:16]}… differs from the published head {expect_head[:16]}… "
-                            "(records were removed from the end or the log was rewritten)")
-    return VerifyResult(True, len(rows), prev)
+                            f"the published head {expect_head[:16]}… is not in the chain (head now "
+                            f"{prev[:16]}…): records were removed from the end or the log was rewritten")
+    return VerifyResult(True, len(rows), prev, head_at=head_at)
