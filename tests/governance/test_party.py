@@ -76,3 +76,19 @@ def test_a_failed_background_write_is_reported_before_the_next_pass_computes(two
     # reported once; the identical request then goes through
     b.handle("alice", encode(Message("loss_backward", "s", 0, 1, {"split": "train"}, {"h": h, "idx": idx})))
     assert b.step == 1
+
+
+def test_port_in_use_is_a_config_error_not_a_traceback(two):
+    # UAT: `party serve` started twice on the same port crashed with grpc's RuntimeError.
+    import socket
+
+    from modelward.errors import ConfigError
+    from modelward.governance.party import PartyServer
+
+    a, _, _ = two
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        a.cfg.port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match="in use"):
+            PartyServer(a)

@@ -651,9 +651,13 @@ class PartyServer:
         creds = grpc.ssl_server_credentials(
             [(read_pem(cfg.tls.key, "tls.key"), read_pem(cfg.tls.cert, "tls.cert"))],
             root_certificates=read_pem(cfg.tls.ca, "tls.ca"), require_client_auth=True)
-        self.port = self.server.add_secure_port(f"{cfg.host}:{cfg.port}", creds)
+        try:
+            self.port = self.server.add_secure_port(f"{cfg.host}:{cfg.port}", creds)
+        except RuntimeError:  # grpcio >= 1.60 raises instead of returning 0
+            self.port = 0
         if self.port == 0:
-            raise ConfigError(f"party {cfg.name}: cannot listen on {cfg.host}:{cfg.port} (in use?)")
+            raise ConfigError(f"party {cfg.name}: cannot listen on {cfg.host}:{cfg.port}: the address is in use "
+                              "(another party server?) or not local; set `port` (0 = any free port) or `host`")
 
     def _call(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         caller = caller_identity(context)
@@ -699,7 +703,12 @@ def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None
     import signal
 
     party = Party(cfg)
-    server = PartyServer(party)
+    try:
+        server = PartyServer(party)
+    except BaseException:
+        with party.lock:
+            party.audit.close()
+        raise
     port = server.start()
     log(describe(party, port))
     log(f"READY {cfg.name} {cfg.host}:{port}")
