@@ -72,5 +72,25 @@ def test_multi_task_filtering_averaging_and_infimum():
     assert rows[("T2", 1.0)]["not_reached"] == 1
     assert t.inf_rows == [{"part": "conv1", "alpha": 1.0, "value": pytest.approx(0.5), "procedure": "T1"}]
     assert sorted(t.filtered) == ["maze seed 0", "maze seed 1"]
+    by_task = {(r["task"], r["procedure"]): r for r in t.task_rows}
+    assert (by_task[("pong", "T1")]["min"], by_task[("pong", "T1")]["max"]) == (pytest.approx(0.25), pytest.approx(0.75))
+    assert by_task[("breakout", "T1")]["mean"] == pytest.approx(0.5) and ("maze", "T1") not in by_task
     md = markdown(cfg, t)
     assert "L(random)" in md and "filtered: no better than the random policy" in md
+
+
+def test_retraining_of_a_filtered_task_is_skipped(tmp_path, monkeypatch):
+    """A task whose original is filtered out gets no retraining: its runs are recorded as skipped, not run."""
+    from modelward.completion.study import run_study
+    from modelward.completion.supervised import SupervisedProblem
+    from modelward.core.ledger import RunLedger
+
+    monkeypatch.setattr(SupervisedProblem, "usable", lambda self, run: False, raising=False)
+    cfg = StudyConfig.model_validate({"data": {"source": "iris"}, "model": {"arch": "mlp", "hidden": [4]},
+                                      "train": {"steps": 10, "eval_every": 5}, "seeds": [0],
+                                      "parts": ["logits"], "procedures": [{"name": "T1", "kind": "T1"}]})
+    run_study(cfg, tmp_path, workers=1)
+    results = RunLedger(tmp_path / "ledger.sqlite").results()
+    re = next(v for k, v in results.items() if k.startswith("re|"))
+    assert "skipped" in re and "curve" not in re
+    assert "filtered" in (tmp_path / "hardness.md").read_text()

@@ -33,7 +33,8 @@ def test_rl_study_kill9_resume_and_report(tmp_path):
     db = out / "ledger.sqlite"
     cmd = [*CLI, "complete", "run", str(EXAMPLE), "--out", str(out), "--workers", "1",
            "--set", 'parts=["linear"]', "--set", "seeds=[0, 1]", "--set", "rl.steps=1500",
-           "--set", "rl.dqn.train_every=4"]  # the example, shortened for the test
+           "--set", "rl.dqn.train_every=4",  # the example, shortened for the test
+           "--set", "rl.filter_random=false"]  # a 1500-step agent may be filtered; then retraining is skipped
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env)
     deadline = time.time() + 120

@@ -32,16 +32,12 @@ class HardnessTables:
     originals: list[dict[str, Any]]
     filtered: list[str] = field(default_factory=list)
     missing: int = 0
-
-
-def _usable(problem: CompletionProblem, run: OriginalRun, thr: Thresholds) -> bool:
-    hook = getattr(problem, "usable", None)
-    return bool(hook(run)) if callable(hook) else thr.learned
+    task_rows: list[dict[str, Any]] = field(default_factory=list)  # per task (multi-task problems), over seeds
 
 
 def compute_tables(cfg: Any, problem: CompletionProblem, results: dict[str, dict[str, Any]],
                    out: Path | None = None) -> HardnessTables:
-    from modelward.completion.study import orig_id, study_parts
+    from modelward.completion.study import is_usable, orig_id, study_parts
 
     alphas = sorted(cfg.alphas, reverse=True)
     parts = study_parts(cfg, problem)
@@ -59,7 +55,7 @@ def compute_tables(cfg: Any, problem: CompletionProblem, results: dict[str, dict
             t = Thresholds.from_curve(curve, cfg.alphas)
             run = OriginalRun(seed, task, curve, Path(out or ".") / res["checkpoint"], res.get("extras", {}))
             thr[(task, seed)] = t
-            usable[(task, seed)] = _usable(problem, run, t)
+            usable[(task, seed)] = is_usable(problem, run, t)
             if not usable[(task, seed)]:
                 filtered.append(f"{task or 'model'} seed {seed}")
             rnd = getattr(problem, "random_loss", None)
@@ -68,6 +64,7 @@ def compute_tables(cfg: Any, problem: CompletionProblem, results: dict[str, dict
                               **{f"C(alpha={a})": t.costs[a] for a in alphas},
                               "usable": usable[(task, seed)]})
     per_seed: dict[tuple[str, str, float, int], list[float]] = defaultdict(list)
+    per_task: dict[tuple[str, str, str, float], list[float]] = defaultdict(list)
     not_reached: dict[tuple[str, str, float], int] = defaultdict(int)
     missing = 0
     for res in results.values():
@@ -80,6 +77,7 @@ def compute_tables(cfg: Any, problem: CompletionProblem, results: dict[str, dict
         for a in alphas:
             r = hardness_ratio(curve, thr[key].values[a], thr[key].costs[a])
             per_seed[(res["part"], res["procedure"], a, res["seed"])].append(r.value)
+            per_task[(res["task"], res["part"], res["procedure"], a)].append(r.value)
             if not r.reached:
                 not_reached[(res["part"], res["procedure"], a)] += 1
     rows, inf_rows = [], []
@@ -101,7 +99,17 @@ def compute_tables(cfg: Any, problem: CompletionProblem, results: dict[str, dict
                     best = (float(s["mean"]), proc)
             if best is not None:
                 inf_rows.append({"part": part, "alpha": a, "value": best[0], "procedure": best[1]})
-    return HardnessTables(rows, inf_rows, originals, filtered, missing)
+    task_rows = []
+    if len(problem.tasks) > 1:
+        for task in problem.tasks:
+            for part in parts:
+                for proc in procs:
+                    for a in alphas:
+                        vals = per_task.get((task, part, proc, a), [])
+                        if vals:
+                            task_rows.append({"task": task, "part": part, "procedure": proc, "alpha": a,
+                                              **summarize(vals)})
+    return HardnessTables(rows, inf_rows, originals, filtered, missing, task_rows)
 
 
 def live_estimate(cfg: Any, problem: CompletionProblem, results: dict[str, dict[str, Any]]) -> str:
@@ -209,6 +217,11 @@ def write_report(out: str | Path) -> HardnessTables:
         w = csv.DictWriter(f, fieldnames=["part", "alpha", "value", "procedure"])
         w.writeheader()
         w.writerows(t.inf_rows)
+    if t.task_rows:
+        with (out / "hardness_by_task.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["task", *FIELDS[:-1]])
+            w.writeheader()
+            w.writerows(t.task_rows)
     with (out / "parts.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["part", "params", "params_excl_norm"])
         w.writeheader()

@@ -161,6 +161,13 @@ def _problem_for(cfg_json: str) -> tuple[StudyConfig, CompletionProblem]:
     return cfg, _PROBLEMS[cfg_json]
 
 
+def is_usable(problem: CompletionProblem, original: OriginalRun, thr: Thresholds) -> bool:
+    """Whether a task's original run counts: the problem's ``usable`` hook (RL: better than a random policy), or
+    else whether training improved on the untrained model at all."""
+    hook = getattr(problem, "usable", None)
+    return bool(hook(original)) if callable(hook) else thr.learned
+
+
 def write_curve(path: Path, curve: list[tuple[int, float]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -218,6 +225,10 @@ def execute_run(cfg_json: str, out_dir: str, run_id: str) -> str:
             raise ModelwardError(f"{run_id}: its original run is not finished")
         original = original_from_result(out, orig_res)
         thr = Thresholds.from_curve(original.curve, cfg.alphas)
+        if not is_usable(problem, original, thr):
+            # the task is filtered out of every table: do not spend a retraining on it
+            ledger.finish(run_id, {**spec, "skipped": "original no better than untrained/random"})
+            return run_id
         budget = cfg.budget or original.steps
         stop_at = thr.values[max(cfg.alphas)] if cfg.early_stop else None
         proc = next(p for p in cfg.procedures if p.name == spec["procedure"])
