@@ -369,5 +369,37 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
 
     service = build_service(config_path, overrides)
     cfg = service.cfg.server
-    uvicorn.run(create_app(service), host=host or cfg.host, port=cfg.port if port is None else port,
-                log_level="warning", access_log=False)
+    host, port = host or cfg.host, cfg.port if port is None else port
+    try:  # bind before uvicorn, so a busy port is a clear error (exit 2), not uvicorn's log line and exit 3
+        sock = bind_socket(host, port)
+    except ConfigError:
+        service.close()
+        raise
+    try:
+        name = service.name
+        print(f"guard: serving model '{name}' behind {service.defense.name} at "
+              f"http://{host}:{sock.getsockname()[1]}/v2/models/{name}/infer (state in {service.state_dir})",
+              flush=True)
+        print(f"READY {name} {host}:{sock.getsockname()[1]}", flush=True)
+        server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning", access_log=False))
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def bind_socket(host: str, port: int):
+    """A listening TCP socket on host:port (0 = any free port); ConfigError when the address is taken."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # same as uvicorn: TIME_WAIT does not block
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"server: cannot listen on {host}:{port} ({e.strerror}); another server is using "
+                           "the port: stop it, or pick another with --port / server.port (0 = any free port)") from None
+    sock.set_inheritable(True)
+    return sock
