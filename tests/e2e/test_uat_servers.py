@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from modelward.core.config import load_config
 from modelward.core.io import save_state_dict
 from modelward.core.zoo import build_model
