@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ConfigDict
 from rich.console import Console
 from rich.table import Table
 
@@ -17,7 +18,9 @@ console = Console()
 
 
 class PartsFile(StrictModel):
-    """A TOML with [model] and either [data] or an explicit input shape."""
+    """A TOML with [model] and either [data] or an explicit input shape; other tables (a study's) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
 
     model: ModelConfig = ModelConfig()
     data: DataConfig | None = None
@@ -28,7 +31,8 @@ class PartsFile(StrictModel):
 def register(app: typer.Typer) -> None:
     @app.command("parts")
     def parts(
-        model: Annotated[Path, typer.Option("--model", help="TOML file with a [model] table (a study file works)")],
+        model: Annotated[Path, typer.Option(
+            "--model", help="TOML file with a \\[model] table (a study file works; its other tables are ignored)")],
         set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
         csv_out: Annotated[Path | None, typer.Option("--csv", help="also write the table as CSV")] = None,
     ) -> None:
