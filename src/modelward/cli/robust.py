@@ -88,7 +88,7 @@ def train(config: Path = typer.Argument(..., help="TOML config (see examples/rob
 
 
 @app.command()
-def certify(config: Path = typer.Argument(..., help="TOML config ([data] and [evaluate] are used)."),
+def certify(config: Path = typer.Argument(..., help="TOML config (\\[data] and \\[evaluate] are used)."),
             model: Path | None = typer.Option(None, "--model", help="model.safetensors or its run directory."),
             out: Path = typer.Option(Path("."), "--out", help="Output directory."),
             set_: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -128,7 +128,7 @@ def certify(config: Path = typer.Argument(..., help="TOML config ([data] and [ev
 
 
 @app.command()
-def attack(config: Path = typer.Argument(..., help="TOML config ([data] and [evaluate] are used)."),
+def attack(config: Path = typer.Argument(..., help="TOML config (\\[data] and \\[evaluate] are used)."),
            model: Path | None = typer.Option(None, "--model", help="model.safetensors or its run directory."),
            out: Path = typer.Option(Path("."), "--out", help="Output directory."),
            set_: list[str] = typer.Option([], "--set", help=SET_HELP)) -> None:

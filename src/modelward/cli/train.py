@@ -28,7 +28,7 @@ class TrainFile(StrictModel):
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_cmd(
-        config: Annotated[Path, typer.Argument(help="TOML with [data], [model], [train] (a study file works)")],
+        config: Annotated[Path, typer.Argument(help="TOML with \\[data], \\[model], \\[train] (a study file works)")],
         out: Annotated[Path, typer.Option("--out", help="checkpoint to write (.safetensors)")],
         seed: Annotated[int | None, typer.Option("--seed", help="initialisation and data-order seed")] = None,
         set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
