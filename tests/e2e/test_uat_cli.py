@@ -32,3 +32,27 @@ def test_help_shows_table_names(cmd, text):
     # rich markup used to swallow "[model]" etc. ("TOML file with a  table")
     r = _mw(*cmd, "--help")
     assert r.returncode == 0 and text in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("cmd", [["complete", "run", "examples/completion_digits.toml"],
+                                 ["robust", "train", "examples/robust_gloro.toml"],
+                                 ["study", "plasticity", "examples/plasticity.toml"],
+                                 ["extract", "run", "examples/extraction_digits.toml"]])
+def test_out_that_is_a_file_is_a_clear_error(cmd):
+    # `complete run --out <a file>` used to end in a FileExistsError traceback
+    r = _mw(*cmd, "--out", "examples/completion_digits.toml")
+    assert r.returncode == 2 and "is a file, not a folder" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_robust_train_refuses_a_different_config_in_a_finished_run(tmp_path):
+    # it used to overwrite the other config's finished model.safetensors without a word
+    tiny = ["--set", "model.arch=c(4,4,2).d(16)", "--set", "train.epochs=1", "--set", "train.batch_size=256"]
+    out = tmp_path / "run"
+    r = _mw("robust", "train", "examples/robust_gloro.toml", "--out", str(out), *tiny)
+    assert r.returncode == 0, r.stderr
+    before = (out / "model.safetensors").read_bytes()
+    r = _mw("robust", "train", "examples/robust_gloro.toml", "--out", str(out), *tiny)  # same config: resumes
+    assert r.returncode == 0, r.stderr
+    r = _mw("robust", "train", "examples/robust_standard.toml", "--out", str(out), *tiny)
+    assert r.returncode == 2 and "different config" in r.stderr and "train.mode" in r.stderr, r.stderr
+    assert (out / "model.safetensors").read_bytes() == before

@@ -21,10 +21,12 @@ def run(
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value, e.g. seeds=[0,1]")] = None,
 ) -> None:
     """Run (or resume) a completion study and write hardness tables and plots."""
+    from modelward.cli._outdir import check_out_dir
     from modelward.completion.report import write_report
     from modelward.completion.study import load_study, run_study
 
     cfg = load_study(study, set_)
+    check_out_dir(out)
     outcome = run_study(cfg, out, workers or os.cpu_count(), console)
     tables = write_report(out)
     _print_summary(cfg, tables, out)

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from modelward.cli._outdir import check_out_dir
 from modelward.core.config import load_config
 
 app = typer.Typer(no_args_is_help=True, help="Model-extraction attacks against defended victims.")
@@ -24,6 +25,7 @@ def run(
     from modelward.extraction.evaluate import EvalConfig, run_evaluation
 
     cfg = load_config(config, EvalConfig, set_)
+    check_out_dir(out)
     summary = run_evaluation(cfg, out, console)
     table = Table(title=f"{cfg.name}: worst case over attacks (victim accuracy {summary['victim_accuracy']:.2%})")
     for col in ("defense", "max accuracy", "worst attack", "max fidelity", "max ℓ1", "protected acc."):

@@ -11,6 +11,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from modelward.cli._outdir import check_out_dir, refuse_other_config
 from modelward.core.config import dump_config, load_config
 from modelward.core.data import load_data
 from modelward.core.progress import make_progress
@@ -64,6 +65,10 @@ def train(config: Path = typer.Argument(..., help="TOML config (see examples/rob
           set_: list[str] = typer.Option([], "--set", help=SET_HELP)) -> None:
     """Train a model in the configured mode and save it as OUT/model.safetensors (+ metrics, history)."""
     cfg = load_config(config, RobustConfig, set_)
+    check_out_dir(out)
+    # a different config would silently overwrite the finished model of the other one
+    refuse_other_config(out, "config.json", json.loads(json.dumps(cfg.model_dump(mode="json"), sort_keys=True)),
+                        ("model.safetensors", "checkpoint.safetensors"))
     data = load_data(cfg.data)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.json")
@@ -99,6 +104,7 @@ def certify(config: Path = typer.Argument(..., help="TOML config (\\[data] and \
     data = load_data(cfg.data)
     check_shapes(net, data)
     x, y = eval_points(cfg, data)
+    check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     eps = cfg.evaluate.epsilons
     rows, bound = certify_table(net, x, y, eps, cfg.evaluate.batch_size)
@@ -140,6 +146,7 @@ def attack(config: Path = typer.Argument(..., help="TOML config (\\[data] and \\
     data = load_data(cfg.data)
     check_shapes(net, data)
     x, y = eval_points(cfg, data)
+    check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     eps = cfg.evaluate.epsilons
     with make_progress(console) as progress:

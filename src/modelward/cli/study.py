@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from modelward.cli._outdir import check_out_dir
 from modelward.core.config import dump_config, load_config
 from modelward.core.plots import grouped_bars
 from modelward.core.progress import make_progress
@@ -32,6 +33,7 @@ def plasticity(
 ) -> None:
     """Train shallow / deep / parameter-matched models clean, then with PGD adversarial training (Table 5.1)."""
     cfg = load_config(config, PlasticityConfig, set_)
+    check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.json")
     with make_progress(console) as progress:
