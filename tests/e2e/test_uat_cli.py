@@ -56,3 +56,10 @@ def test_robust_train_refuses_a_different_config_in_a_finished_run(tmp_path):
     r = _mw("robust", "train", "examples/robust_standard.toml", "--out", str(out), *tiny)
     assert r.returncode == 2 and "different config" in r.stderr and "train.mode" in r.stderr, r.stderr
     assert (out / "model.safetensors").read_bytes() == before
+
+
+def test_train_out_that_is_a_folder_is_refused_before_training(tmp_path):
+    # it used to train, then fail with an IsADirectoryError traceback when saving
+    r = _mw("train", "examples/completion_digits.toml", "--out", str(tmp_path))
+    assert r.returncode == 2 and "is a folder" in r.stderr and "Traceback" not in r.stderr
+    assert "training" not in r.stdout

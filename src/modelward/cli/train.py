@@ -34,12 +34,19 @@ def register(app: typer.Typer) -> None:
         set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
     ) -> None:
         """Train a model with procedure T and save its weights, e.g. for `modelward guard serve`."""
+        from modelward.cli._outdir import check_out_dir
         from modelward.core.io import save_state_dict
         from modelward.core.progress import make_progress
         from modelward.core.train import fit_from_config
+        from modelward.errors import ConfigError
 
         console = Console()
         cfg = load_config(config, TrainFile, set_)
+        # checked before training, not when saving after it
+        if out.is_dir():
+            raise ConfigError(f"--out {out}: is a folder; give the checkpoint file to write, e.g. "
+                              f"{out / 'model.safetensors'}")
+        check_out_dir(out.parent)
         s = cfg.seed if seed is None else seed
         with make_progress(console) as progress:
             task = progress.add_task("training", total=cfg.train.steps, info="")
