@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,8 @@ def test_plasticity_study_outputs_and_resume(tmp_path, cli):
     # a different config in the same folder is refused
     r3 = cli("study", "plasticity", str(EXAMPLE), "--out", str(out), *TINY, "--set", "adv_epochs=2")
     assert r3.returncode != 0 and "different" in r3.output
+    # ... and leaves the folder's config.json describing its results (UAT: it was overwritten by the refused run)
+    assert json.loads((out / "config.json").read_text())["adv_epochs"] == 1
 
 
 def test_plasticity_config_errors_name_the_field(tmp_path, cli):

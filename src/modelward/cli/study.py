@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
-from modelward.cli._outdir import check_out_dir
+from modelward.cli._outdir import check_out_dir, refuse_other_config
 from modelward.core.config import dump_config, load_config
 from modelward.core.plots import grouped_bars
 from modelward.core.progress import make_progress
@@ -34,6 +35,8 @@ def plasticity(
     """Train shallow / deep / parameter-matched models clean, then with PGD adversarial training (Table 5.1)."""
     cfg = load_config(config, PlasticityConfig, set_)
     check_out_dir(out)
+    # before config.json is rewritten: a refused run must not replace the config of the results in the folder
+    refuse_other_config(out, "config.json", json.loads(json.dumps(cfg.model_dump(mode="json"))), ("ledger.sqlite",))
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.json")
     with make_progress(console) as progress:
