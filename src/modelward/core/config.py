@@ -64,13 +64,25 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 def apply_overrides(data: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
     for item in overrides or []:
         path, value = parse_override(item)
-        node = data
-        for p in path[:-1]:
-            nxt = node.setdefault(p, {})
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"override {item!r}: '{p}' is not a table")
-            node = nxt
-        node[path[-1]] = value
+        node: Any = data
+        for i, p in enumerate(path):
+            last = i == len(path) - 1
+            if isinstance(node, list):  # an array (of tables): `procedures.0.kind=T3`
+                if not p.isdigit() or int(p) >= len(node):
+                    raise ConfigError(f"override {item!r}: '{'.'.join(path[:i])}' is an array of {len(node)} "
+                                      f"item(s); use an index 0..{len(node) - 1}, e.g. "
+                                      f"{'.'.join([*path[:i], '0', *path[i + p.isdigit():]])}")
+                if last:
+                    node[int(p)] = value
+                else:
+                    node = node[int(p)]
+                continue
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: '{'.'.join(path[:i])}' is a value, not a table")
+            if last:
+                node[p] = value
+            else:
+                node = node.setdefault(p, {})
     return data
 
 
