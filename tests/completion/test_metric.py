@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from modelward.completion.metric import Thresholds, first_reach, hardness_ratio, summarize
@@ -44,7 +46,7 @@ def test_sd_convention_is_sample_sd():
     assert s["mean"] == pytest.approx(0.59) and s["sd"] == pytest.approx(0.355, abs=5e-4)
     assert s["median"] == 0.39 and (s["min"], s["max"], s["n"]) == (0.38, 1.0, 3)
     assert summarize([0.34, 0.37, 1.00])["sd"] == pytest.approx(0.373, abs=5e-4)
-    assert summarize([0.5])["sd"] == 0.0
+    assert math.isnan(summarize([0.5])["sd"])  # a single seed has no sample SD
 
 
 def test_first_reach_and_curve_validation():

@@ -125,3 +125,12 @@ def test_same_folder_different_study_is_refused(tmp_path):
     assert json.loads((tmp_path / "study.json").read_text())["seeds"] == [0]
     with pytest.raises(LedgerError, match="different 'config'"):
         run_study(cfg.model_copy(update={"seeds": [0, 1]}), tmp_path, workers=1)
+
+
+def test_empty_study_file_is_refused(tmp_path):
+    study = tmp_path / "empty.toml"
+    study.write_text("# nothing here yet\n")
+    r = subprocess.run([*CLI, "complete", "run", str(study), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "the study file is empty" in " ".join(r.stderr.split())
+    assert not (tmp_path / "o").exists()

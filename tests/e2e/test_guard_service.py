@@ -68,6 +68,7 @@ def test_service_end_to_end(setup):
             (_payload(x[:2], shape=[2, 1, 4, 5]), h, 400),
             (_payload(x[:2], data=[0.1] * 3), h, 400),
             (_payload(x[:2], data=[math.nan] + [0.0] * 31), h, 400),
+            (_payload(x[:2], data=[True] + [0.0] * 31), h, 400),  # a boolean is not an FP32 number
             (_payload(x[:2], name="logits"), h, 400),
             ({"inputs": "nope"}, h, 400),
             (_payload(torch.rand(33, *SHAPE)), h, 413),

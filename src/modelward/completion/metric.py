@@ -7,7 +7,8 @@
   same reason a ratio above 1 is capped at 1.0 (flagged ``capped``).
 - C(ℓ*_α) = 0 (the untrained model already meets the threshold, e.g. α = 0) makes the ratio 0/0; we record 0.0
   (no training is needed at all) and flag it ``degenerate``.
-- statistics over seeds: median, mean, sample SD (n−1; the paper's convention), min, max, n.
+- statistics over seeds: median, mean, sample SD (n−1; the paper's convention; undefined — NaN — for one seed),
+  min, max, n.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def hardness_ratio(retrain_curve: Curve, threshold: float, original_cost: int) -
 
 
 def summarize(values: list[float]) -> dict[str, float | int]:
-    """median, mean, sample SD (n−1), min, max, n. SD is 0.0 for a single value; NaN fields for no values."""
+    """median, mean, sample SD (n−1), min, max, n. SD is NaN (undefined) for a single value; NaN fields for none."""
     n = len(values)
     if n == 0:
         nan = math.nan
@@ -85,7 +86,7 @@ def summarize(values: list[float]) -> dict[str, float | int]:
     return {
         "median": statistics.median(values),
         "mean": statistics.fmean(values),
-        "sd": statistics.stdev(values) if n > 1 else 0.0,
+        "sd": statistics.stdev(values) if n > 1 else math.nan,
         "min": min(values),
         "max": max(values),
         "n": n,

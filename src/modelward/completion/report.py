@@ -236,7 +236,7 @@ def write_report(out: str | Path) -> HardnessTables:
             rs = [next(x for x in t.rows if x["part"] == p and x["procedure"] == proc and x["alpha"] == a)
                   for p in parts]
             series[f"α={a:g}"] = ([0.0 if not r["n"] else r["mean"] for r in rs],
-                                  [0.0 if not r["n"] else r["sd"] for r in rs])
+                                  [0.0 if not r["n"] or math.isnan(r["sd"]) else r["sd"] for r in rs])
         grouped_bars(out / f"hardness_{proc}.png", parts, series, f"{cfg.name}: MC-hardness, {proc}",
                      "C'(ℓ*_α) / C(ℓ*_α)  (mean ± SD over seeds)", (0.0, 1.1))
     return t

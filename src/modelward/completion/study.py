@@ -95,6 +95,11 @@ class StudyConfig(StrictModel):
 
 
 def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyConfig:
+    """Load a study file; an empty file is refused (it would silently run the whole default study)."""
+    from modelward.core.config import read_toml
+
+    if not read_toml(path):
+        raise ConfigError(f"{path}: the study file is empty; see examples/completion_digits.toml")
     return load_config(path, StudyConfig, overrides)
 
 

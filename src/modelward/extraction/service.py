@@ -235,8 +235,11 @@ class GuardService:
         if shape[0] > self.cfg.server.max_batch:
             raise ServiceError(413, "batch_too_large",
                                f"batch of {shape[0]} rows exceeds max_batch={self.cfg.server.max_batch}")
+        raw = t.get("data")
+        if isinstance(raw, list) and any(isinstance(v, bool) for v in raw):  # numpy would read true as 1.0
+            raise ServiceError(400, "bad_data", "inputs[0].data must be numbers, not booleans")
         try:
-            data = np.asarray(t.get("data"), dtype=np.float32)
+            data = np.asarray(raw, dtype=np.float32)
         except (ValueError, TypeError):
             raise ServiceError(400, "bad_data", "inputs[0].data must be a (flat) list of numbers") from None
         if data.size != math.prod(shape):
