@@ -11,20 +11,11 @@ import statistics
 import time
 
 import torch
+from _timing import median_time
 
 from modelward.core.data import DataConfig, load_data
 from modelward.robustness.gloro import GloroNet, build_gloro_model, certify
 from modelward.robustness.gloro.train import GloroTrainConfig, train_gloro
-
-
-def _time(fn, repeats: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def main() -> None:
@@ -52,7 +43,7 @@ def main() -> None:
     def cert() -> None:
         certify(net, x, y, batch_size=len(x))
 
-    t_plain, t_cert = _time(plain, args.repeats), _time(cert, args.repeats)
+    t_plain, t_cert = median_time(plain, args.repeats), median_time(cert, args.repeats)
     print(f"certification of {len(x)} points ({args.arch}): forward {t_plain * 1e3:.2f} ms, "
           f"GloRo certify {t_cert * 1e3:.2f} ms -> ratio {t_cert / t_plain:.2f}x (goal <= 1.5x); "
           f"one-off bound freeze {t_freeze * 1e3:.1f} ms")

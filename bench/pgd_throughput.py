@@ -12,11 +12,10 @@ torch with a CUDA build).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from _timing import median_time
 from sklearn.datasets import load_digits
 
 from modelward.core.zoo import ModelConfig, build_model
@@ -41,16 +40,6 @@ def _model() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     return m.eval(), x, y
 
 
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=256)
@@ -64,14 +53,14 @@ def main() -> None:
     robust: dict[str, float] = {}
 
     ours = PGD(model, EPS, ALPHA, STEPS, "linf", random_start=True)
-    results["modelward"] = _time(lambda: ours(xb, yb), args.repeats)
+    results["modelward"] = median_time(lambda: ours(xb, yb), args.repeats)
     robust["modelward"] = 1 - ours(xb, yb).success_rate
 
     try:
         import torchattacks
 
         ta = torchattacks.PGD(model, eps=EPS, alpha=ALPHA, steps=STEPS, random_start=True)
-        results["torchattacks"] = _time(lambda: ta(xb, yb), args.repeats)
+        results["torchattacks"] = median_time(lambda: ta(xb, yb), args.repeats)
         x_ta = ta(xb, yb)
         with torch.no_grad():
             robust["torchattacks"] = float((model(x_ta).argmax(1) == yb).float().mean())
@@ -88,7 +77,7 @@ def main() -> None:
         art_pgd = ProjectedGradientDescent(clf, norm=np.inf, eps=EPS, eps_step=ALPHA, max_iter=STEPS,
                                            num_random_init=1, batch_size=args.batch, verbose=False)
         xn, yn = xb.numpy(), yb.numpy()
-        results["ART"] = _time(lambda: art_pgd.generate(xn, yn), args.repeats)
+        results["ART"] = median_time(lambda: art_pgd.generate(xn, yn), args.repeats)
         x_art = torch.from_numpy(art_pgd.generate(xn, yn))
         with torch.no_grad():
             robust["ART"] = float((model(x_art).argmax(1) == yb).float().mean())

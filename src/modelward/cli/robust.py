@@ -59,6 +59,21 @@ def _model_path(model: Path | None, out: Path) -> Path:
     return p
 
 
+def _prepare_evaluation(config: Path, model: Path | None, out: Path, set_: list[str] | None,
+                        need_attacks: bool = False):  # type: ignore[no-untyped-def]
+    """Shared by certify and attack: config, trained net (shape-checked), evaluation points, ε list, --out ready."""
+    cfg = load_config(config, RobustConfig, set_)
+    if need_attacks and not cfg.evaluate.attacks:
+        raise ConfigError(f"{config}: evaluate.attacks is empty; add e.g. [[evaluate.attacks]] name = \"pgd\"")
+    net, _ = load_model(_model_path(model, out))
+    data = load_data(cfg.data)
+    check_shapes(net, data)
+    x, y = eval_points(cfg, data)
+    check_out_dir(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return cfg, net, x, y, cfg.evaluate.epsilons
+
+
 @app.command()
 def train(config: Path = typer.Argument(..., help="TOML config (see examples/robust_*.toml)."),
           out: Path = typer.Option(..., "--out", help="Run directory (resumes from its checkpoint)."),
@@ -99,14 +114,7 @@ def certify(config: Path = typer.Argument(..., help="TOML config (\\[data] and \
             set_: list[str] = typer.Option([], "--set", help=SET_HELP),
             attacks: bool = typer.Option(True, "--attacks/--no-attacks", help="Also report robust accuracy.")) -> None:
     """Clean accuracy, VRA and rejection per ε (GloRo certificate), plus robust accuracy under the attacks."""
-    cfg = load_config(config, RobustConfig, set_)
-    net, _ = load_model(_model_path(model, out))
-    data = load_data(cfg.data)
-    check_shapes(net, data)
-    x, y = eval_points(cfg, data)
-    check_out_dir(out)
-    out.mkdir(parents=True, exist_ok=True)
-    eps = cfg.evaluate.epsilons
+    cfg, net, x, y, eps = _prepare_evaluation(config, model, out, set_)
     rows, bound = certify_table(net, x, y, eps, cfg.evaluate.batch_size)
     if attacks and cfg.evaluate.attacks:
         with make_progress(console) as progress:
@@ -139,16 +147,7 @@ def attack(config: Path = typer.Argument(..., help="TOML config (\\[data] and \\
            out: Path = typer.Option(Path("."), "--out", help="Output directory."),
            set_: list[str] = typer.Option([], "--set", help=SET_HELP)) -> None:
     """Robust accuracy per ε for each configured attack (CSV/MD + robustness curve)."""
-    cfg = load_config(config, RobustConfig, set_)
-    if not cfg.evaluate.attacks:
-        raise ConfigError(f"{config}: evaluate.attacks is empty; add e.g. [[evaluate.attacks]] name = \"pgd\"")
-    net, _ = load_model(_model_path(model, out))
-    data = load_data(cfg.data)
-    check_shapes(net, data)
-    x, y = eval_points(cfg, data)
-    check_out_dir(out)
-    out.mkdir(parents=True, exist_ok=True)
-    eps = cfg.evaluate.epsilons
+    cfg, net, x, y, eps = _prepare_evaluation(config, model, out, set_, need_attacks=True)
     with make_progress(console) as progress:
         task = progress.add_task("attacks", total=len(eps) * len(cfg.evaluate.attacks), info="")
         rows = attack_table(net.f, x, y, eps, cfg.evaluate.attacks, cfg.seed,
