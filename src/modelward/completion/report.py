@@ -163,6 +163,9 @@ def markdown(cfg: Any, t: HardnessTables) -> str:
     lines = [f"# MC-hardness: {cfg.name}", "",
              "Each cell: median / mean ± SD (n−1) [min–max] over seeds of C'(ℓ*_α)/C(ℓ*_α). "
              "Runs that never reached a threshold count as 1.0 (see `not_reached` in hardness.csv).", ""]
+    if t.missing:
+        lines += [f"**Partial study:** {t.missing} (part, procedure, α, seed) results are not finished yet; the n "
+                  "column says how many seeds each cell has. Re-run `modelward complete run` to finish.", ""]
     for a in sorted(cfg.alphas, reverse=True):
         lines += [f"## α = {a:g}", "", "| Part | " + " | ".join(procs) + " | inf (Eq. 1) |",
                   "|---|" + "---|" * (len(procs) + 1)]

@@ -320,7 +320,7 @@ def run_study(cfg: StudyConfig, out: str | Path, workers: int | None = None, con
 
         if workers == 1:
             while True:
-                todo = [r for r in ready(pending - set(failed), done) if r not in failed]
+                todo = ready(pending - set(failed), done)
                 if not todo:
                     break
                 rid = todo[0]
