@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from torch import nn
 
 from modelward.core.train import TrainConfig
@@ -21,14 +20,6 @@ from modelward.robustness.defenses import (
 )
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def digits() -> tuple[torch.Tensor, ...]:
-    d = load_digits()
-    x = torch.tensor(d.data / 16, dtype=torch.float32).view(-1, 1, 8, 8)
-    y = torch.tensor(d.target)
-    return x[:1400], y[:1400], x[1400:], y[1400:]
 
 
 def _mlp() -> nn.Module:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 
 from modelward.core.train import TrainConfig, train
@@ -12,14 +11,6 @@ from modelward.robustness.metrics import robust_accuracy
 from modelward.robustness.training import AdversarialConfig, pgd_adversarial_training, trades_training
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def digits() -> tuple[torch.Tensor, ...]:
-    d = load_digits()
-    x = torch.tensor(d.data / 16, dtype=torch.float32).view(-1, 1, 8, 8)
-    y = torch.tensor(d.target)
-    return x[:1400], y[:1400], x[1400:], y[1400:]
 
 
 def _mlp() -> nn.Module:
