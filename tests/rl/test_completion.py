@@ -121,3 +121,30 @@ def test_example_studies_validate_and_plan(name, agent, n_games, n_runs):
     if agent == "dqn":  # the replay-buffer study: every procedure kind comes kept and reset
         kinds = {(p.kind, p.keep_buffer) for p in cfg.procedures}
         assert {k for k, _ in kinds} == {k for k, keep in kinds if keep} == {k for k, keep in kinds if not keep}
+
+
+def test_rainbow_and_impala_agents_and_one_game_list():
+    rb = RLProblem.from_study(SimpleNamespace(rl={"agent": "rainbow", "rainbow": {"buffer_size": 100}}))
+    net = rb.build()
+    assert net.atoms == 51 and type(net.linear).__name__ == "NoisyLinear" and rb.q_cfg.lr == 6.25e-5
+    im = RLProblem.from_study(SimpleNamespace(rl={"agent": "impala", "net": {"torso": "resnet"}}))
+    assert im.part_names()[:3] == ["s1.conv", "s2.conv", "s3.conv"] and "lstm" in im.part_names()
+    assert im.cfg.eval_max_steps is None  # full game by default
+    with pytest.raises(ConfigError, match="rl: field 'rainbow.atoms'"):
+        RLProblem.from_study(SimpleNamespace(rl={"agent": "rainbow", "rainbow": {"atoms": 1}}))
+
+
+def test_select_tasks_decides_per_game_on_all_seeds(trained):
+    from modelward.completion.problem import OriginalRun
+
+    p, orig, _ = trained
+    rnd = p.random_loss("CartPole-v1")
+
+    def fake(seed, task, final):
+        return OriginalRun(seed, task, [(0, 0.0), (10, final)], orig.checkpoint, {"final_loss": final})
+
+    # seed 1's agent is worse than random, seed 0's much better: the game is kept for BOTH seeds (mean gain > 0)
+    sel = p.select_tasks([fake(0, "CartPole-v1", rnd - 30), fake(1, "CartPole-v1", rnd + 10)])
+    assert sel["CartPole-v1"]["keep"] and sel["CartPole-v1"]["gain"] == pytest.approx(10.0)
+    assert sel["CartPole-v1"]["seeds"] == [0, 1]
+    assert not p.select_tasks([fake(0, "CartPole-v1", rnd + 1)])["CartPole-v1"]["keep"]
