@@ -99,7 +99,9 @@ RL_EXAMPLES = [("completion_minatar.toml", "a2c", 1, 3 * (1 + 6 * 2)),
                ("completion_minatar_dqn.toml", "dqn", 1, 3 * (1 + 4 * 4)),
                ("completion_minatar_suite.toml", "a2c", 3, 3 * 3 * (1 + 4 * 1)),
                ("completion_minatar_lstm.toml", "recurrent", 1, 3 * (1 + 7 * 1)),
-               ("completion_cartpole.toml", "dqn", 1, 3 * (1 + 2 * 2))]
+               ("completion_cartpole.toml", "dqn", 1, 3 * (1 + 2 * 2)),
+               ("completion_minatar_rainbow.toml", "rainbow", 1, 3 * (1 + 3 * 2)),
+               ("completion_minatar_impala.toml", "impala", 1, 3 * (1 + 5 * 1))]
 
 
 def test_every_rl_example_is_checked():
@@ -116,10 +118,10 @@ def test_example_studies_validate_and_plan(name, agent, n_games, n_runs):
     assert isinstance(problem, RLProblem) and problem.cfg.agent == agent
     assert len(problem.tasks) == n_games
     assert len(plan(cfg, problem)) == n_runs
-    if agent == "recurrent":
+    if agent in ("recurrent", "impala"):
         assert "lstm" in problem.part_names()
-    if agent == "dqn":  # the replay-buffer study: every procedure kind comes kept and reset
-        kinds = {(p.kind, p.keep_buffer) for p in cfg.procedures}
+    if agent in ("dqn", "rainbow"):  # the replay-buffer study: every procedure kind comes kept and reset
+        kinds = {(p.kind, p.keep_buffer) for p in cfg.procedures if p.keep_buffer is not None}
         assert {k for k, _ in kinds} == {k for k, keep in kinds if keep} == {k for k, keep in kinds if not keep}
 
 

@@ -37,7 +37,7 @@ import torch
 from pydantic import Field
 
 from modelward.completion.problem import CompletionProblem, Curve, OnEval, OriginalRun, ProcedureSpec
-from modelward.completion.procedures import prepare_retraining, stable_seed
+from modelward.completion.procedures import ALL_PARTS, paired_seeds, prepare_retraining, stable_seed
 from modelward.core.config import StrictModel, validate
 from modelward.core.init import InitScheme, init_model_
 from modelward.core.io import load_state_dict, save_state_dict
@@ -214,15 +214,16 @@ class RLProblem(CompletionProblem):
         if procedure.keep_buffer and not self.replay_based:
             raise ConfigError(f"procedure {procedure.name!r}: keep_buffer needs a replay-based agent "
                               f"(rl.agent = 'dqn' or 'rainbow'), not {self.cfg.agent!r}")
+        if procedure.keep_buffer and procedure.from_scratch:
+            raise ConfigError(f"procedure {procedure.name!r}: T0 trains from scratch, it cannot keep the buffer")
         task = original.task
         net = self.build(task)
         state, _ = load_state_dict(original.checkpoint)
         net.load_state_dict(state)
-        # the seed ignores the procedure's name and buffer choice: "kept" and "reset" runs start from the same
-        # re-initialised weights and see the same environment seeds (a paired comparison)
-        shape = procedure.model_dump_json(exclude={"name", "keep_buffer"})
-        rseed = stable_seed("retrain", seed, task, part, shape)
-        trainable = prepare_retraining(net, part, procedure, torch.Generator().manual_seed(rseed))
+        # paired seeds: every procedure of retraining seed `seed` sees the same environment seeds and exploration
+        # draws, and every procedure resetting `part` starts from the same re-initialised weights
+        tseed, iseed = paired_seeds(seed, task, ALL_PARTS if procedure.from_scratch else part)
+        trainable = prepare_retraining(net, part, procedure, torch.Generator().manual_seed(iseed))
         buffer = None
         if procedure.keep_buffer:
             path = original.extras.get("replay_buffer") or ""
@@ -231,6 +232,6 @@ class RLProblem(CompletionProblem):
                                   "saved no replay buffer")
             buffer = ReplayBuffer.load(path)
         rec = CurveRecorder(lambda: self.evaluate(net, task), self.cfg.eval_every, stop_at, on_eval)
-        curve, _ = self._train(net, task, rseed, int(budget), rec, trainable, buffer, procedure.lr,
-                               from_scratch=False)
+        curve, _ = self._train(net, task, tseed, int(budget), rec, trainable, buffer, procedure.lr,
+                               from_scratch=procedure.from_scratch)
         return curve
