@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 import torch
 
+from modelward.core.lock import LockedError
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError
 from modelward.extraction.service import build_service
 from modelward.extraction.service_process import start_guard_server, write_guard_config
-from modelward.extraction.state_lock import LockedError
 
 KEY, BUDGET_KEY = "hostile-key-unlimited", "hostile-key-budget-100"
 SHAPE, K = (1, 4, 4), 5
@@ -237,11 +237,11 @@ def test_one_server_per_state_dir_and_settings_are_pinned(tmp_path):
     with start_guard_server(path) as first:
         answer = _post(first.url, body).json()["outputs"][0]["data"]
         # a second server on the same state_dir (here in this process: the lock is the same file) is refused
-        with pytest.raises(LockedError, match=rf"in use by pid {first.proc.pid}"):
+        with pytest.raises(LockedError, match=rf"pid {first.proc.pid} on host"):
             build_service(path)
     # a stale lock (its process is gone) is taken over
-    lock = tmp_path / "guard_state" / ".lock"
-    lock.write_text(json.dumps({"pid": _dead_pid(), "host": socket.gethostname(), "time": 0}))
+    lock = tmp_path / "guard_state" / ".guard.lock"
+    lock.write_text(json.dumps({"pid": _dead_pid(), "host": socket.gethostname(), "started": 0}))
     # a different ε with the old centroids is refused, naming the change and --reset
     with pytest.raises(ConfigError, match=r"epsilon: 0\.1 -> 0\.3.*--reset"):
         build_service(path, ["defense.params.epsilon=0.3"])

@@ -33,11 +33,11 @@ from torch import nn
 
 from modelward.core.config import StrictModel, load_config
 from modelward.core.io import load_state_dict
+from modelward.core.lock import FolderLock
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, DataError, ModelwardError
 from modelward.extraction.defenses import PredictionDefense, make_defense
 from modelward.extraction.defenses.base import l1_distortion
-from modelward.extraction.state_lock import FolderLock
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "probabilities"
@@ -272,7 +272,7 @@ class GuardService:
         if check_only:
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._folder_lock = FolderLock(self.state_dir, what="guard server state")
+        self._folder_lock = FolderLock(self.state_dir, what="guard")
         self._folder_lock.__enter__()
         try:
             self.changes = self.fingerprint_changes()  # again: another server may have changed it meanwhile
