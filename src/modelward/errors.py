@@ -21,3 +21,7 @@ class PartError(ModelwardError):
 
 class LedgerError(ModelwardError):
     """The run ledger is inconsistent with the requested study (e.g. a different config in the same folder)."""
+
+
+class IdentityError(ModelwardError):
+    """A peer's certificate matches no pinned identity; the message names the presented fingerprint."""
