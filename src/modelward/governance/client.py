@@ -164,9 +164,13 @@ def check_server(name: str, address: str, tls: TLSConfig, pin: str | None, timeo
             # read (the HTTP/2 settings frame if accepted, an alert if not)
             s.settimeout(min(timeout, 5.0))
             try:
-                s.recv(1)
+                first = s.recv(1)
             except TimeoutError:
-                pass
+                first = b"?"  # no verdict in time: let gRPC find out
+            if not first:
+                raise TLSSetupError(f"party {name} at {address} closed the connection right after the TLS "
+                                    f"handshake: it refused our certificate tls.cert {tls.cert} (not signed by a "
+                                    f"CA that {name} trusts)")
     except ssl.SSLCertVerificationError as e:
         raise TLSSetupError(f"the certificate of party {name} at {address} is not signed by a CA in tls.ca "
                             f"{tls.ca} ({e.verify_message}); give the CA that signed {name}'s certificate") from None

@@ -356,6 +356,7 @@ class SplitDriver:
                     on_eval(*curve[-1])
                 if out_dir is not None:
                     _write_progress(out_dir, curve, rows)
+        self.checkpoint_all()  # the trained state is durable on every party when `split train` returns
         heads = {n: self.call(n, "status").meta["audit_head"] for n in self.names}
         self.heads.update(heads)
         result = SplitTrainResult(curve, step, time.perf_counter() - t0, self.link_summary(), resumes, heads,
