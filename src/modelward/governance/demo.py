@@ -77,7 +77,7 @@ def prepare_local_split(root: Path, model: nn.Module, data: DataSplit, parties: 
     root.mkdir(parents=True, exist_ok=True)
     plan = make_plan(model, parties, cuts)
     mcfg = infer_model_config(model)
-    make_certs(root / "certs", parties)
+    make_certs(root / "certs", parties, if_exists="reuse")  # a resumed demo keeps its certificates
     driver = driver or parties[0]
     pol = policy or {"allow_peers": sorted({driver, *parties[:-1]}), "training": True, "inference": True}
     configs: dict[str, Path] = {}

@@ -119,14 +119,11 @@ def _write_address(path: Path, text: str) -> None:
 
 
 def _lock(cfg: PartyConfig):
-    """The party's state folder is used by one server at a time (core.lock.FolderLock, when available)."""
-    try:
-        from modelward.core.lock import FolderLock
-    except ImportError:
-        import contextlib
+    """The party's state folder is used by one server at a time (a second `party serve` is refused, naming the
+    holder; a lock left by a killed server on this host is taken over)."""
+    from modelward.core.lock import FolderLock
 
-        return contextlib.nullcontext()
-    return FolderLock(cfg.checkpoint_dir, what=f"party {cfg.name}")
+    return FolderLock(cfg.checkpoint_dir, what="party")
 
 
 def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None) -> None:
