@@ -161,8 +161,9 @@ def execute_run(run_id: str, spec: dict, deps: dict, root: str | None = None) ->
 
 
 def plan_runs(cfg: LeakageAuditConfig, positive: int, transport: Transport = "inprocess") -> list[RunSpec]:
-    """The sweep: no protection once (scale 0), then every method × positive scale; each for every seed."""
-    settings: list[tuple[str, float]] = [("none", 0.0)]
+    """The sweep: no protection once (if 0 is among the scales), then every method × positive scale; each for
+    every seed."""
+    settings: list[tuple[str, float]] = [("none", 0.0)] if 0 in cfg.audit.scales or not cfg.audit.methods else []
     settings += [(m, float(s)) for m in dict.fromkeys(cfg.audit.methods) if m != "none"
                  for s in dict.fromkeys(cfg.audit.scales) if s > 0]
     conf = cfg.model_dump(mode="json")
