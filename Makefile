@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
+# the extras the test suite exercises (each optional backend's tests skip, saying so, when it is missing)
+EXTRAS := test,cluster
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .PHONY: install demo test lint bench clean
@@ -14,7 +16,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml Makefile
 	$(PIP) install -q "$(TORCH_PIN)"
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[$(EXTRAS)]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

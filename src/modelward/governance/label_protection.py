@@ -124,6 +124,14 @@ def marvell_variances(p: np.ndarray, u: np.ndarray, d2: np.ndarray, dim: int, ra
         sym = rank * (r + 1 / r) + out * (t + 1 / t) + dd * (1 / va[:, None] + 1 / va[None, :]) - 2 * dim
         return float(0.5 * sym[iu].sum())
 
+    def gradient(z: np.ndarray) -> np.ndarray:
+        # d/dva_c of the pair sum: 0.5 Σ_b [rank (1/va_b - va_b/va_c²) - D_cb/va_c²] (the b = c term is 0)
+        a, b = unpack(z)
+        va, vb = uu + a, uu + b
+        ga = 0.5 * (rank * (1 / va[None, :] - va[None, :] / va[:, None] ** 2) - dd / va[:, None] ** 2).sum(1)
+        gb = 0.5 * (out * (1 / vb[None, :] - vb[None, :] / vb[:, None] ** 2)).sum(1)
+        return np.concatenate([ga / rank, gb / out]) if out > 0 else ga / rank
+
     n_var = 2 * k if out > 0 else k
     z0 = np.concatenate([np.ones(k), np.zeros(k)])[:n_var] if out > 0 else np.ones(k)
     bounds = [(0.0, 1.0 / max(pc, 1e-9)) for pc in p] * (2 if out > 0 else 1)
@@ -132,7 +140,7 @@ def marvell_variances(p: np.ndarray, u: np.ndarray, d2: np.ndarray, dim: int, ra
     def full(z: np.ndarray) -> np.ndarray:
         return z if out > 0 else np.concatenate([z, np.zeros(k)])
 
-    res = minimize(lambda z: objective(full(z)), z0, method="SLSQP", bounds=bounds,
+    res = minimize(lambda z: objective(full(z)), z0, jac=lambda z: gradient(full(z)), method="SLSQP", bounds=bounds,
                    constraints=[{"type": "ineq", "fun": lambda z: 1.0 - float(pp @ z), "jac": lambda z: -pp}],
                    options={"maxiter": 200, "ftol": 1e-10})
     z = full(np.clip(res.x, 0.0, None))
