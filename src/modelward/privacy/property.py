@@ -18,7 +18,6 @@ of §8.6.2 is not implemented.)
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,7 +30,7 @@ from torch import nn
 
 from modelward.core.config import StrictModel, dump_config
 from modelward.core.data import DataConfig, load_data
-from modelward.core.progress import make_progress
+from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError
@@ -238,10 +237,16 @@ class PropertyResult:
         return dict(vars(self))
 
 
-def run_property(cfg: PropertyConfig, out: Path, console: object | None = None) -> list[PropertyResult]:
-    """Algorithm 8.4 for each trainer in ``cfg.trainers``; writes results.{csv,md,json} and image grids to ``out``."""
+def run_property(cfg: PropertyConfig, out: Path, progress: ProgressSink | None = None) -> list[PropertyResult]:
+    """Algorithm 8.4 for each trainer in ``cfg.trainers``; writes results.{csv,md,json} and image grids to ``out``.
+
+    Args:
+        cfg: :class:`PropertyConfig`; out: the output folder; progress: one unit per shadow model.
+    Returns:
+        one :class:`PropertyResult` per trainer (F1 on the held-out 20 % of shadow models).
+    """
+    from modelward.core.records import atomic_write_json, write_table
     from modelward.privacy.figures import image_grid
-    from modelward.privacy.records import write_table
 
     if cfg.properties > cfg.universe:
         raise ConfigError(f"properties ({cfg.properties}) cannot exceed the universe ({cfg.universe})")
@@ -258,47 +263,41 @@ def run_property(cfg: PropertyConfig, out: Path, console: object | None = None) 
     labels = torch.as_tensor(rng.integers(0, cfg.properties, cfg.shadow_models))
     n_test = max(1, int(round(cfg.test_fraction * cfg.shadow_models)))
     results = []
-    progress = make_progress(console) if console is not None else None  # type: ignore[arg-type]
-    if progress is not None:
-        progress.start()
-    try:
-        for kind in cfg.trainers:
-            task = progress.add_task(f"{kind} shadow models", total=cfg.shadow_models, info="") if progress else None
-            sets, accs = [], []
-            for i in range(cfg.shadow_models):
-                seed = cfg.seed * 100_003 + i
-                sub = torch.as_tensor(np.random.default_rng(seed).choice(
-                    len(data.x_train), max(2, int(round(cfg.subsample * len(data.x_train)))), replace=False))
-                xs, _ = stamp(data.x_train[sub], marks[labels[i]], cfg.fraction, seed)
-                model = train_target(kind, cfg.train, xs, data.y_train[sub], data.num_classes, seed)
-                with torch.no_grad():
-                    accs.append(float((model(data.x_test).argmax(1) == data.y_test).float().mean()))
-                rec = reconstructions(model, cfg.inversion, shape, data.num_classes, seed)
-                sets.append(rec.reshape(len(rec), -1))
-                if i < cfg.properties and kind == cfg.trainers[0] or i == 0:
-                    image_grid(out / f"reconstructions_{kind}_model{i}.png", rec[:16], ncol=8,
-                               title=f"{kind} model {i}: watermark P{int(labels[i])}")
-                if progress is not None and task is not None:
-                    progress.advance(task)
-            S = torch.stack(sets)
-            tr, te = slice(0, cfg.shadow_models - n_test), slice(cfg.shadow_models - n_test, None)
-            meta = fit_meta(S[tr], labels[tr], cfg.meta, cfg.properties, cfg.seed)
+    sink = as_sink(progress)
+    for kind in cfg.trainers:
+        sink.start(kind, cfg.shadow_models, f"{kind} shadow models")
+        sets, accs = [], []
+        for i in range(cfg.shadow_models):
+            seed = cfg.seed * 100_003 + i
+            sub = torch.as_tensor(np.random.default_rng(seed).choice(
+                len(data.x_train), max(2, int(round(cfg.subsample * len(data.x_train)))), replace=False))
+            xs, _ = stamp(data.x_train[sub], marks[labels[i]], cfg.fraction, seed)
+            model = train_target(kind, cfg.train, xs, data.y_train[sub], data.num_classes, seed)
             with torch.no_grad():
-                lt, ltr = meta(S[te]), meta(S[tr])
-            onehot = F.one_hot(labels, cfg.properties).numpy().astype(bool)
-            f1 = f1_scores((lt > 0).numpy(), onehot[te])
-            f1_tr = f1_scores((ltr > 0).numpy(), onehot[tr])
-            top1 = float((lt.argmax(1) == labels[te]).float().mean())
-            results.append(PropertyResult(kind, cfg.shadow_models, n_test, f1["f1_micro"], f1["f1_macro"], top1,
-                                          f1_tr["f1_micro"], 1.0 / cfg.properties, float(np.mean(accs))))
-    finally:
-        if progress is not None:
-            progress.stop()
+                accs.append(float((model(data.x_test).argmax(1) == data.y_test).float().mean()))
+            rec = reconstructions(model, cfg.inversion, shape, data.num_classes, seed)
+            sets.append(rec.reshape(len(rec), -1))
+            if i < 4:  # a few grids a person can look at
+                image_grid(out / f"reconstructions_{kind}_model{i}.png", rec[:16], ncol=8,
+                           title=f"{kind} model {i}: watermark P{int(labels[i])}")
+            sink.advance(kind)
+        S = torch.stack(sets)
+        tr, te = slice(0, cfg.shadow_models - n_test), slice(cfg.shadow_models - n_test, None)
+        meta = fit_meta(S[tr], labels[tr], cfg.meta, cfg.properties, cfg.seed)
+        with torch.no_grad():
+            lt, ltr = meta(S[te]), meta(S[tr])
+        onehot = F.one_hot(labels, cfg.properties).numpy().astype(bool)
+        f1 = f1_scores((lt > 0).numpy(), onehot[te])
+        f1_tr = f1_scores((ltr > 0).numpy(), onehot[tr])
+        top1 = float((lt.argmax(1) == labels[te]).float().mean())
+        results.append(PropertyResult(kind, cfg.shadow_models, n_test, f1["f1_micro"], f1["f1_macro"], top1,
+                                      f1_tr["f1_micro"], 1.0 / cfg.properties, float(np.mean(accs))))
+        sink.done(kind, f"F1 {results[-1].f1_micro:.3f}")
     rows = [r.as_dict() for r in results]
     write_table(out, "results", rows, title=f"{cfg.name}: watermark property inference (Alg. 8.4)",
                 notes=["F1 on held-out shadow models (multi-label, threshold ½); top-1 = argmax names the watermark",
                        f"{cfg.properties} properties out of {cfg.universe}; {cfg.fraction:.0%} of images stamped"])
-    (out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    atomic_write_json(out / "summary.json", rows)
     return results
 
 
