@@ -78,6 +78,10 @@ class AttackSpec(StrictModel):
     def _known(self) -> AttackSpec:
         if self.name not in ATTACKS:
             raise ValueError(f"unknown attack {self.name!r}; valid choices: {ATTACKS.names()}")
+        bad = sorted(set(self.params) - set(ATTACKS.parameters(self.name)))
+        if bad:
+            raise ValueError(f"attack {self.name!r}: unknown parameter(s) {bad}; valid: "
+                             f"{ATTACKS.parameters(self.name)}")
         if any(not 0 < a < 1 for a in self.calibrate):
             raise ValueError("calibrate percentiles must lie in (0, 1), e.g. [0.9, 0.99]")
         return self

@@ -134,9 +134,9 @@ def train_dp(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: DPConfig, 
                                          generator=g)
     opt = (torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum) if cfg.optimizer == "sgd"
            else torch.optim.Adam(model.parameters(), lr=cfg.lr))
-    engine = PrivacyEngine(accountant=cfg.accountant)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # Opacus warns that secure_mode (a CSPRNG) is off: we want seeded runs
+        engine = PrivacyEngine(accountant=cfg.accountant)
         private, opt, loader = engine.make_private(module=model, optimizer=opt, data_loader=loader,
                                                    noise_multiplier=sigma, max_grad_norm=cfg.max_grad_norm,
                                                    poisson_sampling=True,
