@@ -24,7 +24,7 @@ GROUPS: dict[str, tuple[str, str]] = {
     "study": ("modelward.cli.study", "Research studies (plasticity)."),
     "privacy": ("modelward.cli.privacy", "Membership inference, model inversion and property inference audits."),
 }
-COMMANDS = ["modelward.cli.parts", "modelward.cli.train", "modelward.cli.demo"]
+COMMANDS = ["modelward.cli.parts", "modelward.cli.train", "modelward.cli.demo", "modelward.cli.assess"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="modelward: security and governance of trained deep-learning models.")

@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import math
 import secrets
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from pydantic import Field
 
-from modelward.core.config import StrictModel
-from modelward.errors import DataError
+from modelward.core.config import StrictModel, validate
+from modelward.errors import ConfigError, DataError
 
 Method = Literal["none", "isotropic", "marvell"]
 
@@ -161,20 +162,33 @@ def _generator(config: LabelProtectionConfig, generator: torch.Generator | None,
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def protect_gradient(grad: torch.Tensor, labels: torch.Tensor, config: LabelProtectionConfig, *,
+def as_protection_config(config: LabelProtectionConfig | Mapping[str, Any] | None) -> LabelProtectionConfig:
+    """A ``[label_protection]`` table (dict) or None as a validated config (ConfigError naming the bad field)."""
+    if isinstance(config, LabelProtectionConfig):
+        return config
+    if config is None:
+        return LabelProtectionConfig()
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"label_protection: expected a table (method, scale, seed), got {type(config).__name__}")
+    return validate(LabelProtectionConfig, dict(config), "label_protection")
+
+
+def protect_gradient(grad: torch.Tensor, labels: torch.Tensor,
+                     config: LabelProtectionConfig | Mapping[str, Any] | None, *,
                      generator: torch.Generator | None = None) -> torch.Tensor:
     """Return the gradient Bob sends back, perturbed to hide the labels (see the module docstring).
 
     Args:
         grad: ``dL/dh`` for the batch, shape ``[B, ...]`` (any trailing shape, any float dtype / device).
         labels: the batch's integer labels, shape ``[B]``.
-        config: method and scale (``LabelProtectionConfig``).
+        config: method and scale (``LabelProtectionConfig``, or the ``[label_protection]`` table as a dict).
         generator: optional torch.Generator for the noise (experiments); default: fresh secret randomness.
     Returns:
         A tensor of the same shape, dtype and device as `grad` (`grad` itself when method is none or scale 0).
     Example:
         >>> protect_gradient(g, y, LabelProtectionConfig(method="isotropic", scale=1.0))  # doctest: +SKIP
     """
+    config = as_protection_config(config)
     if config.method == "none" or config.scale == 0.0:
         return grad
     g, y = _flat(grad, labels)
