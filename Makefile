@@ -14,7 +14,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml Makefile
 	$(PIP) install -q "$(TORCH_PIN)"
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[test,cost]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
