@@ -1,0 +1,263 @@
+"""Label-leakage audit: train a model split between Alice and Bob, attack the labels from what Alice receives.
+
+For every protection method and noise scale (``governance.label_protection``), and every seed, the model is
+split at ``cut`` with ``governance.plan`` and trained in process exactly as the parties do it: Alice runs her
+segment, Bob computes the loss from his labels and the gradient ``dL/dh`` of Alice's activation, perturbs it with
+``protect_gradient`` and returns it; each side steps its own optimizer. At every step the norm and direction
+attacks (``governance.leakage``) score the labels from the gradient Alice actually received. The result is the
+trade-off between test accuracy and label-recovery AUC.
+
+Example:
+    >>> cfg = load_audit_config("examples/leakage_breast_cancer.toml")  # doctest: +SKIP
+    >>> rows = run_audit(cfg, "runs/leakage")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, field_validator
+
+from modelward.core.config import StrictModel, load_config
+from modelward.core.data import DataConfig, DataSplit, load_data
+from modelward.core.ledger import RunLedger
+from modelward.core.progress import ProgressSink
+from modelward.core.records import atomic_write_json, write_table
+from modelward.core.runner import RunSpec, run_plan
+from modelward.core.stats import summarize
+from modelward.core.train import TrainConfig, batch_order, evaluate, make_optimizer
+from modelward.core.zoo import ModelConfig, build_model
+from modelward.errors import ConfigError, ModelwardError
+from modelward.governance.label_protection import LabelProtectionConfig, Method, protect_gradient
+from modelward.governance.leakage import LeakageMeter
+from modelward.governance.plan import make_plan, model_layers, segment_of
+
+COLUMNS = ["method", "scale", "seeds", "test_accuracy", "test_accuracy_sd", "norm_auc", "norm_auc_sd",
+           "direction_auc", "direction_auc_sd", "pairwise_auc", "direction_accuracy", "direction_auc_acc",
+           "direction_accuracy_acc", "seconds"]
+
+
+class AuditSettings(StrictModel):
+    """``[audit]``: the sweep. ``positive``: binary only, the class the norm attack calls positive ("minority" =
+    the rarer training class, as the attacker would guess from the prior)."""
+
+    methods: list[Method] = Field(default_factory=lambda: ["isotropic", "marvell"])
+    scales: list[float] = Field(default_factory=lambda: [0.0, 1.0, 4.0, 16.0])
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    positive: Literal["minority"] | int = "minority"
+    init: str = "glorot_uniform"
+
+    @field_validator("scales")
+    @classmethod
+    def _scales(cls, v: list[float]) -> list[float]:
+        if not v or min(v) < 0:
+            raise ValueError("give one or more noise scales >= 0, e.g. [0, 1, 4, 16]")
+        return v
+
+
+class LeakageAuditConfig(StrictModel):
+    """The TOML file of ``modelward split audit-leakage``: ``[data]``, ``[model]``, ``cut``, ``[train]``,
+    ``[audit]``. ``cut`` is the last layer Alice holds (default: the first layer)."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    cut: str | None = None
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig(steps=300))
+    audit: AuditSettings = Field(default_factory=AuditSettings)
+
+
+def load_audit_config(path: str | Path, overrides: list[str] | None = None) -> LeakageAuditConfig:
+    return load_config(path, LeakageAuditConfig, overrides)
+
+
+def simulate_split(data: DataSplit, model_cfg: ModelConfig, cut: str | None, train_cfg: TrainConfig,
+                   protection: LabelProtectionConfig, seed: int, positive: int = 1,
+                   init: str = "glorot_uniform") -> dict[str, float]:
+    """Train Alice | Bob in process with Bob's protection; return test accuracy and the attacks' mean AUCs.
+
+    Args:
+        data: the data set (Alice's inputs, Bob's labels).
+        model_cfg: a zoo model.
+        cut: the last layer Alice holds (None = the first layer).
+        train_cfg: the training procedure (both parties use it for their own optimizer).
+        protection: Bob's ``[label_protection]``.
+        seed: model init, batch order, protection noise and the attacker's choice of reference examples.
+        positive: binary only: the class the attacker calls positive.
+        init: initialisation scheme.
+    Returns:
+        ``test_accuracy``, ``norm_auc``, ``direction_auc``, ``pairwise_auc`` (means over steps), and
+        ``direction_accuracy`` for more than two classes.
+    """
+    from modelward.core.init import init_model_
+
+    model = init_model_(build_model(model_cfg, data.input_shape, data.num_classes), init, seed)
+    names = [lay.name for lay in model_layers(model)]
+    cut = cut or names[0]
+    plan = make_plan(model, ["alice", "bob"], [cut])
+    alice = segment_of(model, plan.owners["alice"], "alice")
+    bob = segment_of(model, plan.owners["bob"], "bob")
+    opt_a = make_optimizer(list(alice.parameters()), train_cfg)
+    opt_b = make_optimizer(list(bob.parameters()), train_cfg)
+    noise = torch.Generator().manual_seed(seed + 7919)
+    meter = LeakageMeter(data.num_classes, positive, seed)
+    batches = batch_order(len(data.x_train), train_cfg.batch_size, seed)
+    model.train()
+    for step in range(train_cfg.steps):
+        idx = next(batches)
+        for opt in (opt_a, opt_b):
+            for group in opt.param_groups:
+                group["lr"] = train_cfg.lr_at(step)
+        h = alice(data.x_train[idx])                       # Alice's forward
+        h_bob = h.detach().requires_grad_(True)            # what crosses the cut
+        y = data.y_train[idx]                              # only Bob has these
+        loss = F.cross_entropy(bob(h_bob), y)
+        opt_b.zero_grad(set_to_none=True)
+        loss.backward()
+        sent = protect_gradient(h_bob.grad, y, protection, generator=noise)
+        opt_b.step()
+        meter.update(sent, y, step, idx)                   # Alice's view: the gradient she received
+        opt_a.zero_grad(set_to_none=True)
+        h.backward(sent)
+        opt_a.step()
+    err = evaluate(model, data.x_test, data.y_test, "error", train_cfg.eval_batch_size)
+    return {"test_accuracy": 1.0 - err, **meter.summary()}
+
+
+def _positive(data: DataSplit, spec: Literal["minority"] | int) -> int:
+    if spec == "minority":
+        return int(torch.bincount(data.y_train, minlength=data.num_classes).argmin())
+    if not 0 <= int(spec) < data.num_classes:
+        raise ConfigError(f"audit.positive={spec}: valid are 'minority' or a class index 0..{data.num_classes - 1}")
+    return int(spec)
+
+
+def execute_run(run_id: str, spec: dict, deps: dict) -> dict:
+    """One (method, scale, seed) run of the sweep (module level: the runner may call it in a worker process)."""
+    cfg = LeakageAuditConfig.model_validate(spec["config"])
+    data = load_data(cfg.data)
+    protection = LabelProtectionConfig(method=spec["method"], scale=spec["scale"])
+    t0 = time.perf_counter()
+    res = simulate_split(data, cfg.model, cfg.cut, cfg.train, protection, spec["seed"], spec["positive"],
+                         cfg.audit.init)
+    return {"method": spec["method"], "scale": spec["scale"], "seed": spec["seed"], **res,
+            "seconds": time.perf_counter() - t0}
+
+
+def plan_runs(cfg: LeakageAuditConfig, positive: int) -> list[RunSpec]:
+    """The sweep: no protection once (scale 0), then every method × positive scale; each for every seed."""
+    settings: list[tuple[str, float]] = [("none", 0.0)]
+    settings += [(m, float(s)) for m in dict.fromkeys(cfg.audit.methods) if m != "none"
+                 for s in dict.fromkeys(cfg.audit.scales) if s > 0]
+    conf = cfg.model_dump(mode="json")
+    return [RunSpec(f"{m}|{s:g}|{seed}", {"config": conf, "method": m, "scale": s, "seed": seed,
+                                          "positive": positive})
+            for m, s in settings for seed in dict.fromkeys(cfg.audit.seeds)]
+
+
+def aggregate(runs: list[dict]) -> list[dict]:
+    """One row per (method, scale): means over seeds, and SDs of accuracy and the two AUCs."""
+    rows: list[dict] = []
+    for key in dict.fromkeys((r["method"], r["scale"]) for r in runs):
+        group = [r for r in runs if (r["method"], r["scale"]) == key]
+        row: dict = {"method": key[0], "scale": key[1], "seeds": len(group)}
+        for metric in ("test_accuracy", "norm_auc", "direction_auc", "pairwise_auc", "direction_accuracy",
+                       "direction_auc_acc", "direction_accuracy_acc"):
+            st = summarize([r.get(metric) for r in group], skip_missing=True)
+            if st.n:
+                row[metric] = st.mean
+                if metric in ("test_accuracy", "norm_auc", "direction_auc"):
+                    row[f"{metric}_sd"] = st.sd if st.n > 1 else None  # undefined for one seed
+        row["seconds"] = sum(r.get("seconds", 0.0) for r in group)
+        rows.append(row)
+    return rows
+
+
+def audit_notes(cfg: LeakageAuditConfig, data: DataSplit, positive: int) -> list[str]:
+    first = model_layers(build_model(cfg.model, data.input_shape, data.num_classes))[0].name
+    binary = data.num_classes == 2
+    return [
+        f"- data {data.describe()}; model {cfg.model.arch}; Alice holds the layers up to {cfg.cut or first}; "
+        f"{cfg.train.steps} steps of batch {cfg.train.batch_size}; seeds {cfg.audit.seeds}.",
+        "- AUCs are computed per training batch from the gradient Alice received, then averaged over all steps "
+        "(0.5 = chance); *_acc: each example's direction scores averaged over all epochs first (stronger).",
+        (f"- binary: positive = class {positive} ({data.class_names[positive]}, the minority); norm attack = ||g|| "
+         "(larger = positive; below 0.5 means the minority had the smaller norms), direction attack = cosine with "
+         "one known positive example of the batch (Li et al. 2022)." if binary else
+         "- multiclass: norm_auc and direction_auc are macro means of one-vs-rest AUCs over the classes; the "
+         "direction attack knows one example of each class per batch; direction_accuracy = share of labels "
+         "recovered as the class of the most similar known example (chance = 1/classes); pairwise_auc needs no "
+         "label."),
+        "- scale: Bob's noise power as a multiple of the squared distance between the batch's class-mean gradients.",
+    ]
+
+
+def run_audit(cfg: LeakageAuditConfig, out_dir: str | Path, *, workers: int = 1,
+              progress: ProgressSink | None = None) -> list[dict]:
+    """Run (or resume) the sweep in `out_dir`; write results.csv/md/json, runs.json and tradeoff.png.
+
+    Args:
+        cfg: the audit configuration.
+        out_dir: output folder; its ledger (``ledger.sqlite``) makes a re-run resume.
+        workers: parallel runs (processes).
+        progress: receives one unit per run.
+    Returns:
+        One row per (method, scale) with means (and SDs over seeds) of accuracy and attack AUCs.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_data(cfg.data)
+    positive = _positive(data, cfg.audit.positive)
+    ledger = RunLedger(out / "ledger.sqlite")
+    ledger.bind_config(cfg)
+    plan = plan_runs(cfg, positive)
+    outcome = run_plan(ledger, plan, execute_run, workers=workers, progress=progress,
+                       description="leakage audit")
+    if outcome.failed:
+        first = next(iter(outcome.failed.items()))
+        raise ModelwardError(f"{len(outcome.failed)} of {len(plan)} runs failed (re-run to retry); first: "
+                             f"{first[0]}: {first[1].strip().splitlines()[-1]}")
+    results = ledger.results()
+    runs = [results[r.run_id] for r in plan]
+    rows = aggregate(runs)
+    write_table(out, "results", rows, COLUMNS, title=f"Label leakage audit: {data.name}",
+                notes=audit_notes(cfg, data, positive))
+    atomic_write_json(out / "runs.json", runs)
+    tradeoff_plot(out / "tradeoff.png", rows, f"label leakage vs accuracy: {data.name}")
+    return rows
+
+
+def tradeoff_plot(path: Path, rows: list[dict], title: str) -> Path:
+    """Test accuracy against label-recovery AUC (norm and direction attacks), one curve per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("direction_auc", "direction attack (per batch)"),
+              ("direction_auc_acc", "direction attack, averaged over epochs"), ("norm_auc", "norm attack")]
+    panels = [(k, n) for k, n in panels if any(k in r for r in rows)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), sharey=True, squeeze=False)
+    base = [r for r in rows if r["method"] == "none"]
+    for ax, (key, name) in zip(axes[0], panels, strict=True):
+        for method in dict.fromkeys(r["method"] for r in rows if r["method"] != "none"):
+            pts = base + [r for r in rows if r["method"] == method]
+            xs, ys = [r.get(key, float("nan")) for r in pts], [r["test_accuracy"] for r in pts]
+            ax.plot(xs, ys, marker="o", label=method)
+            for r, x, y in zip(pts, xs, ys, strict=True):
+                ax.annotate(f"{r['scale']:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+        if base and not any(r["method"] != "none" for r in rows):
+            ax.plot([base[0][key]], [base[0]["test_accuracy"]], marker="o", label="none")
+        ax.axvline(0.5, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel(f"label-recovery AUC: {name}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("test accuracy")
+    fig.suptitle(f"{title} (labels: noise scale)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
