@@ -26,7 +26,11 @@ def register(app: typer.Typer) -> None:
         cfg = load_config(config, CostConfig, set_)
         check_out_dir(out)
         out.mkdir(parents=True, exist_ok=True)
-        results, info = run_cost(cfg, out / "work", log=lambda m: console.print(m, highlight=False))
+        from modelward.core.progress import RichProgress
+
+        with RichProgress(console) as progress:
+            results, info = run_cost(cfg, out / "work", progress=progress,
+                                     log=lambda m: console.print(m, highlight=False))
         rows = table_rows(results, info)
         paths = write_results(out, rows, info, cfg.model_dump(mode="json"))
         for r in rows:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import csv
-import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +26,6 @@ def _fmt(v: Any) -> str:
     return str(v).replace("|", "\\|").replace("\n", " ")
 
 
-def _json_safe(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_json_safe(x) for x in v]
-    return v
-
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def claims(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each seed claim with the measured value and whether it holds here (None when not measured)."""
     by = {r["backend"]: r for r in rows}
@@ -63,16 +44,11 @@ def claims(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def write_results(out: Path, rows: list[dict[str, Any]], info: dict[str, Any], config: dict[str, Any]) -> dict[str, Path]:
-    """results.csv, results.md (table + seed claims + notes), results.json (rows, claims, info, config), plot."""
+    """results.csv/.md/.json (core.records; the .md adds the seed claims and notes), run.json (claims, info,
+    config) and latency.png."""
+    from modelward.core.records import atomic_write_json, write_table
+
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"csv": out / "results.csv", "md": out / "results.md", "json": out / "results.json",
-             "plot": out / "latency.png"}
-    with (out / "results.csv.tmp").open("w", newline="") as f:
-        w = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if isinstance(r.get(k), float) and math.isnan(r[k]) else r.get(k)) for k in COLUMNS})
-    os.replace(out / "results.csv.tmp", paths["csv"])
     cl = claims(rows)
     short = COLUMNS[:16]
     lines = [f"# Cost of plain vs split vs HE vs MPC — {info.get('dataset', '')}, {info.get('samples')} samples",
@@ -89,10 +65,9 @@ def write_results(out: Path, rows: list[dict[str, Any]], info: dict[str, Any], c
               f"{_fmt(info.get('test_error', float('nan')))}. Latencies are medians; bytes are counted on the real "
               "transport (serialized ciphertexts, MPyC socket counters, the driver's gRPC counters on the "
               "cross-party link).", ""]
-    _atomic(paths["md"], "\n".join(lines))
-    _atomic(paths["json"], json.dumps(_json_safe({"rows": rows, "claims": cl, "info": info, "config": config}),
-                                      indent=2) + "\n")
-    bar_plot(paths["plot"], rows)
+    paths = write_table(out, "results", rows, COLUMNS, markdown="\n".join(lines))
+    paths["run"] = atomic_write_json(out / "run.json", {"claims": cl, "info": info, "config": config})
+    paths["plot"] = bar_plot(out / "latency.png", rows)
     return paths
 
 

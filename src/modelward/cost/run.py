@@ -21,6 +21,7 @@ from pydantic import Field
 
 from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig, DataSplit, load_data
+from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.train import TrainConfig, evaluate, train
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.cost.he import HEConfig, run_he
@@ -66,12 +67,6 @@ class CostConfig(StrictModel):
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(optimizer="adam", lr=0.01, steps=200,
                                                                    batch_size=32, eval_every=50))
     cost: CostSettings = Field(default_factory=CostSettings)
-
-
-class _Null:
-    def start(self, key: str, total: int | None, description: str = "") -> None: ...
-    def advance(self, key: str, n: int = 1, info: str = "") -> None: ...
-    def done(self, key: str, info: str = "") -> None: ...
 
 
 def prepare_model(cfg: CostConfig) -> tuple[torch.nn.Module, DataSplit, dict[str, float]]:
@@ -133,7 +128,19 @@ def crypten_row() -> BackendResult:
     return res
 
 
-def run_cost(cfg: CostConfig, work_dir: Path | None = None, progress: Any = None,
+def _fresh(work_dir: Path | None, name: str) -> Path | None:
+    """A clean scratch folder per measurement (certificates, audit logs and job files of the previous run go)."""
+    if work_dir is None:
+        return None
+    import shutil
+
+    sub = Path(work_dir) / name
+    shutil.rmtree(sub, ignore_errors=True)
+    sub.mkdir(parents=True)
+    return sub
+
+
+def run_cost(cfg: CostConfig, work_dir: Path | None = None, progress: ProgressSink | None = None,
              log: Any = None) -> tuple[list[BackendResult], dict[str, Any]]:
     """Run every configured backend; returns (results in backend order, run info incl. training comparison).
 
@@ -143,7 +150,7 @@ def run_cost(cfg: CostConfig, work_dir: Path | None = None, progress: Any = None
         progress: a ProgressSink (``start``/``advance``/``done``); None = silent.
         log: optional ``callable(str)`` for one-line status messages.
     """
-    progress = progress or _Null()
+    progress = as_sink(progress)
     say = log or (lambda _msg: None)
     s = cfg.cost
     backends = list(dict.fromkeys(["plain", *s.backends]))  # plain is the reference, always measured
@@ -176,7 +183,7 @@ def run_cost(cfg: CostConfig, work_dir: Path | None = None, progress: Any = None
                 if s.train_steps:
                     k = min(len(data.x_train), s.train_steps * s.train_batch)
                     tb = (data.x_train[:k], data.y_train[:k])
-                sub = None if work_dir is None else Path(work_dir) / "split"
+                sub = _fresh(work_dir, "split")
                 res, training = run_split(model, cfg.model, data.input_shape, data.num_classes, x, s.repeats,
                                           s.cut, tb, cfg.train, s.train_steps, sub)
             else:
@@ -185,7 +192,7 @@ def run_cost(cfg: CostConfig, work_dir: Path | None = None, progress: Any = None
                 if b == "he":
                     res = run_he(program, xs, s.he)
                 else:
-                    sub = None if work_dir is None else Path(work_dir) / "mpc"
+                    sub = _fresh(work_dir, "mpc")
                     res = run_mpc(program, xs, s.mpc, sub)
         except UnsupportedLayer as e:
             res = BackendResult(b, status="unsupported", reason=str(e))

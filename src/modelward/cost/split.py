@@ -1,12 +1,13 @@
 """The governance path as a cost backend: the model split between two party processes (gRPC + mutual TLS on
 127.0.0.1), driven by :class:`modelward.governance.driver.SplitDriver` (seed 000 §1, steps 1–5).
 
-Alice (the data owner) holds the layers up to ``cut``, Bob the rest and the labels. The driver is Alice's
-identity. Latency is measured by the driver around whole split passes (TLS framing, consent checks and audit-log
-writes included: that is the governance path's real cost). Bytes are the driver's wire counters: the
-driver↔Bob link is the traffic that crosses organisations when the driver runs at Alice's site (activation out,
-logits or gradient back); the driver↔Alice link is reported separately (``extra.alice_link_bytes_per_sample``),
-because in a deployment it is local to Alice.
+Alice (the data owner) holds the layers up to ``cut``, Bob the rest and the labels; the parties talk peer to
+peer (Alice → Bob activations, Bob → Alice gradients) and the driver, Alice's identity, starts passes and
+collects the logits from Bob. Latency is measured by the driver around whole split passes (TLS framing, consent
+checks, two-phase commits and audit-log writes included: that is the governance path's real cost). Bytes are the
+governance wire counters of the links that cross organisations: Alice↔Bob (Alice's peer-link counters, read via
+``status``) plus driver↔Bob; the driver↔Alice link is local to Alice and reported apart
+(``extra.alice_local_bytes_per_sample``).
 
 Training: ``train_steps`` protocol steps (forward, loss + backward at Bob, backward at Alice, both optimizers
 step) against the same number of plain PyTorch steps from the same weights on the same batches; the per-step
@@ -33,10 +34,10 @@ from modelward.core.train import TrainConfig, make_optimizer
 from modelward.core.zoo import ModelConfig
 from modelward.cost.result import BackendResult
 from modelward.governance.certs import make_certs
+from modelward.governance.config import TLSConfig
 from modelward.governance.driver import PartyRef, SplitConfig, SplitDriver
 from modelward.governance.launch import start_parties, stop_parties
-from modelward.governance.party import TLSConfig
-from modelward.governance.plan import make_plan, model_layers
+from modelward.governance.plan import make_plan, model_layers, segment_of
 
 PARTIES = ("alice", "bob")
 
@@ -49,15 +50,22 @@ def default_cut(model: nn.Module) -> str:
 def write_parties(root: Path, model: nn.Module, model_cfg: ModelConfig, input_shape: tuple[int, ...],
                   num_classes: int, cut: str, x: torch.Tensor, x_train: torch.Tensor,
                   y_train: torch.Tensor) -> tuple[dict[str, Path], TLSConfig]:
-    """Certificates, weights, each party's own data column and PARTY.toml files under `root`."""
+    """Certificates, each party's own weights and data column, and PARTY.toml files under `root`.
+
+    Like :func:`modelward.governance.demo.prepare_local_split` (peers pinned by their certificate files, chain
+    roles, the driver is Alice), but the architecture comes from the user's ``[model]`` config, so any splittable
+    model works, not only the zoo MLP/CNN. Each party's init checkpoint holds only its own layers' entries.
+    """
     plan = make_plan(model, list(PARTIES), [cut])
-    make_certs(root / "certs", list(PARTIES))
-    init = root / "init.safetensors"
-    save_tensors(init, {k: v.detach().contiguous() for k, v in model.state_dict().items()})
+    make_certs(root / "certs", list(PARTIES), if_exists="reuse")
     own = {"alice": {"x_train": x_train.float().contiguous(), "x_test": x.float().contiguous()},
            "bob": {"y_train": y_train.long().contiguous(), "y_test": torch.zeros(len(x), dtype=torch.long)}}
     configs = {}
-    for p in PARTIES:
+    for i, p in enumerate(PARTIES):
+        other = PARTIES[1 - i]
+        init = root / p / "init.safetensors"
+        save_tensors(init, {k: v.detach().contiguous() for k, v in segment_of(model, plan.owners[p]).state_dict()
+                            .items()})
         save_tensors(root / p / "data.safetensors", own[p])
         cfg: dict[str, Any] = {
             "name": p, "host": "127.0.0.1", "port": 0, "layers": plan.owners[p],
@@ -67,10 +75,12 @@ def write_parties(root: Path, model: nn.Module, model_cfg: ModelConfig, input_sh
             "model": model_cfg.model_dump(mode="json", exclude_none=True),
             "init": {"checkpoint": str(init)},
             "policy": {"allow_peers": ["alice"], "training": True, "inference": True},
+            "peers": {other: {"cert": str(root / f"certs/{other}.pem")}}, "driver": "alice",
             "data": {"file": str(root / p / "data.safetensors")},
             "tls": {"ca": str(root / "certs/ca.pem"), "cert": str(root / f"certs/{p}.pem"),
                     "key": str(root / f"certs/{p}.key")},
         }
+        cfg["next" if p == "alice" else "prev"] = other
         path = root / f"party_{p}.toml"
         path.write_text(to_toml(cfg))
         configs[p] = path
@@ -80,7 +90,15 @@ def write_parties(root: Path, model: nn.Module, model_cfg: ModelConfig, input_sh
 
 
 def _bytes(drv: SplitDriver) -> dict[str, int]:
-    return {n: s.sent + s.received for n, s in drv.links.items()}
+    """Cross-organisation bytes so far: Alice↔Bob (peer link, Alice's counters) and driver↔Bob.
+
+    The driver is Alice's, so the driver↔Alice link is local to Alice and reported apart.
+    """
+    link = drv.call("alice", "status").meta.get("link") or {}
+    peer = int(link.get("sent", 0)) + int(link.get("received", 0))
+    links = drv.links
+    return {"cross": peer + links["bob"].sent + links["bob"].received,
+            "alice_local": links["alice"].sent + links["alice"].received}
 
 
 def run_split(model: nn.Module, model_cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int,
@@ -113,7 +131,8 @@ def run_split(model: nn.Module, model_cfg: ModelConfig, input_shape: tuple[int, 
     try:
         tc = train_cfg or TrainConfig()
         tc = tc.model_copy(update={"batch_size": max(1, len(xt) // max(1, train_steps)), "steps": train_steps})
-        scfg = SplitConfig(parties=[PartyRef(name=n, address=procs[n].address) for n in PARTIES], tls=tls,
+        scfg = SplitConfig(parties=[PartyRef(name=n, address=procs[n].address, cert=str(work_dir / f"certs/{n}.pem"))
+                                    for n in PARTIES], tls=tls,
                            train=tc, seed=0, out_dir=str(work_dir / "driver"))
         with SplitDriver(scfg) as drv:
             drv.open(train=train_batch is not None)
@@ -131,8 +150,8 @@ def run_split(model: nn.Module, model_cfg: ModelConfig, input_shape: tuple[int, 
             after = _bytes(drv)
             res.latency_sample_s = statistics.median(singles)
             res.outputs = out.double().numpy()
-            res.bytes_per_sample = (after["bob"] - before["bob"]) / len(x)
-            res.extra["alice_link_bytes_per_sample"] = (after["alice"] - before["alice"]) / len(x)
+            res.bytes_per_sample = (after["cross"] - before["cross"]) / len(x)
+            res.extra["alice_local_bytes_per_sample"] = (after["alice_local"] - before["alice_local"]) / len(x)
             if train_batch is not None:
                 training = _train_compare(drv, model, xt, yt, tc, train_steps)
     finally:
@@ -154,11 +173,11 @@ def _train_compare(drv: SplitDriver, model: nn.Module, xt: torch.Tensor, yt: tor
     batches = [torch.arange(i * bs, (i + 1) * bs) for i in range(steps)]
     split_t, split_loss, wire = [], [], []
     for s, idx in enumerate(batches):
-        b0 = _bytes(drv)["bob"]
+        b0 = _bytes(drv)["cross"]
         t = time.perf_counter()
         split_loss.append(drv.train_step(s, idx))
         split_t.append(time.perf_counter() - t)
-        wire.append((_bytes(drv)["bob"] - b0) / bs)
+        wire.append((_bytes(drv)["cross"] - b0) / bs)
     plain = copy.deepcopy(model).float().train()
     opt = make_optimizer(list(plain.parameters()), tc)
     plain_t, plain_loss = [], []
