@@ -7,12 +7,15 @@ class ModelwardError(Exception):
     """Base class of all errors a user can act on; the CLI prints these without a traceback."""
 
 
-class ConfigError(ModelwardError):
-    """A configuration file or override is malformed; the message names the field and the valid choices."""
+class ConfigError(ModelwardError, ValueError):
+    """A configuration file or override is malformed; the message names the field and the valid choices.
+
+    Also a ``ValueError``, so code catching bad arguments the standard way catches it too.
+    """
 
 
-class DataError(ModelwardError):
-    """A data file is missing or malformed; the message names the file and what is wrong."""
+class DataError(ModelwardError, ValueError):
+    """A data file is missing or malformed; the message names the file and what is wrong (also a ValueError)."""
 
 
 class PartError(ModelwardError):
@@ -21,3 +24,7 @@ class PartError(ModelwardError):
 
 class LedgerError(ModelwardError):
     """The run ledger is inconsistent with the requested study (e.g. a different config in the same folder)."""
+
+
+class IdentityError(ModelwardError):
+    """A peer's certificate matches no pinned identity; the message names the presented fingerprint."""

@@ -1,4 +1,4 @@
-"""`modelward party`: make mutual-TLS certificates and run a party server."""
+"""`modelward party`: make keys and certificates for mutual TLS, pin them, and run a party server."""
 
 from __future__ import annotations
 
@@ -18,13 +18,100 @@ def certs(
     parties: Annotated[str, typer.Option("--parties", help="comma-separated party names, e.g. alice,bob")],
     hosts: Annotated[str, typer.Option("--hosts", help="extra host names / IPs for the certificates")] = "",
     days: Annotated[int, typer.Option("--days", help="validity in days")] = 365,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing CA and keys in --out")] = False,
 ) -> None:
-    """Make a small CA and one certificate + key per party (valid for server and client use)."""
+    """Quick-start demo: a uniquely named CA and one certificate + key per party, all made here (one machine).
+
+    Organisations on separate hosts use `party keygen` (and `party ca init` / `party ca sign`) instead.
+    """
     from modelward.governance.certs import make_certs
 
     names = [p.strip() for p in parties.split(",") if p.strip()]
-    paths = make_certs(out, names, [h.strip() for h in hosts.split(",") if h.strip()], days)
-    console.print(f"CA {paths['ca']}; certificates for {', '.join(names)} in {out} (keys are mode 0600)")
+    paths = make_certs(out, names, [h.strip() for h in hosts.split(",") if h.strip()], days,
+                       if_exists="overwrite" if force else "error")
+    console.print(f"CA {_show(paths['ca'])} ({_subject(paths['ca'])}); certificates for {', '.join(names)} in "
+                  f"{_show(out)} (keys are mode 0600)")
+
+
+def _show(p: Path) -> str:
+    return str(Path(p).resolve())
+
+
+def _subject(cert: Path) -> str:
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificate(Path(cert).read_bytes()).subject.rfc4514_string()
+
+
+@app.command("keygen")
+def keygen(
+    name: Annotated[str, typer.Argument(help="this party's name, e.g. alice")],
+    out: Annotated[Path, typer.Option("--out", help="folder for NAME.key (0600), NAME.pem, NAME.csr")],
+    hosts: Annotated[str, typer.Option("--hosts", help="host names / IPs this party serves on")] = "",
+    days: Annotated[int, typer.Option("--days", help="validity of the self-signed certificate")] = 365,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing key (peers must re-pin)")] = False,
+) -> None:
+    """Make this party's own private key on this host, a self-signed certificate (for cross-pinning) and a CSR."""
+    from modelward.governance.certs import keygen as run
+    from modelward.governance.identity import cert_fingerprint, public_key_fingerprint
+
+    paths = run(name, out, [h.strip() for h in hosts.split(",") if h.strip()], days, force)
+    cert = paths["cert"].read_bytes()
+    # plain print, not rich: these lines are copied into configs and must not be wrapped
+    print(f"key {_show(paths['key'])} (mode 0600; keep it on this host)")
+    print(f"self-signed certificate {_show(paths['cert'])} (give it to peers that cross-pin)")
+    print(f"CSR {_show(paths['csr'])} (for `modelward party ca sign` at a consortium CA)")
+    print(f'peers pin: {name} = "{cert_fingerprint(cert)}"')
+    print(f'  or the public key: {name} = "{public_key_fingerprint(cert)}"')
+
+
+ca_app = typer.Typer(no_args_is_help=True, help="a consortium CA that signs parties' CSRs")
+app.add_typer(ca_app, name="ca")
+
+
+@ca_app.command("init")
+def ca_init(
+    out: Annotated[Path, typer.Option("--out", help="folder for ca.pem and ca.key (0600)")],
+    name: Annotated[str, typer.Option("--name", help="organisation name; a random suffix makes the CA unique")],
+    days: Annotated[int, typer.Option("--days", help="validity in days")] = 1825,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing CA in --out")] = False,
+) -> None:
+    """Create a CA with a unique subject name (refuses to replace an existing one without --force)."""
+    from modelward.governance.certs import ca_init as run
+
+    paths = run(out, name, days, force)
+    console.print(f"CA {_show(paths['cert'])} ({_subject(paths['cert'])}); key {_show(paths['key'])} (mode 0600)")
+
+
+@ca_app.command("sign")
+def ca_sign(
+    csr: Annotated[Path, typer.Argument(help="a party's NAME.csr (from `party keygen`)")],
+    ca: Annotated[Path, typer.Option("--ca", help="the CA folder (from `party ca init`)")],
+    out: Annotated[Path | None, typer.Option("--out", help="certificate path (default NAME-signed.pem next to the CSR)")]
+    = None,
+    days: Annotated[int, typer.Option("--days", help="validity in days")] = 365,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing certificate file")] = False,
+) -> None:
+    """Sign a CSR: a leaf certificate for server and client use named after the CSR's party name."""
+    from modelward.governance.certs import ca_sign as run
+    from modelward.governance.identity import cert_fingerprint
+
+    path = run(ca, csr, out, days, force)
+    print(f"certificate {_show(path)}")
+    print(f'peers pin: "{cert_fingerprint(path.read_bytes())}"')
+
+
+@app.command("fingerprint")
+def fingerprint(
+    cert: Annotated[Path, typer.Argument(help="a certificate (PEM), e.g. bob.pem")],
+) -> None:
+    """Print what peers pin for this certificate: its sha256 fingerprint and its public key's."""
+    from modelward.governance.certs import read_pem
+    from modelward.governance.identity import cert_fingerprint, public_key_fingerprint
+
+    data = read_pem(cert, "certificate")
+    print(cert_fingerprint(data))
+    print(public_key_fingerprint(data))
 
 
 @app.command("serve")

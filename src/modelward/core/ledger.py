@@ -75,6 +75,26 @@ class RunLedger:
                     "Use a new --out folder, or delete the old one to start over."
                 )
 
+    def bind_config(self, config: Any, *, exclude: set[str] | None = None) -> str:
+        """Bind this ledger to one configuration: the first call records its fingerprint, later calls (a resume)
+        must present the same configuration or a :class:`LedgerError` is raised.
+
+        This is the one config fingerprint of every study. Args: `config` — a pydantic model (dumped in JSON
+        mode) or any JSON-able object; `exclude` — top-level fields that may change between resumes (e.g.
+        ``{"threads"}``). Returns the fingerprint (SHA-256 of the canonical JSON).
+        """
+        import hashlib
+
+        if hasattr(config, "model_dump"):
+            data = config.model_dump(mode="json", exclude=exclude)
+        elif isinstance(config, dict) and exclude:
+            data = {k: v for k, v in config.items() if k not in exclude}
+        else:
+            data = config
+        fingerprint = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+        self.check_meta("config", fingerprint)
+        return fingerprint
+
     def get_meta(self, key: str) -> str | None:
         with self._conn() as c:
             row = c.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()

@@ -1,19 +1,101 @@
-"""Rich progress bars shared by every long-running command."""
+"""The one progress protocol: library code reports long work through a :class:`ProgressSink`.
+
+Library functions take ``progress: ProgressSink | None = None`` and never print; ``None`` means
+:class:`NullProgress`. Work is identified by a ``key`` (a study, a run, a training loop):
+
+- ``start(key, total, description)`` announces it (``total=None``: unknown length),
+- ``advance(key, n, info)`` reports ``n`` more units done, with an optional one-line status,
+- ``done(key, info)`` says it finished (a bar jumps to its total).
+
+The CLI supplies :class:`RichProgress` (rich bars); tests supply :class:`RecordingProgress` and assert on its
+``events``. A sink must tolerate ``advance``/``done`` for a key it never saw ``start`` for (it starts it then).
+
+Example:
+    >>> rec = RecordingProgress()
+    >>> rec.start("train", 3, "training"); rec.advance("train", 2, "loss 0.5"); rec.done("train")
+    >>> [e[0] for e in rec.events]
+    ['start', 'advance', 'done']
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 
 
+@runtime_checkable
+class ProgressSink(Protocol):
+    """Receives progress of long-running library work (see the module docstring)."""
+
+    def start(self, key: str, total: int | None, description: str = "") -> None:
+        """Announce work `key` of `total` units (None: unknown)."""
+
+    def advance(self, key: str, n: int = 1, info: str = "") -> None:
+        """`n` more units of `key` are done; `info` is a short status line ('' keeps the previous one)."""
+
+    def done(self, key: str, info: str = "") -> None:
+        """Work `key` is finished."""
+
+
+class NullProgress:
+    """A sink that ignores everything (the default wherever ``progress`` is None)."""
+
+    def start(self, key: str, total: int | None, description: str = "") -> None:
+        pass
+
+    def advance(self, key: str, n: int = 1, info: str = "") -> None:
+        pass
+
+    def done(self, key: str, info: str = "") -> None:
+        pass
+
+
+@dataclass
+class RecordingProgress:
+    """A sink that records every call as ``(method, key, value, text)`` in ``events`` (for tests).
+
+    ``value`` is the total for ``start``, ``n`` for ``advance`` and None for ``done``; ``text`` is the
+    description or info. :meth:`completed` sums the advances of a key.
+    """
+
+    events: list[tuple[str, str, Any, str]] = field(default_factory=list)
+
+    def start(self, key: str, total: int | None, description: str = "") -> None:
+        self.events.append(("start", key, total, description))
+
+    def advance(self, key: str, n: int = 1, info: str = "") -> None:
+        self.events.append(("advance", key, n, info))
+
+    def done(self, key: str, info: str = "") -> None:
+        self.events.append(("done", key, None, info))
+
+    def completed(self, key: str) -> int:
+        """Total units advanced for `key`."""
+        return sum(int(e[2]) for e in self.events if e[0] == "advance" and e[1] == key)
+
+    def keys(self) -> list[str]:
+        """Keys in the order they were started."""
+        return [e[1] for e in self.events if e[0] == "start"]
+
+
+def as_sink(progress: ProgressSink | None) -> ProgressSink:
+    """`progress`, or a :class:`NullProgress` when it is None."""
+    return NullProgress() if progress is None else progress
+
+
 def make_progress(console: Console | None = None, transient: bool = False) -> Progress:
+    """The rich ``Progress`` layout shared by every command (description, bar, n/m, elapsed, remaining, info)."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -24,3 +106,54 @@ def make_progress(console: Console | None = None, transient: bool = False) -> Pr
         console=console,
         transient=transient,
     )
+
+
+class RichProgress:
+    """A rich-backed sink for the CLI: one bar per key. Use as a context manager.
+
+    Args:
+        console: the rich console to draw on (None: a new one).
+        transient: remove the bars when the context exits.
+
+    Example:
+        >>> with RichProgress(Console(quiet=True)) as p:
+        ...     p.start("runs", 2, "study"); p.advance("runs"); p.done("runs")
+    """
+
+    def __init__(self, console: Console | None = None, transient: bool = False) -> None:
+        self.progress = make_progress(console, transient)
+        self._tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> RichProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)  # type: ignore[arg-type]
+
+    def _task(self, key: str) -> TaskID:
+        if key not in self._tasks:
+            self._tasks[key] = self.progress.add_task(key, total=None, info="")
+        return self._tasks[key]
+
+    def start(self, key: str, total: int | None, description: str = "") -> None:
+        if key in self._tasks:
+            self.progress.update(self._tasks[key], total=total, description=description or key)
+        else:
+            self._tasks[key] = self.progress.add_task(description or key, total=total, info="")
+
+    def advance(self, key: str, n: int = 1, info: str = "") -> None:
+        task = self._task(key)
+        if info:
+            self.progress.update(task, advance=n, info=info)
+        else:
+            self.progress.update(task, advance=n)
+
+    def done(self, key: str, info: str = "") -> None:
+        task = self._task(key)
+        t = next(x for x in self.progress.tasks if x.id == task)
+        fields: dict[str, Any] = {"info": info} if info else {}
+        if t.total is not None:
+            self.progress.update(task, completed=t.total, **fields)
+        else:
+            self.progress.update(task, total=t.completed, **fields)

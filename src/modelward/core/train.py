@@ -8,15 +8,18 @@ statistics of normalisation layers outside ``trainable`` — stays bit-identical
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field, field_validator
 from torch import nn
+from torch.utils.data import Dataset
 
 from modelward.core.config import StrictModel
 
@@ -66,33 +69,131 @@ class TrainResult:
     train_loss: list[tuple[int, float]] = field(default_factory=list)
 
 
+def _model_device(model: nn.Module) -> torch.device:
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _eval_batches(x: torch.Tensor | Dataset, y: torch.Tensor | None, batch_size: int,
+                  workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    if isinstance(x, torch.Tensor):
+        assert y is not None
+        for i in range(0, len(x), batch_size):
+            yield x[i : i + batch_size], y[i : i + batch_size]
+    else:  # a (lazy) Dataset: read it in order through a DataLoader
+        from torch.utils.data import DataLoader
+
+        # its own generator: a DataLoader otherwise draws its base seed from the global RNG (dropout's)
+        yield from DataLoader(x, batch_size=batch_size, shuffle=False, num_workers=workers,
+                              generator=torch.Generator().manual_seed(0))
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, metric: LossMetric = "error",
-             batch_size: int = 1024) -> float:
-    """Test loss L(θ): top-1 error rate or mean cross-entropy."""
+def evaluate(model: nn.Module, x: torch.Tensor | Dataset, y: torch.Tensor | None = None,
+             metric: LossMetric = "error", batch_size: int = 1024, workers: int = 0) -> float:
+    """Test loss L(θ): top-1 error rate or mean cross-entropy, over tensors or a ``Dataset`` (then `y` is None).
+
+    Batches go to the model's device; the loss is accumulated there and read once.
+    """
     modes = [(m, m.training) for m in model.modules()]  # restore per module: some BN layers stay frozen
     model.eval()
-    total, n = 0.0, len(x)
-    for i in range(0, n, batch_size):
-        logits = model(x[i : i + batch_size])
-        yb = y[i : i + batch_size]
+    device = _model_device(model)
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    n = 0
+    for xb, yb in _eval_batches(x, y, batch_size, workers):
+        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        logits = model(xb)
         if metric == "error":
-            total += (logits.argmax(1) != yb).sum().item()
+            total += (logits.argmax(1) != yb).sum()
         else:
-            total += F.cross_entropy(logits, yb, reduction="sum").item()
+            total += F.cross_entropy(logits.float(), yb, reduction="sum").double()
+        n += len(yb)
     for m, mode in modes:
         m.training = mode
-    return total / n
+    return float(total.item()) / max(n, 1)
+
+
+class BatchOrder:
+    """Endless seeded minibatch indices: a fresh permutation per epoch, last partial batch dropped if possible.
+
+    The position is part of the state (:meth:`state_dict`), so a run resumed from a mid-run checkpoint draws
+    exactly the batches an uninterrupted run would have drawn.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int) -> None:
+        self.n, self.batch_size = n, batch_size
+        self.gen = torch.Generator().manual_seed(seed)
+        self.usable = n - n % batch_size if n >= batch_size else n
+        self._epoch_state = self.gen.get_state()
+        self.perm = torch.randperm(n, generator=self.gen)
+        self.pos = 0
+
+    def __iter__(self) -> BatchOrder:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self.pos >= self.usable:
+            self._epoch_state = self.gen.get_state()
+            self.perm = torch.randperm(self.n, generator=self.gen)
+            self.pos = 0
+        idx = self.perm[self.pos : self.pos + self.batch_size]
+        self.pos += self.batch_size
+        return idx
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch_state": self._epoch_state.clone(), "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.gen.set_state(state["epoch_state"])
+        self._epoch_state = state["epoch_state"].clone()
+        self.perm = torch.randperm(self.n, generator=self.gen)
+        self.pos = int(state["pos"])
 
 
 def batch_order(n: int, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
-    """Endless seeded minibatch indices: a fresh permutation per epoch, last partial batch dropped if possible."""
-    g = torch.Generator().manual_seed(seed)
-    while True:
-        perm = torch.randperm(n, generator=g)
-        usable = n - n % batch_size if n >= batch_size else n
-        for i in range(0, usable, batch_size):
-            yield perm[i : i + batch_size]
+    """Endless seeded minibatch indices (see :class:`BatchOrder`)."""
+    return BatchOrder(n, batch_size, seed)
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """Mid-run checkpoints of :func:`train`: every `every` steps the whole training state goes to `path`.
+
+    The state is the model (parameters and buffers, e.g. BatchNorm statistics), the optimizer, the data-order
+    position, torch's RNG (dropout), the curve so far and the step. A run started with the same arguments finds the
+    file and continues from it; on the CPU the resumed curve is bit-identical to an uninterrupted one. The file
+    is safetensors (tensors) + JSON metadata: nothing is unpickled.
+    """
+
+    path: Path
+    every: int
+
+    def save(self, model: nn.Module, opt: torch.optim.Optimizer, order: BatchOrder, state: dict[str, Any]) -> None:
+        from modelward.core.io import optimizer_to_tensors, save_tensors
+
+        opt_tensors, skeleton = optimizer_to_tensors(opt)
+        order_state = order.state_dict()
+        tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+        tensors.update(opt_tensors)
+        tensors["rng.torch"] = torch.get_rng_state()
+        tensors["rng.order"] = order_state["epoch_state"]
+        meta = {**state, "optimizer": skeleton, "order_pos": order_state["pos"]}
+        save_tensors(self.path, tensors, {"modelward_train": json.dumps(meta)})
+
+    def load(self, model: nn.Module, opt: torch.optim.Optimizer, order: BatchOrder) -> dict[str, Any] | None:
+        from modelward.core.io import load_metadata, load_tensors, optimizer_from_tensors
+
+        if not Path(self.path).is_file():
+            return None
+        tensors = load_tensors(self.path)
+        meta = json.loads(load_metadata(self.path)["modelward_train"])
+        device = _model_device(model)
+        model.load_state_dict({k[6:]: v.to(device) for k, v in tensors.items() if k.startswith("model.")})
+        optimizer_from_tensors(opt, {k: v.to(device) for k, v in tensors.items() if k.startswith("opt.")},
+                               meta.pop("optimizer"))
+        torch.set_rng_state(tensors["rng.torch"])
+        order.load_state_dict({"epoch_state": tensors["rng.order"], "pos": meta.pop("order_pos")})
+        return meta
 
 
 def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -113,22 +214,38 @@ def _freeze_foreign_norms(model: nn.Module, trainable: set[str]) -> list[nn.Modu
     return frozen
 
 
+def _train_batch(x: torch.Tensor | Dataset, y: torch.Tensor | None, idx: torch.Tensor,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        assert y is not None
+        return x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
+    items = [x[int(i)] for i in idx]  # a lazy Dataset: decode this batch only
+    xb = torch.stack([it[0] for it in items])
+    yb = torch.as_tensor([int(it[1]) for it in items], dtype=torch.int64)
+    return xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+
+
 def train(
     model: nn.Module,
-    x_train: torch.Tensor,
-    y_train: torch.Tensor,
-    x_test: torch.Tensor,
-    y_test: torch.Tensor,
+    x_train: torch.Tensor | Dataset,
+    y_train: torch.Tensor | None,
+    x_test: torch.Tensor | Dataset,
+    y_test: torch.Tensor | None,
     cfg: TrainConfig,
     seed: int,
     trainable: set[str] | None = None,
     stop_at: float | None = None,
     on_eval: Callable[[int, float], None] | None = None,
+    *,
+    checkpoint: Checkpointing | None = None,
 ) -> TrainResult:
     """Run T: `cfg.steps` SGD/Adam steps; evaluate L at step 0, every `eval_every` steps and at the end.
 
     `trainable` restricts optimisation to those parameter names (None = all). `stop_at` stops at the first
     evaluation with L ≤ stop_at (used for early stopping of retraining once the α=1 threshold is met).
+    Inputs are tensors, or ``torch.utils.data.Dataset`` objects (lazy data; pass None for the labels). Batches go
+    to the model's device. With `checkpoint`, the training state is saved every ``checkpoint.every`` steps and a
+    run that finds the file resumes from it (bit-identical on the CPU).
     """
     t0 = time.perf_counter()
     named = dict(model.named_parameters())
@@ -144,20 +261,28 @@ def train(
     if trainable is not None:
         _freeze_foreign_norms(model, names)
 
-    curve = [(0, evaluate(model, x_test, y_test, cfg.loss, cfg.eval_batch_size))]
-    if on_eval:
-        on_eval(0, curve[0][1])
-    stopped = stop_at is not None and curve[0][1] <= stop_at
-    train_loss: list[tuple[int, float]] = []
-    step = 0
-    batches = batch_order(len(x_train), cfg.batch_size, seed)
-    running = 0.0
+    device = _model_device(model)
+    batches = BatchOrder(len(x_train), cfg.batch_size, seed)
+    resumed = checkpoint.load(model, opt, batches) if checkpoint is not None else None
+    if resumed is not None:
+        curve = [(int(s), float(v)) for s, v in resumed["curve"]]
+        train_loss = [(int(s), float(v)) for s, v in resumed["train_loss"]]
+        step, running, stopped = int(resumed["step"]), float(resumed["running"]), bool(resumed["stopped"])
+    else:
+        curve = [(0, evaluate(model, x_test, y_test, cfg.loss, cfg.eval_batch_size))]
+        if on_eval:
+            on_eval(0, curve[0][1])
+        stopped = stop_at is not None and curve[0][1] <= stop_at
+        train_loss = []
+        step = 0
+        running = 0.0
     while not stopped and step < cfg.steps:
         idx = next(batches)
         lr = cfg.lr_at(step)
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+        xb, yb = _train_batch(x_train, y_train, idx, device)
+        loss = F.cross_entropy(model(xb), yb)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -173,6 +298,9 @@ def train(
                 on_eval(step, val)
             if stop_at is not None and val <= stop_at:
                 stopped = True
+        if checkpoint is not None and (step % checkpoint.every == 0 or stopped or step == cfg.steps):
+            checkpoint.save(model, opt, batches, {"curve": curve, "train_loss": train_loss, "step": step,
+                                                  "running": running, "stopped": stopped})
     for p in named.values():
         p.requires_grad_(True)
     return TrainResult(curve, step, stopped and step < cfg.steps, time.perf_counter() - t0, train_loss)

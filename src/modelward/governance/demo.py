@@ -71,7 +71,7 @@ def prepare_local_split(root: Path, model: nn.Module, data: DataSplit, parties: 
     root.mkdir(parents=True, exist_ok=True)
     plan = make_plan(model, parties, cuts)
     mcfg = infer_model_config(model)
-    make_certs(root / "certs", parties)
+    make_certs(root / "certs", parties, if_exists="reuse")  # a resumed demo keeps its certificates
     init = root / "init.safetensors"
     save_tensors(init, model.state_dict())  # each party reads only its own entries from it
     driver = driver or parties[0]
