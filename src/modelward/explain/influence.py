@@ -467,7 +467,7 @@ class InternalInfluence:
                     z, y = self._run(chunk, None, True)
                 assert z is not None and y is not None
                 q = self.qoi(y, r)
-                (g,) = torch.autograd.grad(q.sum(), z, allow_unused=True)
+                g = torch.autograd.grad(q.sum(), z, allow_unused=True)[0] if q.requires_grad else None
                 if g is None:
                     raise ConfigError("quantity of interest does not depend on the slice "
                                       "(is slice.to_layer below slice.from_layer?)")
