@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         ledger.bind_config(cfg)
         dump_config(cfg, out / "config.json")
         run = functools.partial(execute, config=config_json(cfg), out=str(out.resolve()),
-                                base=str(config.resolve().parent))
+                                base=str(Path.cwd()))
         with RichProgress(console) as progress:
             outcome = run_plan(ledger, plan(cfg), run, progress=progress, description="explain runs")
         for rid, res in sorted(ledger.results().items()):
