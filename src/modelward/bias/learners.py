@@ -22,10 +22,12 @@ from torch import nn
 
 from modelward.bias.amplification import LinearModel
 from modelward.core.config import StrictModel
+from modelward.core.registry import Registry
 from modelward.errors import ConfigError
 
 SGDLoss = Literal["log_loss", "hinge", "modified_huber", "squared_hinge", "perceptron"]
-LEARNERS = ("sgd", "lbfgs_logistic", "linear_svm", "gaussian_nb")
+#: name → learner ``fn(x, y, ...)`` (linear ones return :class:`FittedLinear`)
+LEARNERS = Registry("learner")
 
 
 class SGDSchedule(StrictModel):
@@ -60,6 +62,7 @@ def _check_xy(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+@LEARNERS.register("sgd")
 def fit_sgd(x: np.ndarray, y: np.ndarray, schedule: SGDSchedule | None = None, seed: int = 0) -> FittedLinear:
     """SGD-trained linear classifier (Fig. 9.3–9.4, Table 9.6 "logistic regression trained with SGD").
 
@@ -83,6 +86,7 @@ def fit_sgd(x: np.ndarray, y: np.ndarray, schedule: SGDSchedule | None = None, s
                         int(clf.n_iter_))
 
 
+@LEARNERS.register("lbfgs_logistic")
 def fit_lbfgs_logistic(x: np.ndarray, y: np.ndarray, c: float = 1.0, max_iter: int = 1000) -> FittedLinear:
     """Logistic regression optimised by L-BFGS (Fig. 9.4: less bias amplification than SGD)."""
     from sklearn.linear_model import LogisticRegression
@@ -93,6 +97,7 @@ def fit_lbfgs_logistic(x: np.ndarray, y: np.ndarray, c: float = 1.0, max_iter: i
                         int(np.max(clf.n_iter_)))
 
 
+@LEARNERS.register("linear_svm")
 def fit_linear_svm(x: np.ndarray, y: np.ndarray, c: float = 1.0) -> FittedLinear:
     """SVM trained by SMO (libsvm), linear kernel, penalty C (Fig. 9.4 uses C = 1.0)."""
     from sklearn.svm import SVC
@@ -102,6 +107,7 @@ def fit_linear_svm(x: np.ndarray, y: np.ndarray, c: float = 1.0) -> FittedLinear
     return FittedLinear(LinearModel(clf.coef_[0].copy(), float(clf.intercept_[0])), "linear_svm")
 
 
+@LEARNERS.register("gaussian_nb")
 def fit_gaussian_nb(x: np.ndarray, y: np.ndarray):  # type: ignore[no-untyped-def]
     """Gaussian naive Bayes (Table 9.2); returns the fitted scikit-learn estimator (``.predict``)."""
     from sklearn.naive_bayes import GaussianNB
@@ -114,15 +120,12 @@ def fit_learner(name: str, x: np.ndarray, y: np.ndarray, schedule: SGDSchedule |
                 c: float = 1.0):  # type: ignore[no-untyped-def]
     """Dispatch by name: ``sgd`` (with ``schedule``), ``lbfgs_logistic``, ``linear_svm``, ``gaussian_nb``.
     Linear learners return :class:`FittedLinear`; ``gaussian_nb`` a scikit-learn estimator."""
+    fn = LEARNERS.get(name)  # ConfigError naming the valid choices
     if name == "sgd":
-        return fit_sgd(x, y, schedule, seed)
-    if name == "lbfgs_logistic":
-        return fit_lbfgs_logistic(x, y, c)
-    if name == "linear_svm":
-        return fit_linear_svm(x, y, c)
-    if name == "gaussian_nb":
-        return fit_gaussian_nb(x, y)
-    raise ConfigError(f"learner {name!r}: valid choices: {', '.join(LEARNERS)}")
+        return fn(x, y, schedule, seed)
+    if name in ("lbfgs_logistic", "linear_svm"):
+        return fn(x, y, c)
+    return fn(x, y)
 
 
 def _last_linear(model: nn.Module, head: str | None) -> tuple[str, nn.Linear]:

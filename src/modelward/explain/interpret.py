@@ -83,18 +83,24 @@ def attribute(model: nn.Module, x: torch.Tensor, qoi: QuantityOfInterest | int |
               slice: Slice | None = None, steps: int = 64, std: float = 0.15, samples: int = 32, seed: int = 0,
               baseline: torch.Tensor | float | None = None, batch_size: int | None = None) -> torch.Tensor:
     """Input attributions of ``qoi`` by a named special case (§3.4) over one core (:class:`InternalInfluence`)."""
-    from modelward.explain.influence import GaussianDoI
+    from modelward.explain.methods import METHODS as REGISTRY
 
-    sl = slice or Slice()
-    if method == "saliency":
-        return InternalInfluence(model, sl, qoi, PointDoI(), batch_size).influence(x)
-    if method == "gradient_x_input":
-        return InternalInfluence(model, sl, qoi, PointDoI(), batch_size).attribution(x)
+    params: dict[str, object] = {"layer": None if slice is None else slice.from_layer, "batch_size": batch_size}
     if method == "smoothgrad":
-        return InternalInfluence(model, sl, qoi, GaussianDoI(std, samples, seed), batch_size).influence(x)
-    if method == "integrated_gradients":
-        return InternalInfluence(model, sl, qoi, LinearDoI(baseline, steps), batch_size).attribution(x)
-    raise ConfigError(f"method {method!r}: valid choices: {', '.join(METHODS)}")
+        params |= {"std": std, "samples": samples, "seed": seed}
+    elif method == "integrated_gradients":
+        params |= {"steps": steps, "baseline": baseline}
+    if slice is not None and slice.to_layer is not None:
+        # a QoI read at an internal layer (feature localisation) needs the full slice object
+        from modelward.explain.influence import GaussianDoI
+
+        doi = {"saliency": PointDoI(), "gradient_x_input": PointDoI(), "smoothgrad": GaussianDoI(std, samples, seed),
+               "integrated_gradients": LinearDoI(baseline, steps)}
+        if method not in doi:
+            REGISTRY.get(method)  # raises ConfigError naming the valid choices
+        ii = InternalInfluence(model, slice, qoi, doi[method], batch_size)
+        return ii.influence(x) if method in ("saliency", "smoothgrad") else ii.attribution(x)
+    return REGISTRY.create(method, model, x, qoi, **params)
 
 
 def unit_attribution(model: nn.Module, layer: str, unit: int, x: torch.Tensor, method: Method = "integrated_gradients",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from modelward.core.registry import Registry
 from modelward.explain.influence import (
     GaussianDoI,
     InternalInfluence,
@@ -27,9 +28,13 @@ from modelward.explain.influence import (
 
 Target = QuantityOfInterest | int | tuple[int, int] | str
 
+#: name → attribution method ``fn(model, x, target, **params)``; unknown names list the valid ones
+METHODS = Registry("attribution method")
 
+
+@METHODS.register("saliency")
 def saliency(model: nn.Module, x: torch.Tensor, target: Target = "max", layer: str | None = None,
-             batch_size: int | None = None) -> torch.Tensor:
+             batch_size: int | None = 4096) -> torch.Tensor:
     """Saliency map (Simonyan et al.): ∇ q∘f at x — internal influence with the point DoI.
 
     Example:
@@ -38,23 +43,26 @@ def saliency(model: nn.Module, x: torch.Tensor, target: Target = "max", layer: s
     return InternalInfluence(model, Slice(layer), target, PointDoI(), batch_size).influence(x)
 
 
+@METHODS.register("gradient_x_input")
 def gradient_x_input(model: nn.Module, x: torch.Tensor, target: Target = "max", layer: str | None = None,
-                     batch_size: int | None = None) -> torch.Tensor:
+                     batch_size: int | None = 4096) -> torch.Tensor:
     """Gradient × input: the point-DoI attribution with the implicit baseline 0 (§3.1)."""
     return InternalInfluence(model, Slice(layer), target, PointDoI(), batch_size).attribution(x)
 
 
+@METHODS.register("smoothgrad")
 def smoothgrad(model: nn.Module, x: torch.Tensor, target: Target = "max", std: float = 0.15, samples: int = 50,
-               seed: int = 0, layer: str | None = None, batch_size: int | None = None) -> torch.Tensor:
+               seed: int = 0, layer: str | None = None, batch_size: int | None = 4096) -> torch.Tensor:
     """SmoothGrad (Smilkov et al.): the mean gradient over x + N(0, std²) — internal influence with a Gaussian
     DoI (§3.4). ``std`` is in input units (SmoothGrad's "noise level" × (max − min))."""
     doi = GaussianDoI(std=std, samples=samples, seed=seed)
     return InternalInfluence(model, Slice(layer), target, doi, batch_size).influence(x)
 
 
+@METHODS.register("integrated_gradients")
 def integrated_gradients(model: nn.Module, x: torch.Tensor, target: Target = "max",
                          baseline: torch.Tensor | float | None = None, steps: int = 50, rule: str = "gausslegendre",
-                         layer: str | None = None, batch_size: int | None = None) -> torch.Tensor:
+                         layer: str | None = None, batch_size: int | None = 4096) -> torch.Tensor:
     """Integrated gradients (Eq. 3.3): (x − x0) ⊙ ∫_0^1 ∇f(x0 + α(x − x0)) dα — the attribution of the straight-line
     DoI. At an internal ``layer`` the path runs between h(x0) and h(x) (Captum's ``LayerIntegratedGradients``).
     Completeness: Σ attribution ≈ q(x) − q(x0), exactly in the limit of many steps."""
