@@ -42,3 +42,19 @@ def test_retrain_curves_for_every_procedure(tmp_path):
     short = p.retrain(orig, "logits", ProcedureSpec(name="T1", kind="T1"), 0, budget=40, stop_at=1.0,
                       workdir=tmp_path)
     assert short == short[:1]
+
+
+def test_t0_reinitialises_every_parameter_and_seeds_are_paired():
+    from modelward.completion.procedures import paired_seeds
+
+    p = _problem()
+    m = p.build()
+    with torch.no_grad():
+        for q in m.parameters():
+            q.fill_(0.123)
+    assert prepare_retraining(m, "ignored", ProcedureSpec(name="T0", kind="T0"), torch.Generator()) is None
+    assert all(not torch.all(q == 0.123) for q in m.parameters())  # weights re-drawn, biases zeroed
+    # the training seed is shared by every part and procedure of a retraining seed, the init seed by every
+    # procedure resetting the same part
+    assert paired_seeds(3, "", "fc1")[0] == paired_seeds(3, "", "logits")[0] != paired_seeds(4, "", "fc1")[0]
+    assert paired_seeds(3, "", "fc1")[1] != paired_seeds(3, "", "logits")[1]

@@ -6,7 +6,7 @@ from sklearn.metrics import roc_auc_score
 from modelward.core.data import DataConfig, load_data
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig
-from modelward.errors import DataError
+from modelward.errors import ConfigError, DataError
 from modelward.governance.label_protection import LabelProtectionConfig, marvell_variances, protect_gradient
 from modelward.governance.leakage import LeakageMeter, auc, batch_leakage, pairwise_auc
 from modelward.governance.leakage_audit import simulate_split
@@ -65,6 +65,10 @@ def test_protection_shapes_budget_and_randomness():
     assert not torch.equal(a, b)  # Bob's own secret randomness by default
     c = protect_gradient(grad, y, LabelProtectionConfig(method="isotropic", scale=1.0, seed=3))
     assert torch.equal(c, protect_gradient(grad, y, LabelProtectionConfig(method="isotropic", scale=1.0, seed=3)))
+    d = protect_gradient(grad, y, {"method": "isotropic", "scale": 1.0, "seed": 3})  # the TOML table as a dict
+    assert torch.equal(c, d) and protect_gradient(grad, y, None) is grad
+    with pytest.raises(ConfigError, match=r"method.*marvell"):
+        protect_gradient(grad, y, {"method": "laplace"})
     with pytest.raises(DataError, match="labels for a batch"):
         protect_gradient(grad, y[:-1], LabelProtectionConfig(method="marvell", scale=1.0))
 

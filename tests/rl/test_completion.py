@@ -99,7 +99,9 @@ RL_EXAMPLES = [("completion_minatar.toml", "a2c", 1, 3 * (1 + 6 * 2)),
                ("completion_minatar_dqn.toml", "dqn", 1, 3 * (1 + 4 * 4)),
                ("completion_minatar_suite.toml", "a2c", 3, 3 * 3 * (1 + 4 * 1)),
                ("completion_minatar_lstm.toml", "recurrent", 1, 3 * (1 + 7 * 1)),
-               ("completion_cartpole.toml", "dqn", 1, 3 * (1 + 2 * 2))]
+               ("completion_cartpole.toml", "dqn", 1, 3 * (1 + 2 * 2)),
+               ("completion_minatar_rainbow.toml", "rainbow", 1, 3 * (1 + 3 * 2)),
+               ("completion_minatar_impala.toml", "impala", 1, 3 * (1 + 5 * 1))]
 
 
 def test_every_rl_example_is_checked():
@@ -116,8 +118,35 @@ def test_example_studies_validate_and_plan(name, agent, n_games, n_runs):
     assert isinstance(problem, RLProblem) and problem.cfg.agent == agent
     assert len(problem.tasks) == n_games
     assert len(plan(cfg, problem)) == n_runs
-    if agent == "recurrent":
+    if agent in ("recurrent", "impala"):
         assert "lstm" in problem.part_names()
-    if agent == "dqn":  # the replay-buffer study: every procedure kind comes kept and reset
-        kinds = {(p.kind, p.keep_buffer) for p in cfg.procedures}
+    if agent in ("dqn", "rainbow"):  # the replay-buffer study: every procedure kind comes kept and reset
+        kinds = {(p.kind, p.keep_buffer) for p in cfg.procedures if p.keep_buffer is not None}
         assert {k for k, _ in kinds} == {k for k, keep in kinds if keep} == {k for k, keep in kinds if not keep}
+
+
+def test_rainbow_and_impala_agents_and_one_game_list():
+    rb = RLProblem.from_study(SimpleNamespace(rl={"agent": "rainbow", "rainbow": {"buffer_size": 100}}))
+    net = rb.build()
+    assert net.atoms == 51 and type(net.linear).__name__ == "NoisyLinear" and rb.q_cfg.lr == 6.25e-5
+    im = RLProblem.from_study(SimpleNamespace(rl={"agent": "impala", "net": {"torso": "resnet"}}))
+    assert im.part_names()[:3] == ["s1.conv", "s2.conv", "s3.conv"] and "lstm" in im.part_names()
+    assert im.cfg.eval_max_steps is None  # full game by default
+    with pytest.raises(ConfigError, match="rl: field 'rainbow.atoms'"):
+        RLProblem.from_study(SimpleNamespace(rl={"agent": "rainbow", "rainbow": {"atoms": 1}}))
+
+
+def test_select_tasks_decides_per_game_on_all_seeds(trained):
+    from modelward.completion.problem import OriginalRun
+
+    p, orig, _ = trained
+    rnd = p.random_loss("CartPole-v1")
+
+    def fake(seed, task, final):
+        return OriginalRun(seed, task, [(0, 0.0), (10, final)], orig.checkpoint, {"final_loss": final})
+
+    # seed 1's agent is worse than random, seed 0's much better: the game is kept for BOTH seeds (mean gain > 0)
+    sel = p.select_tasks([fake(0, "CartPole-v1", rnd - 30), fake(1, "CartPole-v1", rnd + 10)])
+    assert sel["CartPole-v1"]["keep"] and sel["CartPole-v1"]["gain"] == pytest.approx(10.0)
+    assert sel["CartPole-v1"]["seeds"] == [0, 1]
+    assert not p.select_tasks([fake(0, "CartPole-v1", rnd + 1)])["CartPole-v1"]["keep"]

@@ -77,3 +77,24 @@ def test_dueling_q_network():
     assert q.part_names == ["conv1", "conv2", "conv3", "linear", "value", "advantage"]
     assert q(torch.zeros(2, *spec.obs_shape)).shape == (2, spec.n_actions)
     assert QNetwork(spec, dueling=False).part_names[-1] == "q"
+
+
+def test_impala_resnet_torso_parts():
+    spec = env_spec("MinAtar/Breakout-v1")
+    net = ActorCritic(spec, NetConfig(torso="resnet"), recurrent=True)
+    assert net.part_names == ["s1.conv", "s2.conv", "s3.conv", "linear", "lstm", "policy", "value"]
+    assert resolve_part(net, "s1.conv").params == ("s1.conv.weight", "s1.conv.bias")
+    assert net.s1.conv.weight.numel() == 3 * 3 * 4 * 16 and net.linear.out_features == 256  # App. B Table 7 shapes
+    logits, value, _ = net(torch.zeros(2, *spec.obs_shape), net.initial_state(2))
+    assert logits.shape == (2, 3) and value.shape == (2,)
+    with pytest.raises(ConfigError, match="image observations"):
+        ActorCritic(env_spec("CartPole-v1"), NetConfig(torso="resnet"))
+
+
+def test_episode_cap_full_game_by_default():
+    from modelward.rl.envs import UNBOUNDED_CAP, episode_cap
+
+    assert episode_cap("ALE/Pong-v5", None) is None  # ALE ends the game itself (108k frames)
+    assert episode_cap("CartPole-v1", None) is None  # registered time limit
+    assert episode_cap("MinAtar/Breakout-v1", None) == UNBOUNDED_CAP  # never ends by itself
+    assert episode_cap("ALE/Pong-v5", 500) == 500

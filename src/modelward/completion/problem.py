@@ -25,6 +25,9 @@ OnEval = Callable[[int, float], None]
 class ProcedureSpec(StrictModel):
     """A retraining procedure T' (seed 000 §3.3).
 
+    - T0: the from-scratch reference — every parameter re-initialised, the original training schedule, the same
+      budget (T ∈ 𝒯, §3.2: "retraining the entire model from scratch … is a valid way to complete the model");
+      it does not depend on the part, so a study runs it once per seed;
     - T1: reset the part, train all parameters;   T2: train only the reset part (everything else frozen);
     - T3: T1 with the part over-parametrised (``t3_variant``: ``two_layers`` = two layers with a non-linearity,
       ``wider`` = a factorised layer with a ``t3_factor``× wider inner dimension);
@@ -34,7 +37,7 @@ class ProcedureSpec(StrictModel):
     """
 
     name: str
-    kind: Literal["T1", "T2", "T3", "T4"]
+    kind: Literal["T0", "T1", "T2", "T3", "T4"]
     init: InitScheme = "glorot_uniform"
     t3_variant: Literal["two_layers", "wider"] = "two_layers"
     t3_factor: float = Field(2.0, gt=0.0)
@@ -45,6 +48,10 @@ class ProcedureSpec(StrictModel):
     @property
     def trains_all(self) -> bool:
         return self.kind != "T2"
+
+    @property
+    def from_scratch(self) -> bool:
+        return self.kind == "T0"
 
 
 @dataclass

@@ -1,5 +1,7 @@
-"""Retraining procedures T1–T4 (seed 000 §3.3) applied to a trained model with one part missing.
+"""Retraining procedures T0–T4 (seed 000 §3.3) applied to a trained model with one part missing.
 
+- T0: the reference — every parameter re-initialised (the whole model trained from scratch with the original
+  schedule); the part is irrelevant.
 - T1: re-initialise the part (glorot uniform), optimise all parameters jointly.
 - T2: re-initialise the part, optimise only it; every other parameter stays bit-identical.
 - T3: T1 with the part over-parametrised (lottery-ticket motivation): each Linear/Conv2d inside the part is replaced by
@@ -26,6 +28,19 @@ def stable_seed(*items: object) -> int:
     """A 31-bit seed derived from `items` that is the same in every process (unlike hash())."""
     h = hashlib.sha256("|".join(map(str, items)).encode()).digest()
     return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+#: the part name of the from-scratch reference T0 (it resets everything)
+ALL_PARTS = "(all)"
+
+
+def paired_seeds(seed: int, task: str, part: str) -> tuple[int, int]:
+    """(training seed, init seed) of retraining seed `seed` — paired across procedures (issue: "retraining seed i
+    uses the same randomness for every procedure"): the training seed (data order, environment seeds, exploration)
+    depends only on (seed, task), the init seed of the reset part on (seed, task, part). So T1, T2, T4 and the
+    kept/reset-buffer variants of one seed see the same batches and start from the same re-initialised part (T4
+    draws its other scheme from the same generator; T3's wider layer from it too)."""
+    return stable_seed("retrain", seed, task), stable_seed("retrain-init", seed, task, part)
 
 
 def _overparam_layer(layer: nn.Module, variant: str, factor: float) -> nn.Module:
@@ -64,6 +79,12 @@ def prepare_retraining(model: nn.Module, part_name: str, procedure: ProcedureSpe
     """Reset `part_name` of a trained `model` in place as `procedure` prescribes.
 
     Returns the parameter names to optimise (T2: the part only) or None (all parameters)."""
+    if procedure.kind == "T0":
+        init_module_(model, procedure.init, generator)
+        for m in model.modules():  # fresh running statistics too: nothing of θ_N survives
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+                m.reset_running_stats()
+        return None
     part = resolve_part(model, part_name)
     reset_part_(model, part, procedure.init, generator)
     if procedure.kind == "T3":

@@ -4,7 +4,9 @@
 - ``glorot_normal``: N(0, 2 / (fan_in + fan_out))
 - ``msra``: N(0, 2 / fan_in)  (He et al. 2015, ReLU gain)
 - ``caffe``: Caffe's default "xavier" filler, U(−a, a) with a = sqrt(3 / fan_in)
-Biases are zeroed; normalisation layers get weight 1, bias 0 and fresh running statistics.
+Biases are zeroed; normalisation layers get weight 1, bias 0 and fresh running statistics. A module with its own
+rule (e.g. a noisy linear layer, whose noise scales are not weights) defines ``init_own_(scheme, generator, names)``
+and is initialised by it.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ def init_module_(module: nn.Module, scheme: str = "glorot_uniform", generator: t
         own = list(sub.named_parameters(recurse=False))
         selected = [(n, p) for n, p in own if param_filter is None or f"{name}.{n}".lstrip(".") in param_filter]
         if not selected:
+            continue
+        own_rule = getattr(sub, "init_own_", None)
+        if callable(own_rule):
+            own_rule(scheme, generator, {n for n, _ in selected})
             continue
         if isinstance(sub, _NORMS):
             for n, p in selected:

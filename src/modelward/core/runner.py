@@ -212,18 +212,29 @@ class ProcessPoolExecutor(Executor):
 EXECUTORS = Registry("executor")
 EXECUTORS.add("sequential", "modelward.core.runner:SequentialExecutor")
 EXECUTORS.add("process", "modelward.core.runner:ProcessPoolExecutor")
+EXECUTORS.add("ray", "modelward.core.ray_executor:RayExecutor")  # optional: pip install 'modelward[cluster]'
 
 
-def make_executor(executor: str | Executor, workers: int = 1) -> Executor:
-    """An executor instance from a name (``"local"``, ``"sequential"``, ``"process"``, registered ones)."""
+def make_executor(executor: str | Executor, workers: int = 1, address: str | None = None) -> Executor:
+    """An executor instance from a name (``"local"``, ``"sequential"``, ``"process"``, ``"ray"``, registered ones).
+
+    `address` is for cluster executors (``"ray"``: ``None`` = a private local instance, ``"auto"`` or
+    ``"HOST:PORT"``); naming it for a local executor is an error rather than silently ignored.
+    """
     if isinstance(executor, Executor):
         return executor
     if executor == "local":
         executor = "sequential" if workers <= 1 else "process"
     cls = EXECUTORS.get(executor)
-    if cls is SequentialExecutor:
-        return cls()
-    return cls(workers) if "workers" in EXECUTORS.parameters(executor) else cls()
+    accepted = EXECUTORS.parameters(executor)
+    if address is not None and "address" not in accepted:
+        raise ConfigError(f"--address is for cluster executors (ray); executor {executor!r} runs on this machine")
+    kwargs: dict[str, Any] = {}
+    if "workers" in accepted and cls is not SequentialExecutor:
+        kwargs["workers"] = workers
+    if address is not None:
+        kwargs["address"] = address
+    return cls(**kwargs)
 
 
 # -- the plan -------------------------------------------------------------------------------------------------
@@ -272,7 +283,7 @@ def _call(execute: Execute, run_id: str, spec: dict[str, Any], dep_results: dict
 def run_plan(ledger: RunLedger, plan: list[RunSpec], execute: Execute, *, workers: int = 1,
              executor: str | Executor = "local", progress: ProgressSink | None = None,
              on_result: Callable[[str, dict[str, Any]], str | None] | None = None, description: str = "runs",
-             fail_fast: bool = False, lock: bool = True) -> RunOutcome:
+             fail_fast: bool = False, lock: bool = True, address: str | None = None) -> RunOutcome:
     """Run (or resume) every run of `plan` that the ledger does not have as done.
 
     Args:
@@ -287,6 +298,7 @@ def run_plan(ledger: RunLedger, plan: list[RunSpec], execute: Execute, *, worker
         description: the progress key / label.
         fail_fast: re-raise the first failing run's exception (after recording it) instead of going on.
         lock: hold the folder's ``"runner"`` :class:`FolderLock` while running (one driver per ledger).
+        address: for cluster executors (``executor="ray"``): ``"auto"``/``"HOST:PORT"`` of a running cluster.
 
     Returns:
         :class:`RunOutcome`.
@@ -301,7 +313,7 @@ def run_plan(ledger: RunLedger, plan: list[RunSpec], execute: Execute, *, worker
     if guard is not None:
         guard.acquire()
     try:
-        return _run(ledger, plan, execute, workers, executor, sink, on_result, description, fail_fast)
+        return _run(ledger, plan, execute, workers, executor, sink, on_result, description, fail_fast, address)
     finally:
         if guard is not None:
             guard.release()
@@ -309,7 +321,7 @@ def run_plan(ledger: RunLedger, plan: list[RunSpec], execute: Execute, *, worker
 
 def _run(ledger: RunLedger, plan: list[RunSpec], execute: Execute, workers: int, executor: str | Executor,
          sink: ProgressSink, on_result: Callable[[str, dict[str, Any]], str | None] | None, description: str,
-         fail_fast: bool) -> RunOutcome:
+         fail_fast: bool, address: str | None = None) -> RunOutcome:
     results = ledger.results()
     check_plan(plan, set(results))
     for r in plan:
@@ -347,7 +359,7 @@ def _run(ledger: RunLedger, plan: list[RunSpec], execute: Execute, workers: int,
                     blocked.append(rid)
                     changed = True
 
-    ex = make_executor(executor, workers)
+    ex = make_executor(executor, workers, address)  # only now: a cluster is not started when nothing is pending
     running: dict[Any, str] = {}
     try:
         while True:

@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import math
 import secrets
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from pydantic import Field
 
-from modelward.core.config import StrictModel
-from modelward.errors import DataError
+from modelward.core.config import StrictModel, validate
+from modelward.errors import ConfigError, DataError
 
 Method = Literal["none", "isotropic", "marvell"]
 
@@ -124,6 +125,14 @@ def marvell_variances(p: np.ndarray, u: np.ndarray, d2: np.ndarray, dim: int, ra
         sym = rank * (r + 1 / r) + out * (t + 1 / t) + dd * (1 / va[:, None] + 1 / va[None, :]) - 2 * dim
         return float(0.5 * sym[iu].sum())
 
+    def gradient(z: np.ndarray) -> np.ndarray:
+        # d/dva_c of the pair sum: 0.5 Σ_b [rank (1/va_b - va_b/va_c²) - D_cb/va_c²] (the b = c term is 0)
+        a, b = unpack(z)
+        va, vb = uu + a, uu + b
+        ga = 0.5 * (rank * (1 / va[None, :] - va[None, :] / va[:, None] ** 2) - dd / va[:, None] ** 2).sum(1)
+        gb = 0.5 * (out * (1 / vb[None, :] - vb[None, :] / vb[:, None] ** 2)).sum(1)
+        return np.concatenate([ga / rank, gb / out]) if out > 0 else ga / rank
+
     n_var = 2 * k if out > 0 else k
     z0 = np.concatenate([np.ones(k), np.zeros(k)])[:n_var] if out > 0 else np.ones(k)
     bounds = [(0.0, 1.0 / max(pc, 1e-9)) for pc in p] * (2 if out > 0 else 1)
@@ -132,7 +141,7 @@ def marvell_variances(p: np.ndarray, u: np.ndarray, d2: np.ndarray, dim: int, ra
     def full(z: np.ndarray) -> np.ndarray:
         return z if out > 0 else np.concatenate([z, np.zeros(k)])
 
-    res = minimize(lambda z: objective(full(z)), z0, method="SLSQP", bounds=bounds,
+    res = minimize(lambda z: objective(full(z)), z0, jac=lambda z: gradient(full(z)), method="SLSQP", bounds=bounds,
                    constraints=[{"type": "ineq", "fun": lambda z: 1.0 - float(pp @ z), "jac": lambda z: -pp}],
                    options={"maxiter": 200, "ftol": 1e-10})
     z = full(np.clip(res.x, 0.0, None))
@@ -153,20 +162,33 @@ def _generator(config: LabelProtectionConfig, generator: torch.Generator | None,
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def protect_gradient(grad: torch.Tensor, labels: torch.Tensor, config: LabelProtectionConfig, *,
+def as_protection_config(config: LabelProtectionConfig | Mapping[str, Any] | None) -> LabelProtectionConfig:
+    """A ``[label_protection]`` table (dict) or None as a validated config (ConfigError naming the bad field)."""
+    if isinstance(config, LabelProtectionConfig):
+        return config
+    if config is None:
+        return LabelProtectionConfig()
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"label_protection: expected a table (method, scale, seed), got {type(config).__name__}")
+    return validate(LabelProtectionConfig, dict(config), "label_protection")
+
+
+def protect_gradient(grad: torch.Tensor, labels: torch.Tensor,
+                     config: LabelProtectionConfig | Mapping[str, Any] | None, *,
                      generator: torch.Generator | None = None) -> torch.Tensor:
     """Return the gradient Bob sends back, perturbed to hide the labels (see the module docstring).
 
     Args:
         grad: ``dL/dh`` for the batch, shape ``[B, ...]`` (any trailing shape, any float dtype / device).
         labels: the batch's integer labels, shape ``[B]``.
-        config: method and scale (``LabelProtectionConfig``).
+        config: method and scale (``LabelProtectionConfig``, or the ``[label_protection]`` table as a dict).
         generator: optional torch.Generator for the noise (experiments); default: fresh secret randomness.
     Returns:
         A tensor of the same shape, dtype and device as `grad` (`grad` itself when method is none or scale 0).
     Example:
         >>> protect_gradient(g, y, LabelProtectionConfig(method="isotropic", scale=1.0))  # doctest: +SKIP
     """
+    config = as_protection_config(config)
     if config.method == "none" or config.scale == 0.0:
         return grad
     g, y = _flat(grad, labels)

@@ -14,22 +14,24 @@ Example:
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field, field_validator
 
 from modelward.core.config import StrictModel, load_config
 from modelward.core.data import DataConfig, DataSplit, load_data
+from modelward.core.ledger import RunLedger
+from modelward.core.progress import ProgressSink
+from modelward.core.records import atomic_write_json, write_table
+from modelward.core.runner import RunSpec, run_plan
+from modelward.core.stats import summarize
 from modelward.core.train import TrainConfig, batch_order, evaluate, make_optimizer
 from modelward.core.zoo import ModelConfig, build_model
-from modelward.errors import ConfigError
+from modelward.errors import ConfigError, ModelwardError
 from modelward.governance.label_protection import LabelProtectionConfig, Method, protect_gradient
 from modelward.governance.leakage import LeakageMeter
 from modelward.governance.plan import make_plan, model_layers, segment_of
@@ -133,95 +135,126 @@ def _positive(data: DataSplit, spec: Literal["minority"] | int) -> int:
     return int(spec)
 
 
-def _mean_sd(vals: list[float]) -> tuple[float, float]:
-    a = np.array(vals, dtype=np.float64)
-    a = a[~np.isnan(a)]
-    if not len(a):
-        return float("nan"), float("nan")
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else float("nan")
+Transport = Literal["inprocess", "parties"]
 
 
-def run_audit(cfg: LeakageAuditConfig, out_dir: str | Path,
-              on_run: Callable[[str, dict], None] | None = None) -> list[dict]:
-    """Run the sweep (methods × scales × seeds; scale 0 once, as "none"); write results and the trade-off plot.
+def execute_run(run_id: str, spec: dict, deps: dict, root: str | None = None) -> dict:
+    """One (method, scale, seed) run of the sweep (module level: the runner may call it in a worker process).
 
-    Returns:
-        One row per (method, scale) with means (and SDs over seeds) of accuracy and attack AUCs.
+    ``spec["transport"] == "parties"`` runs it over real party processes (``governance.leakage_parties``) in
+    ``root/<run id>``; otherwise in process (:func:`simulate_split`).
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    data = load_data(cfg.data)
-    positive = _positive(data, cfg.audit.positive)
-    settings: list[tuple[str, float]] = []
-    if 0.0 in cfg.audit.scales or not cfg.audit.methods:
-        settings.append(("none", 0.0))
-    settings += [(m, s) for m in cfg.audit.methods if m != "none" for s in cfg.audit.scales if s > 0]
-    rows, runs = [], []
-    for method, scale in settings:
-        per_seed = []
-        t0 = time.perf_counter()
-        for seed in cfg.audit.seeds:
-            res = simulate_split(data, cfg.model, cfg.cut, cfg.train,
-                                 LabelProtectionConfig(method=method, scale=scale), seed, positive, cfg.audit.init)
-            res = {"method": method, "scale": scale, "seed": seed, **res}
-            per_seed.append(res)
-            runs.append(res)
-            if on_run:
-                on_run(f"{method} scale={scale:g} seed={seed}", res)
-        row: dict = {"method": method, "scale": scale, "seeds": len(per_seed)}
-        for key in ("test_accuracy", "norm_auc", "direction_auc", "pairwise_auc", "direction_accuracy",
-                    "direction_auc_acc", "direction_accuracy_acc"):
-            mean, sd = _mean_sd([r.get(key, float("nan")) for r in per_seed])
-            row[key] = mean
-            if key in ("test_accuracy", "norm_auc", "direction_auc"):
-                row[f"{key}_sd"] = sd
-        row["seconds"] = time.perf_counter() - t0
+    cfg = LeakageAuditConfig.model_validate(spec["config"])
+    t0 = time.perf_counter()
+    if spec.get("transport", "inprocess") == "parties":
+        from modelward.governance.leakage_parties import audit_over_parties
+
+        folder = Path(root or ".") / run_id.replace("|", "_")
+        res = audit_over_parties(cfg, folder, spec["method"], spec["scale"], spec["seed"], spec["positive"])
+    else:
+        data = load_data(cfg.data)
+        protection = LabelProtectionConfig(method=spec["method"], scale=spec["scale"])
+        res = simulate_split(data, cfg.model, cfg.cut, cfg.train, protection, spec["seed"], spec["positive"],
+                             cfg.audit.init)
+    return {"method": spec["method"], "scale": spec["scale"], "seed": spec["seed"], **res,
+            "seconds": time.perf_counter() - t0}
+
+
+def plan_runs(cfg: LeakageAuditConfig, positive: int, transport: Transport = "inprocess") -> list[RunSpec]:
+    """The sweep: no protection once (if 0 is among the scales), then every method × positive scale; each for
+    every seed."""
+    settings: list[tuple[str, float]] = [("none", 0.0)] if 0 in cfg.audit.scales or not cfg.audit.methods else []
+    settings += [(m, float(s)) for m in dict.fromkeys(cfg.audit.methods) if m != "none"
+                 for s in dict.fromkeys(cfg.audit.scales) if s > 0]
+    conf = cfg.model_dump(mode="json")
+    prefix = "parties|" if transport == "parties" else ""
+    return [RunSpec(f"{prefix}{m}|{s:g}|{seed}", {"config": conf, "method": m, "scale": s, "seed": seed,
+                                                   "positive": positive, "transport": transport})
+            for m, s in settings for seed in dict.fromkeys(cfg.audit.seeds)]
+
+
+def aggregate(runs: list[dict]) -> list[dict]:
+    """One row per (method, scale): means over seeds, and SDs of accuracy and the two AUCs."""
+    rows: list[dict] = []
+    for key in dict.fromkeys((r["method"], r["scale"]) for r in runs):
+        group = [r for r in runs if (r["method"], r["scale"]) == key]
+        row: dict = {"method": key[0], "scale": key[1], "seeds": len(group)}
+        for metric in ("test_accuracy", "norm_auc", "direction_auc", "pairwise_auc", "direction_accuracy",
+                       "direction_auc_acc", "direction_accuracy_acc"):
+            st = summarize([r.get(metric) for r in group], skip_missing=True)
+            if st.n:
+                row[metric] = st.mean
+                if metric in ("test_accuracy", "norm_auc", "direction_auc"):
+                    row[f"{metric}_sd"] = st.sd if st.n > 1 else None  # undefined for one seed
+        row["seconds"] = sum(r.get("seconds", 0.0) for r in group)
         rows.append(row)
-    binary = data.num_classes == 2
-    notes = [
-        f"data {data.describe()}; model {cfg.model.arch}, Alice holds up to layer "
-        f"{cfg.cut or model_layers(build_model(cfg.model, data.input_shape, data.num_classes))[0].name}; "
-        f"{cfg.train.steps} steps of batch {cfg.train.batch_size}; seeds {cfg.audit.seeds}.",
-        "AUCs are per training batch, averaged over all steps, from the gradient Alice received (0.5 = chance).",
-        (f"binary: positive = class {positive} ({data.class_names[positive]}); norm attack = ||g||, direction attack"
-         " = cosine with one known positive example of the batch (Li et al. 2022)." if binary else
-         "multiclass: norm_auc and direction_auc are macro means of one-vs-rest AUCs over the classes; the "
-         "direction attack knows one example of each class per batch; direction_accuracy = labels recovered by the "
-         "most similar known example; pairwise_auc needs no label."),
-        "scale: noise power as a multiple of the squared distance between the batch's class-mean gradients.",
-    ]
-    write_results(out, rows, runs, notes)
-    tradeoff_plot(out / "tradeoff.png", rows, f"label leakage vs accuracy: {data.name}")
     return rows
 
 
-def write_results(out: Path, rows: list[dict], runs: list[dict], notes: list[str]) -> dict[str, Path]:
-    """results.csv / results.md / results.json (+ runs.json with every seed)."""
-    try:
-        from modelward.core.records import atomic_write_json, write_table
-    except ImportError:  # pragma: no cover - before core.records landed
-        write_table = None
-    if write_table is not None:
-        paths = write_table(out, "results", rows, COLUMNS, title="Label leakage audit", notes=notes)
-        atomic_write_json(out / "runs.json", runs)
-        return paths
-    import csv
+def audit_notes(cfg: LeakageAuditConfig, data: DataSplit, positive: int) -> list[str]:
+    first = model_layers(build_model(cfg.model, data.input_shape, data.num_classes))[0].name
+    binary = data.num_classes == 2
+    return [
+        f"- data {data.describe()}; model {cfg.model.arch}; Alice holds the layers up to {cfg.cut or first}; "
+        f"{cfg.train.steps} steps of batch {cfg.train.batch_size}; seeds {cfg.audit.seeds}.",
+        "- AUCs are computed per training batch from the gradient Alice received, then averaged over all steps "
+        "(0.5 = chance); *_acc: each example's direction scores averaged over all epochs first (stronger).",
+        (f"- binary: positive = class {positive} ({data.class_names[positive]}, the minority); norm attack = ||g|| "
+         "(larger = positive; below 0.5 means the minority had the smaller norms), direction attack = cosine with "
+         "one known positive example of the batch (Li et al. 2022)." if binary else
+         "- multiclass: norm_auc and direction_auc are macro means of one-vs-rest AUCs over the classes; the "
+         "direction attack knows one example of each class per batch; direction_accuracy = share of labels "
+         "recovered as the class of the most similar known example (chance = 1/classes); pairwise_auc needs no "
+         "label."),
+        "- scale: Bob's noise power as a multiple of the squared distance between the batch's class-mean gradients.",
+    ]
 
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
 
-    def fmt(v: object) -> str:
-        return f"{v:.4f}" if isinstance(v, float) else str(v)
+def run_audit(cfg: LeakageAuditConfig, out_dir: str | Path, *, workers: int = 1,
+              progress: ProgressSink | None = None, transport: Transport = "inprocess") -> list[dict]:
+    """Run (or resume) the sweep in `out_dir`; write results.csv/md/json, runs.json and tradeoff.png.
 
-    md = ["# Label leakage audit", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    md += ["| " + " | ".join(fmt(r.get(c, "")) for c in COLUMNS) + " |" for r in rows]
-    md += ["", *[f"- {n}" for n in notes], ""]
-    (out / "results.md").write_text("\n".join(md))
-    (out / "results.json").write_text(json.dumps({"rows": rows, "notes": notes}, indent=2))
-    (out / "runs.json").write_text(json.dumps(runs, indent=2))
-    return {"csv": out / "results.csv", "md": out / "results.md", "json": out / "results.json"}
+    Args:
+        cfg: the audit configuration.
+        out_dir: output folder; its ledger (``ledger.sqlite``) makes a re-run resume.
+        workers: parallel runs (processes).
+        progress: receives one unit per run.
+        transport: ``inprocess`` (the split simulated in this process, fast) or ``parties`` (every run trains
+            over two real ``party serve`` processes with mutual TLS on 127.0.0.1; Alice's server records what it
+            receives). The parties results go to ``results_parties.*``, ``runs_parties.json`` and
+            ``tradeoff_parties.png``.
+    Returns:
+        One row per (method, scale) with means (and SDs over seeds) of accuracy and attack AUCs.
+    """
+    import functools
+
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_data(cfg.data)
+    positive = _positive(data, cfg.audit.positive)
+    ledger = RunLedger(out / "ledger.sqlite")
+    ledger.bind_config(cfg)
+    plan = plan_runs(cfg, positive, transport)
+    execute = functools.partial(execute_run, root=str(out / "parties")) if transport == "parties" else execute_run
+    outcome = run_plan(ledger, plan, execute, workers=workers, progress=progress,
+                       description="leakage audit" + (" (party processes)" if transport == "parties" else ""))
+    if outcome.failed:
+        first = next(iter(outcome.failed.items()))
+        raise ModelwardError(f"{len(outcome.failed)} of {len(plan)} runs failed (re-run to retry); first: "
+                             f"{first[0]}: {first[1].strip().splitlines()[-1]}")
+    results = ledger.results()
+    runs = [results[r.run_id] for r in plan]
+    rows = aggregate(runs)
+    suffix = "_parties" if transport == "parties" else ""
+    notes = audit_notes(cfg, data, positive)
+    if transport == "parties":
+        notes.append("- over real party processes (mutual TLS, 127.0.0.1): each party drew its own initial "
+                     "parameters and Bob his own noise from the OS CSPRNG; Alice's server recorded the gradients.")
+    write_table(out, f"results{suffix}", rows, COLUMNS, title=f"Label leakage audit: {data.name}"
+                + (" (party processes)" if suffix else ""), notes=notes)
+    atomic_write_json(out / f"runs{suffix}.json", runs)
+    tradeoff_plot(out / f"tradeoff{suffix}.png", rows, f"label leakage vs accuracy: {data.name}")
+    return rows
 
 
 def tradeoff_plot(path: Path, rows: list[dict], title: str) -> Path:
@@ -231,23 +264,25 @@ def tradeoff_plot(path: Path, rows: list[dict], title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    panels = [("direction_auc", "direction attack (per batch)"),
+              ("direction_auc_acc", "direction attack, averaged over epochs"), ("norm_auc", "norm attack")]
+    panels = [(k, n) for k, n in panels if any(k in r for r in rows)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), sharey=True, squeeze=False)
     base = [r for r in rows if r["method"] == "none"]
-    for ax, key, name in ((axes[0], "direction_auc", "direction (cosine) attack"), (axes[1], "norm_auc",
-                                                                                   "norm attack")):
+    for ax, (key, name) in zip(axes[0], panels, strict=True):
         for method in dict.fromkeys(r["method"] for r in rows if r["method"] != "none"):
             pts = base + [r for r in rows if r["method"] == method]
-            xs, ys = [r[key] for r in pts], [r["test_accuracy"] for r in pts]
+            xs, ys = [r.get(key, float("nan")) for r in pts], [r["test_accuracy"] for r in pts]
             ax.plot(xs, ys, marker="o", label=method)
             for r, x, y in zip(pts, xs, ys, strict=True):
                 ax.annotate(f"{r['scale']:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
         if base and not any(r["method"] != "none" for r in rows):
             ax.plot([base[0][key]], [base[0]["test_accuracy"]], marker="o", label="none")
         ax.axvline(0.5, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel(f"label-recovery AUC, {name}")
+        ax.set_xlabel(f"label-recovery AUC: {name}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    axes[0].set_ylabel("test accuracy")
+    axes[0][0].set_ylabel("test accuracy")
     fig.suptitle(f"{title} (labels: noise scale)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -5,7 +5,7 @@ Parallel environments (a Gymnasium vector env) each advance `n_steps`; n-step re
 RMSProp (decay 0.99) with the learning rate linearly annealed to 0 over the training length. App. A uses ε = 0.1
 with A3C's loss summed over the batch; our loss is a batch mean, so ε defaults to 1e-5 (the usual A2C value).
 With a recurrent net the LSTM state is carried across rollouts and zeroed at episode starts (truncated BPTT over the
-rollout) — the IMPALA-like experiment's agent.
+rollout) — the `recurrent` agent (IMPALA proper is `modelward.rl.impala`).
 """
 
 from __future__ import annotations

@@ -119,6 +119,30 @@ def make_vector_env(env_id: str, n: int, seed: int, max_episode_steps: int | Non
     return venv
 
 
+#: episode cap for environments that never end by themselves (MinAtar): an agent that never loses still stops
+UNBOUNDED_CAP = 10_000
+
+
+def has_own_limit(env_id: str) -> bool:
+    """Whether the game ends by itself: ALE caps an episode at 108k frames (27k steps), Gymnasium ids may register
+    a time limit (CartPole 500); MinAtar registers none."""
+    _register()
+    if env_kind(env_id) == "atari":
+        return True
+    try:
+        return gym.spec(env_id).max_episode_steps is not None
+    except gym.error.Error:
+        return False
+
+
+def episode_cap(env_id: str, requested: int | None) -> int | None:
+    """The step cap to apply: `requested` if given, else None (the full game) for an environment with its own end,
+    else ``UNBOUNDED_CAP``."""
+    if requested is not None:
+        return requested
+    return None if has_own_limit(env_id) else UNBOUNDED_CAP
+
+
 def env_seeds(seed: int, n: int) -> list[int]:
     """`n` distinct 32-bit environment seeds derived from any non-negative `seed` (Gymnasium needs < 2**32)."""
     return [int(x) for x in np.random.SeedSequence(seed).generate_state(n)]

@@ -2,7 +2,8 @@
 
 Evaluation episodes use fixed environment seeds (``seed + i``) at every evaluation — common random numbers, so two
 curves of the same task are compared on the same episodes — and are stepped in one batch for speed. Episodes are
-capped at ``max_steps`` (a truncated episode counts with the return it has so far).
+capped at ``max_steps`` (a truncated episode counts with the return it has so far; None = no cap beyond the
+environment's own end).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from modelward.rl.envs import make_env
 ActFn = Callable[[np.ndarray, list[int]], np.ndarray]
 
 
-def episode_returns(act: ActFn, env_id: str, episodes: int, seed: int, max_steps: int) -> list[float]:
+def episode_returns(act: ActFn, env_id: str, episodes: int, seed: int, max_steps: int | None) -> list[float]:
     """Run `episodes` episodes in lock-step with the batched policy `act`; returns their returns."""
     envs = [make_env(env_id, max_episode_steps=max_steps) for _ in range(episodes)]
     try:

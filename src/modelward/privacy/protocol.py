@@ -1,0 +1,42 @@
+"""The thesis' membership-inference protocol (seed 002 §8.3.3): random disjoint splits of all data into target
+training (members, ¼), test (non-members, ¼) and the attacker's hold-out (½); 10 repetitions over random splits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from modelward.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class MembershipSplit:
+    """Members (target training set), non-members (test), hold-out (attacker's data from D*)."""
+
+    x_in: torch.Tensor
+    y_in: torch.Tensor
+    x_out: torch.Tensor
+    y_out: torch.Tensor
+    x_aux: torch.Tensor
+    y_aux: torch.Tensor
+
+    def evaluation(self) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """The balanced evaluation set: members then non-members, and the true membership."""
+        n = min(len(self.x_in), len(self.x_out))
+        x = torch.cat([self.x_in[:n], self.x_out[:n]])
+        y = torch.cat([self.y_in[:n], self.y_out[:n]])
+        return x, y, np.r_[np.ones(n, bool), np.zeros(n, bool)]
+
+
+def membership_split(x: torch.Tensor, y: torch.Tensor, seed: int, train: float = 0.25, test: float = 0.25
+                     ) -> MembershipSplit:
+    """Random disjoint train/test/hold-out split (fractions train, test, rest), seeded."""
+    if train <= 0 or test <= 0 or train + test >= 1:
+        raise ConfigError(f"split fractions: need train > 0, test > 0, train + test < 1 (got {train}, {test})")
+    n = len(x)
+    perm = torch.as_tensor(np.random.default_rng(seed).permutation(n))
+    a, b = int(round(train * n)), int(round((train + test) * n))
+    i, o, h = perm[:a], perm[a:b], perm[b:]
+    return MembershipSplit(x[i], y[i], x[o], y[o], x[h], y[h])

@@ -1,0 +1,160 @@
+"""Slicing a network f = g ∘ h at a named layer (seed 002 §8.3.1, Def. 3.2) without rewriting the model.
+
+``h`` is read with a forward hook on the layer (its output, or its *input* for ``side="input"``); ``g`` is run by
+replacing that tensor with a given ``z`` through the same hook. This works for any ``nn.Module`` whose computation
+after the slice depends on the input only through the sliced tensor (chains such as MLPs, small CNNs, GloRo's
+``nn.Sequential``); a skip connection around the slice would leak the dummy input into ``g`` and is not supported.
+The default slice of the membership attacks is the *input of the last* ``nn.Linear`` (the penultimate features,
+on which the top layer is linear, so Alg. 8.1 applies directly).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+import torch
+from torch import nn
+
+from modelward.core.init import init_module_
+from modelward.errors import ConfigError
+
+Side = Literal["input", "output"]
+
+
+def layer_names(model: nn.Module) -> list[str]:
+    """Names of the leaf modules that hold parameters (the slicable layers), in registration order."""
+    return [n for n, m in model.named_modules() if not list(m.children()) and
+            any(True for _ in m.parameters(recurse=False))]
+
+
+def last_linear(model: nn.Module) -> str:
+    """Name of the last ``nn.Linear`` (the logits layer of every zoo / GloRo model)."""
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not names:
+        raise ConfigError(f"{type(model).__name__} has no nn.Linear layer; name a layer to slice at "
+                          f"(valid: {layer_names(model)})")
+    return names[-1]
+
+
+def get_layer(model: nn.Module, name: str) -> nn.Module:
+    mods = dict(model.named_modules())
+    if name not in mods or (not name and list(model.children())):
+        raise ConfigError(f"layer {name!r} not in {type(model).__name__}; valid choices: {layer_names(model)}")
+    return mods[name]
+
+
+@contextmanager
+def _eval(model: nn.Module) -> Iterator[None]:
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+@torch.no_grad()
+def features(model: nn.Module, layer: str, x: torch.Tensor, side: Side = "input",
+             batch_size: int = 1024) -> torch.Tensor:
+    """h(x): the tensor entering (``side="input"``) or leaving the layer, flattened per example."""
+    mod = get_layer(model, layer)
+    out: list[torch.Tensor] = []
+    cache: dict[str, torch.Tensor] = {}
+
+    def hook_in(_m: nn.Module, args: tuple) -> None:
+        cache["z"] = args[0]
+
+    def hook_out(_m: nn.Module, _args: tuple, result: torch.Tensor) -> None:
+        cache["z"] = result
+
+    h = mod.register_forward_pre_hook(hook_in) if side == "input" else mod.register_forward_hook(hook_out)
+    try:
+        with _eval(model):
+            for i in range(0, len(x), batch_size):
+                model(x[i:i + batch_size])
+                out.append(cache["z"].detach().reshape(len(x[i:i + batch_size]), -1).clone())
+    finally:
+        h.remove()
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+class Top(nn.Module):
+    """g: the part of ``model`` after the slice, as a module of the flattened sliced features ``z``.
+
+    Args:
+        model: the whole network (shared, not copied; use :meth:`fresh_copy` for a trainable proxy top).
+        layer: the layer to slice at; ``side`` whether ``z`` is its input or its output.
+        input_shape: per-example input shape of ``model`` (a zero dummy input of this shape drives the forward).
+        z_shape: per-example shape of the sliced tensor (``z`` is reshaped to it).
+    Example:
+        >>> top = Top(net, "logits", (64,), (64,))   # g of an MLP sliced before its last layer
+        >>> logits = top(z)                           # == net.logits(z)
+    """
+
+    def __init__(self, model: nn.Module, layer: str, input_shape: tuple[int, ...], z_shape: tuple[int, ...],
+                 side: Side = "input") -> None:
+        super().__init__()
+        self.model = model
+        self.layer = layer
+        self.side = side
+        self.input_shape = tuple(input_shape)
+        self.z_shape = tuple(z_shape)
+        get_layer(model, layer)
+
+    @classmethod
+    def of(cls, model: nn.Module, layer: str, x_example: torch.Tensor, side: Side = "input") -> Top:
+        with torch.no_grad(), _eval(model):
+            mod = get_layer(model, layer)
+            seen: dict[str, tuple[int, ...]] = {}
+
+            def pre(_m: nn.Module, a: tuple) -> None:
+                seen["s"] = tuple(a[0].shape[1:])
+
+            def post(_m: nn.Module, _a: tuple, r: torch.Tensor) -> None:
+                seen["s"] = tuple(r.shape[1:])
+
+            h = mod.register_forward_pre_hook(pre) if side == "input" else mod.register_forward_hook(post)
+            try:
+                model(x_example[:1])
+            finally:
+                h.remove()
+        return cls(model, layer, tuple(x_example.shape[1:]), seen["s"], side)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        zz = z.reshape(len(z), *self.z_shape)
+        mod = get_layer(self.model, self.layer)
+        if self.side == "input":
+            h = mod.register_forward_pre_hook(lambda _m, a: (zz, *a[1:]))
+        else:
+            h = mod.register_forward_hook(lambda _m, _a, _r: zz)
+        try:
+            dummy = torch.zeros((len(z), *self.input_shape), dtype=z.dtype, device=z.device)
+            return self.model(dummy)
+        finally:
+            h.remove()
+
+    def after_params(self) -> list[tuple[str, nn.Parameter]]:
+        """Parameters of g: those of the sliced layer (input side) / of later layers, in registration order."""
+        names = [n for n, _ in self.model.named_modules()]
+        start = names.index(self.layer) + (0 if self.side == "input" else 1)
+        later = set(names[start:])
+        if self.side == "output":  # a child of the sliced layer is still part of h
+            later = {n for n in later if not n.startswith(self.layer + ".")}
+        return [(n, p) for n, p in self.model.named_parameters() if (n.rsplit(".", 1)[0] if "." in n else "") in later]
+
+    def fresh_copy(self, generator: torch.Generator) -> Top:
+        """A copy of g with the same architecture and freshly initialised parameters (a proxy top, Alg. 8.3)."""
+        model = copy.deepcopy(self.model)
+        top = Top(model, self.layer, self.input_shape, self.z_shape, self.side)
+        after = {n for n, _ in top.after_params()}
+        for n, p in model.named_parameters():
+            p.requires_grad_(n in after)
+        init_module_(model, "glorot_uniform", generator, param_filter=after)
+        return top
+
+    def trainable(self) -> list[nn.Parameter]:
+        return [p for _, p in self.after_params()]
