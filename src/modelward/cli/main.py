@@ -23,7 +23,7 @@ GROUPS: dict[str, tuple[str, str]] = {
     "robust": ("modelward.cli.robust", "Evasion attacks, adversarial training and GloRo certification."),
     "study": ("modelward.cli.study", "Research studies (plasticity)."),
 }
-COMMANDS = ["modelward.cli.parts", "modelward.cli.train", "modelward.cli.demo"]
+COMMANDS = ["modelward.cli.parts", "modelward.cli.train", "modelward.cli.demo", "modelward.cli.assess"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="modelward: security and governance of trained deep-learning models.")

@@ -237,23 +237,25 @@ def tradeoff_plot(path: Path, rows: list[dict], title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    panels = [("direction_auc", "direction attack (per batch)"),
+              ("direction_auc_acc", "direction attack, averaged over epochs"), ("norm_auc", "norm attack")]
+    panels = [(k, n) for k, n in panels if any(k in r for r in rows)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), sharey=True, squeeze=False)
     base = [r for r in rows if r["method"] == "none"]
-    for ax, key, name in ((axes[0], "direction_auc", "direction (cosine) attack"), (axes[1], "norm_auc",
-                                                                                   "norm attack")):
+    for ax, (key, name) in zip(axes[0], panels, strict=True):
         for method in dict.fromkeys(r["method"] for r in rows if r["method"] != "none"):
             pts = base + [r for r in rows if r["method"] == method]
-            xs, ys = [r[key] for r in pts], [r["test_accuracy"] for r in pts]
+            xs, ys = [r.get(key, float("nan")) for r in pts], [r["test_accuracy"] for r in pts]
             ax.plot(xs, ys, marker="o", label=method)
             for r, x, y in zip(pts, xs, ys, strict=True):
                 ax.annotate(f"{r['scale']:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
         if base and not any(r["method"] != "none" for r in rows):
             ax.plot([base[0][key]], [base[0]["test_accuracy"]], marker="o", label="none")
         ax.axvline(0.5, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel(f"label-recovery AUC, {name}")
+        ax.set_xlabel(f"label-recovery AUC: {name}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    axes[0].set_ylabel("test accuracy")
+    axes[0][0].set_ylabel("test accuracy")
     fig.suptitle(f"{title} (labels: noise scale)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
