@@ -42,6 +42,9 @@ class GloroModelConfig(StrictModel):
 class RobustTrainConfig(GloroTrainConfig):
     mode: Mode = "gloro"
     rtk_k: int = Field(2, ge=1)  # mode = rtk
+    # rtk / affinity ⊥ logit: "full" = gradient through max f (reference library, trains); "stop" = the thesis'
+    # footnote stop_gradient(max f) − m(x), which does not train (kept for comparison, docs/robustness.md)
+    bottom_gradient: Literal["full", "stop"] = "full"
     affinity_sets: list[list[int]] = Field(default_factory=list)  # mode = affinity
     adversarial: AdversarialConfig = Field(default_factory=lambda: AdversarialConfig(eps=0.3, norm="l2"))
     checkpoint_every: int = Field(10, ge=1)  # epochs (gloro/standard modes resume from the last checkpoint)
@@ -84,9 +87,10 @@ def build_net(model: nn.Sequential, input_shape: tuple[int, ...], train: RobustT
     """The GloRo wrapper for the training mode (rtk / affinity relaxations, plain GloRo otherwise)."""
     kw = {"num_iterations": train.power_iterations, "seed": seed}
     if train.mode == "rtk":
-        return RtkGloroNet(model, input_shape, epsilon, train.rtk_k, **kw)
+        return RtkGloroNet(model, input_shape, epsilon, train.rtk_k, bottom_gradient=train.bottom_gradient, **kw)
     if train.mode == "affinity":
-        return AffinityGloroNet(model, input_shape, epsilon, train.affinity_sets, **kw)
+        return AffinityGloroNet(model, input_shape, epsilon, train.affinity_sets,
+                                bottom_gradient=train.bottom_gradient, **kw)
     return GloroNet(model, input_shape, epsilon, **kw)
 
 
