@@ -103,3 +103,17 @@ def test_rtk_and_affinity_nets_train_to_a_useful_vra(tmp_path: Path, mode: str) 
     _run("robust", "certify", cfg, "--model", str(out), "--out", str(out), *common)
     (row,) = json.loads((out / "certify.json").read_text())
     assert row["epsilon"] == 0.3 and row["vra"] > 0.5, row
+
+
+def test_attack_sweep_is_checked_before_it_runs_and_errors_keep_brackets(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    cfg = str(EXAMPLES / "robust_gloro.toml")
+    with pytest.raises(SystemExit):
+        main(["robust", "attack", cfg, "--model", str(tmp_path / "none"), "--set", "evaluate.attacks=[]"])
+    assert "[[evaluate.attacks]]" in capsys.readouterr().err  # rich markup used to swallow bracketed text
+    # an L∞ attack in the (ℓ2) sweep is refused before any attack runs or any model is loaded
+    with pytest.raises(SystemExit):
+        main(["robust", "attack", cfg, "--model", str(tmp_path / "none"),
+              "--set", 'evaluate.attacks=[{name = "fgsm"}, {name = "bim"}]'])
+    err = " ".join(capsys.readouterr().err.split())
+    assert "evaluate.attacks[1] (bim)" in err and "linf" in err and "no trained model" not in err
