@@ -22,8 +22,10 @@ GROUPS: dict[str, tuple[str, str]] = {
     "guard": ("modelward.cli.guard", "Serve a model behind a guarded prediction API."),
     "robust": ("modelward.cli.robust", "Evasion attacks, adversarial training and GloRo certification."),
     "study": ("modelward.cli.study", "Research studies (plasticity)."),
+    "privacy": ("modelward.cli.privacy", "Membership inference, model inversion and property inference audits."),
 }
-COMMANDS = ["modelward.cli.parts", "modelward.cli.train", "modelward.cli.demo", "modelward.cli.assess"]
+COMMANDS = ["modelward.cli.parts", "modelward.cli.train", "modelward.cli.demo", "modelward.cli.assess",
+            "modelward.cli.explain", "modelward.cli.bias"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="modelward: security and governance of trained deep-learning models.")
