@@ -62,7 +62,10 @@ def main(argv: list[str] | None = None) -> None:
     except ModelwardError as e:
         if debug:
             raise
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+        from rich.markup import escape
+
+        # escape: messages quote TOML tables like [data] or [[evaluate.attacks]], which rich reads as markup
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(2)
 
 if __name__ == "__main__":
