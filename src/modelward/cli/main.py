@@ -22,6 +22,7 @@ GROUPS: dict[str, tuple[str, str]] = {
     "guard": ("modelward.cli.guard", "Serve a model behind a guarded prediction API."),
     "robust": ("modelward.cli.robust", "Evasion attacks, adversarial training and GloRo certification."),
     "study": ("modelward.cli.study", "Research studies (plasticity)."),
+    "privacy": ("modelward.cli.privacy", "Membership inference, model inversion and property inference audits."),
 }
 COMMANDS = ["modelward.cli.parts", "modelward.cli.train", "modelward.cli.demo", "modelward.cli.assess"]
 
