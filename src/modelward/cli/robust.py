@@ -20,6 +20,7 @@ from modelward.robustness.experiment import (
     RobustConfig,
     attack_experiment,
     certify_experiment,
+    check_attacks,
     check_shapes,
     eval_points,
     load_model,
@@ -47,6 +48,7 @@ def _prepare_evaluation(config: Path, model: Path | None, out: Path, set_: list[
     cfg = load_config(config, RobustConfig, set_)
     if need_attacks and not cfg.evaluate.attacks:
         raise ConfigError(f"{config}: evaluate.attacks is empty; add e.g. [[evaluate.attacks]] name = \"pgd\"")
+    check_attacks(cfg.evaluate.attacks, cfg.evaluate.norm)  # before any model is loaded or attack runs
     net, _ = load_model(_model_path(model, out))
     data = load_data(cfg.data)
     check_shapes(net, data)

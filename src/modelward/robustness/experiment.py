@@ -50,6 +50,9 @@ class GloroModelConfig(StrictModel):
 class RobustTrainConfig(GloroTrainConfig):
     mode: Mode = "gloro"
     rtk_k: int = Field(2, ge=1)  # mode = rtk
+    # rtk / affinity ⊥ logit: "full" = gradient through max f (reference library, trains); "stop" = the thesis'
+    # footnote stop_gradient(max f) − m(x), which does not train (kept for comparison, docs/robustness.md)
+    bottom_gradient: Literal["full", "stop"] = "full"
     affinity_sets: list[list[int]] = Field(default_factory=list)  # mode = affinity
     adversarial: AdversarialConfig = Field(default_factory=lambda: AdversarialConfig(eps=0.3, norm="l2"))
     checkpoint_every: int = Field(10, ge=1)  # epochs (gloro/standard modes resume from the last checkpoint)
@@ -63,12 +66,13 @@ class RobustTrainConfig(GloroTrainConfig):
 
 class AttackSpec(StrictModel):
     name: str = "pgd"
-    params: dict[str, Any] = Field(default_factory=lambda: {"norm": "l2", "steps": 40, "restarts": 1})
+    params: dict[str, Any] = Field(default_factory=dict)  # empty: the attack's own defaults (norm: evaluate.norm)
 
 
 class EvalConfig(StrictModel):
     epsilons: list[float] = Field(default_factory=lambda: [0.1, 0.3, 0.5])
-    attacks: list[AttackSpec] = Field(default_factory=lambda: [AttackSpec()])
+    norm: Literal["l2", "linf"] = "l2"  # the sweep's threat model (GloRo certifies ℓ2); every attack must match it
+    attacks: list[AttackSpec] = Field(default_factory=lambda: [AttackSpec(params={"steps": 40})])
     max_points: int | None = Field(None, ge=1)  # evaluate on the first N test points only
     batch_size: int = Field(1024, ge=1)
 
@@ -92,9 +96,10 @@ def build_net(model: nn.Sequential, input_shape: tuple[int, ...], train: RobustT
     """The GloRo wrapper for the training mode (rtk / affinity relaxations, plain GloRo otherwise)."""
     kw = {"num_iterations": train.power_iterations, "seed": seed}
     if train.mode == "rtk":
-        return RtkGloroNet(model, input_shape, epsilon, train.rtk_k, **kw)
+        return RtkGloroNet(model, input_shape, epsilon, train.rtk_k, bottom_gradient=train.bottom_gradient, **kw)
     if train.mode == "affinity":
-        return AffinityGloroNet(model, input_shape, epsilon, train.affinity_sets, **kw)
+        return AffinityGloroNet(model, input_shape, epsilon, train.affinity_sets,
+                                bottom_gradient=train.bottom_gradient, **kw)
     return GloroNet(model, input_shape, epsilon, **kw)
 
 
@@ -228,24 +233,48 @@ def certify_table(net: GloroNet, x: torch.Tensor, y: torch.Tensor, epsilons: lis
     return rows, report.to_dict()
 
 
+def check_attacks(attacks: list[AttackSpec], norm: str) -> list[dict[str, Any]]:
+    """Validate every attack before any runs (names, parameters, threat model against the sweep's ``norm``);
+    returns each one's parameters for the sweep. ConfigError names the attack (``evaluate.attacks[i]``)."""
+    from modelward.robustness.attacks import attack_params
+    from modelward.robustness.metrics import prepare_params
+
+    out = []
+    for i, spec in enumerate(attacks):
+        try:
+            params, _ = prepare_params(spec.name, spec.params, norm)
+            bad = sorted(set(params) - set(attack_params(spec.name)) - {"seed"})
+            if bad:
+                raise ConfigError(f"unknown parameter(s) {bad}; valid: {', '.join(attack_params(spec.name))}")
+        except ConfigError as e:
+            raise ConfigError(f"evaluate.attacks[{i}] ({spec.name}): {e}") from None
+        out.append(params)
+    return out
+
+
 def attack_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epsilons: list[float],
                  attacks: list[AttackSpec], seed: int = 0,
-                 progress: ProgressSink | None = None) -> list[dict[str, Any]]:
-    """Robust accuracy per attack and ε (part A's :func:`modelward.robustness.metrics.robust_accuracy`); one
-    progress unit per (attack, ε) under the key ``"attacks"``."""
+                 progress: ProgressSink | None = None, norm: str = "l2") -> list[dict[str, Any]]:
+    """Robust accuracy per attack and ε in one threat model (``norm``; part A's
+    :func:`modelward.robustness.metrics.robust_accuracy`). Every attack is checked before the first one runs;
+    minimum-norm ℓ2 attacks (C&W, L-BFGS) count a point as broken at ε when ‖δ‖₂ ≤ ε (``threat`` column).
+    One progress unit per (attack, ε) under the key ``"attacks"``."""
+    from modelward.robustness.attacks import threat_model
     from modelward.robustness.metrics import robust_accuracy
 
+    checked = check_attacks(attacks, norm)
     sink = as_sink(progress)
     sink.start("attacks", len(epsilons) * len(attacks), "attacks")
-
     rows: list[dict[str, Any]] = []
-    for spec in attacks:
-        params = dict(spec.params)
+    for spec, params in zip(attacks, checked, strict=True):
+        params = dict(params)
         params.setdefault("seed", seed)
-        for eps in epsilons:
-            pt = robust_accuracy(model, x, y, spec.name, [eps], params)[0]
-            rows.append({"attack": spec.name, **pt.as_dict()})
-            sink.advance("attacks", 1, f"{spec.name} ε={eps}")
+        tm = threat_model(spec.name, params)
+        threat = f"{norm} ball" if tm.takes_eps else f"{norm} min-norm, ‖δ‖ ≤ ε"
+        pts = robust_accuracy(model, x, y, spec.name, epsilons, params, norm=norm)
+        for pt in pts:
+            rows.append({"attack": spec.name, "threat": threat, **pt.as_dict()})
+            sink.advance("attacks", 1, f"{spec.name} ε={pt.eps}")
     sink.done("attacks")
     return rows
 
@@ -284,7 +313,7 @@ def certify_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: tor
     eps = cfg.evaluate.epsilons
     rows, bound = certify_table(net, x, y, eps, cfg.evaluate.batch_size)
     if attacks and cfg.evaluate.attacks:
-        arows = attack_table(net.f, x, y, eps, cfg.evaluate.attacks, cfg.seed, progress)
+        arows = attack_table(net.f, x, y, eps, cfg.evaluate.attacks, cfg.seed, progress, norm=cfg.evaluate.norm)
         for r in rows:
             for a in arows:
                 if a["eps"] == r["epsilon"]:
@@ -296,7 +325,8 @@ def certify_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: tor
     for key in rows[0]:
         if key.startswith("robust_accuracy_"):
             series[key.replace("robust_accuracy_", "robust acc. ")] = (eps, [r[key] for r in rows])
-    line_plot(out / "certify.png", series, "Certified (VRA) and empirical robustness", "ε (ℓ2)", "accuracy")
+    line_plot(out / "certify.png", series, "Certified (VRA) and empirical robustness",
+              f"ε ({cfg.evaluate.norm})", "accuracy")
     return rows
 
 
@@ -308,14 +338,14 @@ def attack_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: torc
 
     out = Path(out)
     eps = cfg.evaluate.epsilons
-    rows = attack_table(net.f, x, y, eps, cfg.evaluate.attacks, cfg.seed, progress)
+    rows = attack_table(net.f, x, y, eps, cfg.evaluate.attacks, cfg.seed, progress, norm=cfg.evaluate.norm)
     write_table(out, "attack", rows, title=f"Robust accuracy ({len(y)} test points)")
     series = {a.name: (eps, [r["robust_accuracy"] for r in rows if r["attack"] == a.name])
               for a in cfg.evaluate.attacks}
-    line_plot(out / "attack.png", series, "Robust accuracy vs ε", "ε", "robust accuracy")
+    line_plot(out / "attack.png", series, "Robust accuracy vs ε", f"ε ({cfg.evaluate.norm})", "robust accuracy")
     return rows
 
 
 __all__ = ["AttackSpec", "EvalConfig", "GloroModelConfig", "RobustConfig", "RobustTrainConfig", "attack_experiment",
-           "attack_table", "build_net", "certify_experiment", "certify_table", "check_shapes", "eval_points",
+           "attack_table", "build_net", "certify_experiment", "check_attacks", "certify_table", "check_shapes", "eval_points",
            "load_model", "save_model", "train_experiment", "train_robust"]
