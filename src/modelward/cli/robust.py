@@ -21,6 +21,7 @@ from modelward.robustness.gloro.run import (
     RobustConfig,
     attack_table,
     certify_table,
+    check_attacks,
     check_shapes,
     eval_points,
     load_model,
@@ -65,6 +66,7 @@ def _prepare_evaluation(config: Path, model: Path | None, out: Path, set_: list[
     cfg = load_config(config, RobustConfig, set_)
     if need_attacks and not cfg.evaluate.attacks:
         raise ConfigError(f"{config}: evaluate.attacks is empty; add e.g. [[evaluate.attacks]] name = \"pgd\"")
+    check_attacks(cfg.evaluate.attacks, cfg.evaluate.norm)  # before any model is loaded or attack runs
     net, _ = load_model(_model_path(model, out))
     data = load_data(cfg.data)
     check_shapes(net, data)
@@ -120,7 +122,8 @@ def certify(config: Path = typer.Argument(..., help="TOML config (\\[data] and \
         with make_progress(console) as progress:
             task = progress.add_task("attacks", total=len(eps) * len(cfg.evaluate.attacks), info="")
             arows = attack_table(net.f, x, y, eps, cfg.evaluate.attacks, cfg.seed,
-                                 lambda name, e: progress.update(task, advance=1, info=f"{name} ε={e}"))
+                                 lambda name, e: progress.update(task, advance=1, info=f"{name} ε={e}"),
+                                 norm=cfg.evaluate.norm)
         for r in rows:
             for a in arows:
                 if a["eps"] == r["epsilon"]:
@@ -134,7 +137,8 @@ def certify(config: Path = typer.Argument(..., help="TOML config (\\[data] and \
     for key in rows[0]:
         if key.startswith("robust_accuracy_"):
             series[key.replace("robust_accuracy_", "robust acc. ")] = (eps, [r[key] for r in rows])
-    line_plot(out / "certify.png", series, "Certified (VRA) and empirical robustness", "ε (ℓ2)", "accuracy")
+    line_plot(out / "certify.png", series, "Certified (VRA) and empirical robustness",
+              f"ε ({cfg.evaluate.norm})", "accuracy")
     for r in rows:
         console.print(f"ε={r['epsilon']:.3f}  clean {r['clean_accuracy']:.3f}  VRA {r['vra']:.3f}  "
                       f"rejected {r['rejection_rate']:.3f}")
@@ -151,13 +155,14 @@ def attack(config: Path = typer.Argument(..., help="TOML config (\\[data] and \\
     with make_progress(console) as progress:
         task = progress.add_task("attacks", total=len(eps) * len(cfg.evaluate.attacks), info="")
         rows = attack_table(net.f, x, y, eps, cfg.evaluate.attacks, cfg.seed,
-                            lambda name, e: progress.update(task, advance=1, info=f"{name} ε={e}"))
+                            lambda name, e: progress.update(task, advance=1, info=f"{name} ε={e}"),
+                            norm=cfg.evaluate.norm)
     _write_table(out, "attack", rows, f"Robust accuracy ({len(y)} test points)")
     from modelward.core.plots import line_plot
 
     series = {a.name: (eps, [r["robust_accuracy"] for r in rows if r["attack"] == a.name])
               for a in cfg.evaluate.attacks}
-    line_plot(out / "attack.png", series, "Robust accuracy vs ε", "ε", "robust accuracy")
+    line_plot(out / "attack.png", series, "Robust accuracy vs ε", f"ε ({cfg.evaluate.norm})", "robust accuracy")
     for r in rows:
         console.print(f"{r['attack']:>8} ε={r['eps']:.3f}  robust accuracy {r['robust_accuracy']:.3f}")
     console.print(f"wrote {out / 'attack.csv'}, attack.md, attack.png")

@@ -445,10 +445,6 @@ class GuardService:
         with np.errstate(over="ignore"):
             return arr.astype(np.float32).reshape(-1)
 
-    def parse_inputs(self, body: bytes) -> torch.Tensor:
-        """The input batch of a JSON request (see :meth:`parse_request`)."""
-        return self.parse_request(body).x
-
     # --------------------------------------------------------- inference
     @torch.no_grad()
     def answer(self, key: KeySection, x: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -484,9 +480,6 @@ class GuardService:
         resp["outputs"] = [out]
         head = json.dumps(resp, separators=(",", ":")).encode()
         return (head + blob, len(head)) if req.binary_output else (head, None)
-
-    def infer_response(self, y_hat: torch.Tensor) -> dict[str, Any]:
-        return json.loads(self.encode(InferRequest(torch.empty(0)), y_hat)[0])
 
     def handle(self, key: KeySection, body: bytes, header_length: str | None) -> InferAnswer:
         """Parse, charge, defend and encode one request (runs in a worker thread, off the event loop)."""

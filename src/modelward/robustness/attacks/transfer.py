@@ -20,6 +20,7 @@ from modelward.robustness.attacks.base import EvasionAttack, Norm, attack_mode, 
 
 class TransferAttack(EvasionAttack):
     name = "transfer"
+    norms = ("linf", "l2")
 
     def __init__(self, model: nn.Module, eps: float = 0.1, norm: Norm = "linf", proxy: nn.Module | None = None,
                  proxy_arch: str = "mlp", proxy_hidden: list[int] | None = None, proxy_steps: int = 600,

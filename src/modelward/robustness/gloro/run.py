@@ -42,6 +42,9 @@ class GloroModelConfig(StrictModel):
 class RobustTrainConfig(GloroTrainConfig):
     mode: Mode = "gloro"
     rtk_k: int = Field(2, ge=1)  # mode = rtk
+    # rtk / affinity ⊥ logit: "full" = gradient through max f (reference library, trains); "stop" = the thesis'
+    # footnote stop_gradient(max f) − m(x), which does not train (kept for comparison, docs/robustness.md)
+    bottom_gradient: Literal["full", "stop"] = "full"
     affinity_sets: list[list[int]] = Field(default_factory=list)  # mode = affinity
     adversarial: AdversarialConfig = Field(default_factory=lambda: AdversarialConfig(eps=0.3, norm="l2"))
     checkpoint_every: int = Field(10, ge=1)  # epochs (gloro/standard modes resume from the last checkpoint)
@@ -55,12 +58,13 @@ class RobustTrainConfig(GloroTrainConfig):
 
 class AttackSpec(StrictModel):
     name: str = "pgd"
-    params: dict[str, Any] = Field(default_factory=lambda: {"norm": "l2", "steps": 40, "restarts": 1})
+    params: dict[str, Any] = Field(default_factory=dict)  # empty: the attack's own defaults (norm: evaluate.norm)
 
 
 class EvalConfig(StrictModel):
     epsilons: list[float] = Field(default_factory=lambda: [0.1, 0.3, 0.5])
-    attacks: list[AttackSpec] = Field(default_factory=lambda: [AttackSpec()])
+    norm: Literal["l2", "linf"] = "l2"  # the sweep's threat model (GloRo certifies ℓ2); every attack must match it
+    attacks: list[AttackSpec] = Field(default_factory=lambda: [AttackSpec(params={"steps": 40})])
     max_points: int | None = Field(None, ge=1)  # evaluate on the first N test points only
     batch_size: int = Field(1024, ge=1)
 
@@ -84,9 +88,10 @@ def build_net(model: nn.Sequential, input_shape: tuple[int, ...], train: RobustT
     """The GloRo wrapper for the training mode (rtk / affinity relaxations, plain GloRo otherwise)."""
     kw = {"num_iterations": train.power_iterations, "seed": seed}
     if train.mode == "rtk":
-        return RtkGloroNet(model, input_shape, epsilon, train.rtk_k, **kw)
+        return RtkGloroNet(model, input_shape, epsilon, train.rtk_k, bottom_gradient=train.bottom_gradient, **kw)
     if train.mode == "affinity":
-        return AffinityGloroNet(model, input_shape, epsilon, train.affinity_sets, **kw)
+        return AffinityGloroNet(model, input_shape, epsilon, train.affinity_sets,
+                                bottom_gradient=train.bottom_gradient, **kw)
     return GloroNet(model, input_shape, epsilon, **kw)
 
 
@@ -205,24 +210,49 @@ def certify_table(net: GloroNet, x: torch.Tensor, y: torch.Tensor, epsilons: lis
     return rows, report.to_dict()
 
 
+def check_attacks(attacks: list[AttackSpec], norm: str) -> list[dict[str, Any]]:
+    """Validate every attack before any runs (names, parameters, threat model against the sweep's ``norm``);
+    returns each one's parameters for the sweep. ConfigError names the attack (``evaluate.attacks[i]``)."""
+    from modelward.robustness.attacks import attack_params
+    from modelward.robustness.metrics import prepare_params
+
+    out = []
+    for i, spec in enumerate(attacks):
+        try:
+            params, _ = prepare_params(spec.name, spec.params, norm)
+            bad = sorted(set(params) - set(attack_params(spec.name)) - {"seed"})
+            if bad:
+                raise ConfigError(f"unknown parameter(s) {bad}; valid: {', '.join(attack_params(spec.name))}")
+        except ConfigError as e:
+            raise ConfigError(f"evaluate.attacks[{i}] ({spec.name}): {e}") from None
+        out.append(params)
+    return out
+
+
 def attack_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epsilons: list[float],
                  attacks: list[AttackSpec], seed: int = 0,
-                 on_done: Callable[[str, float], None] | None = None) -> list[dict[str, Any]]:
-    """Robust accuracy per attack and ε (part A's :func:`modelward.robustness.metrics.robust_accuracy`)."""
+                 on_done: Callable[[str, float], None] | None = None, norm: str = "l2") -> list[dict[str, Any]]:
+    """Robust accuracy per attack and ε in one threat model (``norm``; part A's
+    :func:`modelward.robustness.metrics.robust_accuracy`). Every attack is checked before the first one runs;
+    minimum-norm ℓ2 attacks (C&W, L-BFGS) count a point as broken at ε when ‖δ‖₂ ≤ ε (``threat`` column)."""
+    from modelward.robustness.attacks import threat_model
     from modelward.robustness.metrics import robust_accuracy
 
+    checked = check_attacks(attacks, norm)
     rows: list[dict[str, Any]] = []
-    for spec in attacks:
-        params = dict(spec.params)
+    for spec, params in zip(attacks, checked, strict=True):
+        params = dict(params)
         params.setdefault("seed", seed)
-        for eps in epsilons:
-            pt = robust_accuracy(model, x, y, spec.name, [eps], params)[0]
-            rows.append({"attack": spec.name, **pt.as_dict()})
+        tm = threat_model(spec.name, params)
+        threat = f"{norm} ball" if tm.takes_eps else f"{norm} min-norm, ‖δ‖ ≤ ε"
+        pts = robust_accuracy(model, x, y, spec.name, epsilons, params, norm=norm)
+        for pt in pts:
+            rows.append({"attack": spec.name, "threat": threat, **pt.as_dict()})
             if on_done:
-                on_done(spec.name, eps)
+                on_done(spec.name, pt.eps)
     return rows
 
 
 __all__ = ["AttackSpec", "EvalConfig", "GloroModelConfig", "RobustConfig", "RobustTrainConfig", "attack_table",
-           "build_net", "certify_table", "check_shapes", "eval_points", "load_model", "save_model",
+           "build_net", "check_attacks", "certify_table", "check_shapes", "eval_points", "load_model", "save_model",
            "train_robust"]
