@@ -98,7 +98,7 @@ def load_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
         p = p / "model.safetensors"
     tensors, meta = load_state_dict(p)
     if "config" in meta:  # modelward robust train
-        from modelward.robustness.gloro.run import load_model
+        from modelward.robustness.experiment import load_model
 
         net, _ = load_model(p)
         return net.f, meta
