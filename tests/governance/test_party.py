@@ -204,3 +204,21 @@ def test_a_lazy_commit_travels_with_the_next_step_and_survives_a_refusal(make_ch
     with pytest.raises(ConsentDenied, match="max_batch"):
         drv.train_step(2, torch.arange(32), lazy=True)  # bob refuses before his commit of step 1 arrives
     assert {(p.step, p.prepared) for p in c.parties.values()} == {(2, None)} and c.digests() == after
+
+
+def test_label_protection_hook_perturbs_only_the_returned_gradient(make_chain):
+    plain = make_chain()
+    protected = make_chain(extra={"bob": {"label_protection": {"method": "marvell", "scale": 4.0}}})
+    losses = []
+    for c in (plain, protected):
+        drv = _open(c)
+        losses.append(drv.train_step(0, torch.arange(16)))
+    assert losses[0] == losses[1]  # bob's loss and his own update are his business
+    assert plain.digests()["bob"] == protected.digests()["bob"]
+    assert plain.digests()["alice"] != protected.digests()["alice"]  # alice learned from a perturbed gradient
+    from modelward.errors import ConfigError
+    from modelward.governance.config import load_party_config
+    from modelward.governance.party import Party
+
+    with pytest.raises(ConfigError, match="label_protection"):
+        Party(load_party_config(protected.split.party_configs["bob"], ["label_protection.method=bogus"]))

@@ -152,7 +152,7 @@ class SplitDriver:
             raise
         self.seq = 0  # data operations go to the first party only
         self.status: dict[str, dict[str, Any]] = {}
-        self.received: list[tuple[str, str, list[str]]] = []  # (party, op, tensor names) of every reply
+        self.received: list[tuple[str, str, list[str]]] = []  # (party, op, tensor names) of replies with tensors
         self.heads: dict[str, list] = {}  # the latest audit head each party reported
         self._pool = None
         self.uncommitted: int | None = None  # a step prepared everywhere whose commit has not been sent
@@ -182,7 +182,8 @@ class SplitDriver:
         seq = self.seq + 1 if sequenced else 0
         out = self.clients[party].call(Message(op, self.session, step, seq, meta or {}, tensors or {}),
                                        timeout or self.cfg.timeout_s)
-        self.received.append((party, op, sorted(out.tensors)))
+        if out.tensors:  # (only prediction logits, fetched from the label holder, ever arrive here)
+            self.received.append((party, op, sorted(out.tensors)))
         for n, ref in (out.meta.get("anchors") or {}).items():
             self.heads[n] = ref
         if sequenced:

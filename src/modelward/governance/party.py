@@ -136,6 +136,7 @@ class Party:
                 x = run_ops(full, lay.ops, x)
                 shapes.append(tuple(x.shape[1:]))
         self.in_shape, self.out_shape = shapes[start], shapes[end]
+        self._protect = self._label_protection()
         if cfg.init.checkpoint is None:
             # the party's own secret randomness: a 64-bit seed from the OS CSPRNG, used once and never stored
             # (init.test_seed, refused off loopback, is the test-only way to make it reproducible)
@@ -167,7 +168,6 @@ class Party:
         self.next_address = cfg.peers[cfg.next].address if cfg.next else None
         self.next_client: PartyClient | None = None
         self.link_seq: dict[str, int] = {}  # session -> last sequence number used towards the next party
-        self._protect = self._label_protection()
         # the first optimizer in a process imports a lot of torch; pay that before READY, not on the first request
         make_optimizer([torch.nn.Parameter(torch.zeros(1))], TrainConfig()).step()
         latest = self.ckpt.list()
@@ -202,6 +202,11 @@ class Party:
         except ImportError as e:
             raise ConfigError(f"[label_protection] needs modelward.governance.leakage.protect_gradient ({e})") \
                 from None
+        try:  # a bad table fails at start-up, not at the first step
+            g = torch.randn(8, *self.in_shape, generator=torch.Generator().manual_seed(0))
+            protect_gradient(g, torch.arange(8) % 2, self.cfg.label_protection)
+        except ModelwardError as e:
+            raise ConfigError(f"party {self.cfg.name}: [label_protection]: {e}") from None
         return protect_gradient
 
     def _grpc_connect(self, name: str, address: str) -> PartyClient:
