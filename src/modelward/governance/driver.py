@@ -28,6 +28,7 @@ import torch
 from pydantic import Field, model_validator
 
 from modelward.core.config import StrictModel, dump_config, load_config
+from modelward.core.records import write_csv
 from modelward.core.train import TrainConfig, batch_order
 from modelward.errors import ConfigError, ModelwardError
 from modelward.governance.certs import check_name
@@ -393,12 +394,7 @@ def _write_progress(out_dir: Path, curve: list[tuple[int, float]], rows: list[di
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "curve.json").write_text(json.dumps(curve))
     if rows:
-        tmp = out_dir / "steps.csv.tmp"
-        with tmp.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        tmp.replace(out_dir / "steps.csv")
+        write_csv(out_dir / "steps.csv", rows, list(rows[0]))
 
 
 def run_training(cfg: SplitConfig, on_step=None, on_eval=None) -> SplitTrainResult:
