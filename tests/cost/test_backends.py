@@ -72,9 +72,16 @@ def test_mpc_three_processes_agree_with_plain(setup, tmp_path) -> None:
     _need("mpyc")
     data, model, x, ref = setup
     prog = lower(model, data.input_shape, "mpc")
-    res = run_mpc(prog, x.double().numpy(), MPCConfig(repeats=1, timeout_s=120), tmp_path)
+    xt, tt = data.x_train[:4].double().numpy(), np.eye(2)[data.y_train[:4].numpy()]
+    cfg = MPCConfig(repeats=1, timeout_s=120, train_lr=0.1)
+    res = run_mpc(prog, x.double().numpy(), cfg, tmp_path, train=(xt, tt))
     _agree(res, ref)
     assert res.bytes_per_sample > 0 and res.setup_bytes > 0
+    # one secret-shared SGD step lands on the plain step's weights (to fixed-point precision), and it moved them
+    new, step = res.extra["train"]["weights"], prog.sgd_mse_step(xt, tt, 0.1)
+    for i, (w, b) in step.items():
+        assert np.abs(new[f"op{i}.weight"] - w).max() < 2.0 ** -8 and np.abs(new[f"op{i}.bias"] - b).max() < 2.0 ** -8
+        assert np.abs(w - prog.ops[i].weight).max() > 1e-3
     assert sorted(p.name for p in tmp_path.glob("stats_*.json")) == ["stats_0.json", "stats_1.json", "stats_2.json"]
 
 

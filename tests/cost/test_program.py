@@ -71,3 +71,17 @@ def test_agreement_check_fails_loudly() -> None:
         check_agreement("he", ref + np.array([[0, 0, 0.5], [0, 0, 0]]), ref, 1e-3, "CKKS")
     with pytest.raises(PrecisionError, match="non-finite"):
         check_agreement("mpc", ref + np.inf, ref, 1e-3, "fxp")
+
+
+def test_reference_sgd_step_matches_torch_autograd() -> None:
+    model = init_model_(square_mlp((6,), 3, [5]), "glorot_uniform", 0).double()
+    prog = lower(model, (6,))
+    g = torch.Generator().manual_seed(0)
+    x, t = torch.randn(4, 6, generator=g, dtype=torch.float64), torch.eye(3, dtype=torch.float64)[[0, 2, 1, 2]]
+    new = prog.sgd_mse_step(x.numpy(), t.numpy(), 0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    (0.5 * ((model(x) - t) ** 2).sum(1).mean()).backward()
+    opt.step()
+    assert np.allclose(new[0][0], model.fc1.weight.detach().numpy()) and np.allclose(new[2][1], model.logits.bias.detach().numpy())
+    assert all(op.dense for op in prog.ops if op.kind == "affine")
+    assert not any(op.dense for op in lower(square_cnn((1, 8, 8), 10), (1, 8, 8)).ops[:1])
