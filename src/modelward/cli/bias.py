@@ -6,6 +6,7 @@ Thin: load the TOML config, run the plan through the shared runner (resumable; r
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -37,11 +38,12 @@ def register(app: typer.Typer) -> None:
         check_out_dir(out)
         out.mkdir(parents=True, exist_ok=True)
         ledger = RunLedger(out / "ledger.sqlite")
-        ledger.bind_config(cfg, exclude={"workers"})
+        ledger.bind_config(cfg, exclude={"workers", "device"})  # both may change when resuming
         dump_config(cfg, out / "config.json")
         runs = plan(cfg)
         with RichProgress(console) as progress:
-            outcome = run_plan(ledger, runs, execute, workers=workers or cfg.workers, progress=progress,
+            outcome = run_plan(ledger, runs, functools.partial(execute, device=cfg.device),
+                               workers=workers or cfg.workers, progress=progress,
                                description="bias runs")
         tables = summarize_results(cfg, ledger.results())
         written = write_outputs(out, cfg, tables)
