@@ -20,6 +20,7 @@ score arrays.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -211,23 +212,22 @@ def _attack(cfg: AuditConfig, out: Path, rep: int, spec: AttackSpec) -> dict[str
     return {"rows": rows}
 
 
-def execute_run(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One run of the audit plan (module-level and picklable, as the runner requires)."""
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+def execute_run(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str, Any]], *, out: str) -> dict[str, Any]:
+    """One run of the audit plan (module-level and picklable, as the runner requires; ``out`` is bound with
+    ``functools.partial`` so the study folder can be moved without changing the recorded specs)."""
     cfg = AuditConfig.model_validate(spec["config"])
-    out = Path(spec["out"])
+    folder = Path(out)
     rep = int(spec["rep"])
     if spec["kind"] == "target":
-        return _train_target(cfg, out, rep)
+        return _train_target(cfg, folder, rep)
     if spec["kind"] == "shadows":
-        return _train_shadows(cfg, out, rep)
+        return _train_shadows(cfg, folder, rep)
     attack = next(a for a in cfg.attacks if a.key == spec["attack"])
-    return _attack(cfg, out, rep, attack)
+    return _attack(cfg, folder, rep, attack)
 
 
-def plan_runs(cfg: AuditConfig, out: Path) -> list[RunSpec]:
-    conf = cfg.model_dump(mode="json")
-    base = {"config": conf, "out": str(out.resolve())}
+def plan_runs(cfg: AuditConfig) -> list[RunSpec]:
+    base = {"config": cfg.model_dump(mode="json")}
     need_shadows = any(a.name in NEEDS_SHADOWS for a in cfg.attacks)
     plan = []
     for r in range(cfg.repetitions):
@@ -307,8 +307,8 @@ def run_audit(cfg: AuditConfig, out_dir: str | Path, *, workers: int = 1, execut
     ledger = RunLedger(out / "ledger.sqlite")
     ledger.bind_config(cfg)
     dump_config(cfg, out / "config.json")
-    plan = plan_runs(cfg, out)
-    outcome = run_plan(ledger, plan, execute_run, workers=workers, executor=executor, progress=progress,
+    plan = plan_runs(cfg)
+    outcome = run_plan(ledger, plan, partial(execute_run, out=str(out.resolve())), workers=workers, executor=executor, progress=progress,
                        description="privacy audit")
     if outcome.failed:
         first = next(iter(outcome.failed.items()))
