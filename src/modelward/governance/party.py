@@ -438,6 +438,8 @@ class Party:
         """Start or rejoin a session; a training session fixes the optimizer configuration. The driver may tell
         the party where its next neighbour listens (the neighbour is still pinned by fingerprint)."""
         tc = msg.meta.get("train_cfg")
+        if tc is not None and caller != self.cfg.driver:
+            raise ConsentDenied(f"party {self.cfg.name}: only the driver ({self.cfg.driver}) opens training sessions")
         if tc is not None:
             cfg = validate(TrainConfig, tc, "train_cfg")
             if self.train_cfg is None:
