@@ -161,6 +161,7 @@ class Party:
         self.train_cfg: TrainConfig | None = None
         self.opt: torch.optim.Optimizer | None = None
         self.prepared: _Prepared | None = None
+        self._note = ""  # added to the reason of the request's audit record (a commit carried by a step)
         self._backup: dict[str, torch.Tensor] | None = None  # reused rollback buffers (one step at a time)
         self._opt_backup: dict[tuple[int, str], torch.Tensor] = {}
         self.results: OrderedDict[str, torch.Tensor] = OrderedDict()
@@ -354,6 +355,7 @@ class Party:
             if not decision.allowed:
                 self.audit.append(caller, op, **rec, decision="deny", reason=decision.reason)
                 raise ConsentDenied(f"party {self.cfg.name} refused {op} (step {msg.step}): {decision.reason}")
+            self._note = ""
             try:
                 err = self.ckpt.take_error()
                 if err:
@@ -361,14 +363,14 @@ class Party:
                 reply = getattr(self, f"_op_{op}")(msg, caller)
             except (ModelwardError, RuntimeError, ValueError) as e:
                 reason = str(e) if isinstance(e, ModelwardError) else f"{type(e).__name__}: {e}"
-                self.audit.append(caller, op, **rec, decision="error", reason=reason)
+                self.audit.append(caller, op, **rec, decision="error", reason=reason + self._note)
                 if isinstance(e, ModelwardError):
                     raise
                 raise PartyError(f"party {self.cfg.name}: {op} failed: {reason}") from None
             down = reply.meta.pop("_anchors", {})
             if down:
                 rec["anchors"] = {**rec["anchors"], **down}
-            self.audit.append(caller, op, **rec, decision="allow", reason=decision.reason)
+            self.audit.append(caller, op, **rec, decision="allow", reason=decision.reason + self._note)
             if op in DATA_OPS:  # our head (including this record) travels back along the chain
                 reply.meta["anchors"] = {**down, self.cfg.name: self.audit.head_ref}
             reply.session, reply.seq = msg.session, msg.seq
@@ -599,8 +601,7 @@ class Party:
             if not isinstance(carried, int) or isinstance(carried, bool):
                 raise WireError(f"meta.commit must be a step number, got {carried!r}")
             self._commit(carried)
-            self.audit.append(caller, "commit", msg.session, carried, purpose="train",
-                              reason=f"carried by step {msg.step}")
+            self._note = f"; committed step {carried} (carried by this step)"  # in this request's record
         if msg.step != self.step:
             raise PartyError(f"party {self.cfg.name} is at step {self.step}, request is for step {msg.step} "
                              "(resume from a common checkpoint with restore)")
