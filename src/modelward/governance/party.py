@@ -149,6 +149,9 @@ class Party:
             self._load_own(cfg.init.checkpoint)
         self.segment.train()
         self.params = dict(self.segment.named_parameters())
+        # parameters and buffers, detached views of the live storage (every update is in place): what a step
+        # snapshots, restores and checks, without rebuilding state_dict() each time
+        self._live = dict(self.segment.state_dict())
         self._load_data()
         self.audit = AuditLog(cfg.audit_db, cfg.name)
         self.consent = ConsentChecker(cfg.policy, self.audit)
@@ -531,7 +534,7 @@ class Party:
         """The state before a step, copied into buffers reused from step to step (one fused copy): parameters,
         buffers (BatchNorm statistics) and the optimizer's per-parameter state and hyper-parameters."""
         assert self.opt is not None
-        live = self.segment.state_dict()
+        live = self._live
         bk = self._backup
         if bk is None or list(bk) != list(live) or any(bk[k].shape != v.shape for k, v in live.items()):
             bk = self._backup = {k: torch.empty_like(v) for k, v in live.items()}
@@ -559,7 +562,7 @@ class Party:
     def _rollback(self, snap: _Prepared) -> None:
         """Back to the state before the step: parameters, buffers (BatchNorm statistics) and optimizer state."""
         assert self.opt is not None
-        live = self.segment.state_dict()
+        live = self._live
         with torch.no_grad():
             torch._foreach_copy_(list(live.values()), [snap.model[k] for k in live])
         params = list(self.params.values())
@@ -575,13 +578,13 @@ class Party:
         """After the tentative update: every parameter and buffer finite and within max_abs_param. One fused
         L2 norm per tensor bounds its largest entry (max |x| <= ||x||_2) and is non-finite iff an entry is; only
         when that bound is exceeded does the exact per-tensor search run (to decide, and to name the culprit)."""
-        floats = [v for v in self.segment.state_dict().values() if v.is_floating_point() and v.numel()]
+        floats = [v for v in self._live.values() if v.is_floating_point() and v.numel()]
         if not floats:
             return
         m = float(torch.stack(torch._foreach_norm(floats)).max())
         if m <= self.cfg.max_abs_param:
             return
-        for k, v in self.segment.state_dict().items():
+        for k, v in self._live.items():
             if v.is_floating_point():
                 mk = _max_abs(v)
                 if not mk <= self.cfg.max_abs_param:
