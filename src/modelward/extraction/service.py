@@ -37,7 +37,6 @@ from modelward.core.lock import FolderLock
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, DataError, ModelwardError
 from modelward.extraction.defenses import PredictionDefense, make_defense
-from modelward.extraction.defenses.base import l1_distortion
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "probabilities"
@@ -158,6 +157,7 @@ class QueryLog:
         self.db.execute("CREATE TABLE IF NOT EXISTS queries (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL, "
                         "key_name TEXT, rows INTEGER, status INTEGER, code TEXT, max_l1 REAL, ms REAL)")
         self._lock = threading.Lock()
+        self._known: set[str] = set()  # keys whose usage row exists
 
     def used(self, key_name: str) -> int:
         with self._lock:
@@ -167,7 +167,9 @@ class QueryLog:
     def reserve(self, key_name: str, rows: int, budget: int | None) -> None:
         """Charge ``rows`` to the key atomically, or raise 429 (nothing charged) when the budget would be exceeded."""
         with self._lock:
-            self.db.execute("INSERT OR IGNORE INTO usage(key_name, used) VALUES(?, 0)", (key_name,))
+            if key_name not in self._known:
+                self.db.execute("INSERT OR IGNORE INTO usage(key_name, used) VALUES(?, 0)", (key_name,))
+                self._known.add(key_name)
             if budget is None:
                 self.db.execute("UPDATE usage SET used = used + ? WHERE key_name = ?", (rows, key_name))
                 return
@@ -461,7 +463,8 @@ class GuardService:
         except BaseException:
             self.log.refund(key.name, n)
             raise
-        return y_hat.float(), float(l1_distortion(probs, y_hat).max())
+        y32 = y_hat.float()
+        return y32, float(np.abs(y_hat.numpy().astype(np.float64) - probs.numpy()).sum(1).max())
 
     def encode(self, req: InferRequest, y_hat: torch.Tensor) -> tuple[bytes, int | None]:
         """The response body: JSON, or JSON header + little-endian FP32 blob when binary output was asked for."""
