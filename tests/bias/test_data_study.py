@@ -66,3 +66,5 @@ def test_sweep_cell_weak_features_make_sgd_biased() -> None:
     many = run_sweep_cell(256, 100, spec, seed=0)
     assert many["bias"] > none["bias"] + 0.1  # Fig. 9.3a
     assert none["weak_weight_error"] is None and isinstance(many["weak_weight_error"], float)
+    near_strong = run_sweep_cell(256, 100, spec, seed=0, weak_var=1.0)  # Fig. 9.3b: weak must be weak
+    assert near_strong["bias"] < many["bias"] - 0.1 and near_strong["weak_var"] == 1.0

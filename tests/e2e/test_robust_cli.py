@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from modelward.cli.main import app, main
 from modelward.core.config import load_config
 from modelward.core.io import load_state_dict
-from modelward.robustness.gloro.run import RobustConfig, load_model
+from modelward.robustness.experiment import RobustConfig, load_model
 
 torch.set_num_threads(1)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

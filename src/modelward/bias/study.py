@@ -104,7 +104,8 @@ class TheoremSpec(StrictModel):
 
 
 class SweepSpec(StrictModel):
-    """Fig. 9.3a/c: bias and weak-weight error vs the number of weak features, for each training size."""
+    """Fig. 9.3a/c: bias and weak-weight error vs the number of weak features, for each training size; Fig. 9.3b
+    (when ``weak_vars`` is not empty): bias vs the weak features' variance at ``variance_sweep_n_weak`` features."""
 
     n_weak: list[int] = Field(default_factory=lambda: [0, 16, 64, 256, 1024])
     train_sizes: list[int] = Field(default_factory=lambda: [100, 500, 1000])
@@ -113,6 +114,8 @@ class SweepSpec(StrictModel):
     runs: int = Field(20, ge=1)
     test_samples: int = Field(2000, ge=100)
     sgd: SGDSchedule = SGDSchedule()
+    weak_vars: list[float] = Field(default_factory=list)  # Fig. 9.3b: e.g. [1, 2, 5, 10, 20, 50, 100]
+    variance_sweep_n_weak: int = Field(256, ge=1)
 
 
 class BiasConfig(StrictModel):
@@ -256,13 +259,17 @@ def run_theorem_case(p: float, distance: float, samples: int, dims: int, seed: i
             "pred_1_rate": float(pred.mean())}
 
 
-def run_sweep_cell(n_weak: int, n_train: int, spec: SweepSpec, seed: int) -> dict[str, Any]:
-    """Fig. 9.3a/c cell: mean test bias and signed weak-weight error of SGD logistic regression over `runs`."""
-    setting = asymmetric_gaussian(n_weak, spec.weak_var, spec.strong_var, 0.5)
+def run_sweep_cell(n_weak: int, n_train: int, spec: SweepSpec, seed: int, weak_var: float | None = None
+                   ) -> dict[str, Any]:
+    """Fig. 9.3a/c cell (9.3b with ``weak_var``): mean test bias and signed weak-weight error of SGD logistic
+    regression over `runs` training sets of size `n_train`."""
+    var = spec.weak_var if weak_var is None else weak_var
+    setting = asymmetric_gaussian(n_weak, var, spec.strong_var, 0.5)
     opt = bayes_optimal(setting)
     biases, errors, accs = [], [], []
     for r in range(spec.runs):
-        rng = np.random.default_rng(_seed(seed, n_weak, n_train, r))
+        rng = np.random.default_rng(_seed(seed, n_weak, n_train, r) if weak_var is None
+                                    else _seed(seed, n_weak, n_train, r, var))
         xtr, ytr = setting.sample(n_train, rng, balanced=True)
         xte, yte = setting.sample(spec.test_samples, rng, balanced=True)
         m = fit_sgd(xtr, ytr, spec.sgd, seed=r).model
@@ -270,7 +277,8 @@ def run_sweep_cell(n_weak: int, n_train: int, spec: SweepSpec, seed: int) -> dic
         accs.append(float(np.mean(m.predict(xte) == yte)))
         if n_weak > 0:
             errors.append(weak_weight_error(m.w, opt.w))
-    return {"n_weak": n_weak, "n_train": n_train, "bias": float(np.mean(biases)), "bias_sd": float(np.std(biases)),
+    return {"n_weak": n_weak, "n_train": n_train, "weak_var": var, "bias": float(np.mean(biases)),
+            "bias_sd": float(np.std(biases)),
             "acc": float(np.mean(accs)), "weak_weight_error": float(np.mean(errors)) if errors else None,
             "runs": spec.runs}
 
@@ -283,7 +291,8 @@ def execute(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str, Any]]) 
     if kind == "theorem":
         return run_theorem_case(spec["p"], spec["D"], spec["samples"], spec["dims"], spec["seed"])
     if kind == "sweep":
-        return run_sweep_cell(spec["n_weak"], spec["n_train"], SweepSpec.model_validate(spec["sweep"]), spec["seed"])
+        return run_sweep_cell(spec["n_weak"], spec["n_train"], SweepSpec.model_validate(spec["sweep"]), spec["seed"],
+                              spec.get("weak_var"))
     raise ConfigError(f"run {run_id}: unknown kind {kind!r}")
 
 
@@ -306,6 +315,9 @@ def plan(cfg: BiasConfig) -> list[Any]:
         runs += [RunSpec(f"sweep|{n}|{w:05d}", {"kind": "sweep", "n_weak": w, "n_train": n, "sweep": s,
                                                  "seed": cfg.seed})
                  for n in cfg.sweep.train_sizes for w in cfg.sweep.n_weak]
+        runs += [RunSpec(f"sweepvar|{n}|{v:g}", {"kind": "sweep", "n_weak": cfg.sweep.variance_sweep_n_weak,
+                                                 "n_train": n, "sweep": s, "seed": cfg.seed, "weak_var": v})
+                 for n in cfg.sweep.train_sizes for v in cfg.sweep.weak_vars]
     return runs
 
 
@@ -333,9 +345,11 @@ def summarize_results(cfg: BiasConfig, results: dict[str, dict[str, Any]]) -> di
     theorem = [results[k] for k in sorted(results) if k.startswith("theorem|")]
     for t in theorem:
         t["z"] = (t["monte_carlo"] - t["theorem"]) / t["se"] if t["se"] > 0 else 0.0
-    sweep = [results[k] for k in sorted(results, key=lambda k: (k.split("|")[1:2], k)) if k.startswith("sweep|")]
+    sweep = [results[k] for k in results if k.startswith("sweep|")]
     sweep.sort(key=lambda r: (r["n_train"], r["n_weak"]))
-    return {"results": rows, "theorem": theorem, "sweep": sweep}
+    sweep_var = [results[k] for k in results if k.startswith("sweepvar|")]
+    sweep_var.sort(key=lambda r: (r["n_train"], r["weak_var"]))
+    return {"results": rows, "theorem": theorem, "sweep": sweep, "sweep_variance": sweep_var}
 
 
 def write_outputs(out: Path, cfg: BiasConfig, tables: dict[str, list[dict[str, Any]]]) -> list[Path]:
@@ -387,4 +401,15 @@ def write_outputs(out: Path, cfg: BiasConfig, tables: dict[str, list[dict[str, A
         written.append(line_plot(out / "sweep_weak_weight_error.png", series,
                                  "Fig. 9.3c: signed weak-weight error (ŵ − w*) vs training size",
                                  "training size N", "mean (ŵ − w*) over weak features", logx=True))
+    if tables.get("sweep_variance"):
+        sv = tables["sweep_variance"]
+        written += write_table(out, "sweep_variance", sv, ["n_train", "n_weak", "weak_var", "bias", "bias_sd", "acc",
+                                                           "weak_weight_error", "runs"],
+                               title="Fig. 9.3b: bias vs the weak features' variance (SGD logistic regression)").values()
+        sizes = sorted({r["n_train"] for r in sv})
+        series = {f"N = {n}": ([r["weak_var"] for r in sv if r["n_train"] == n],
+                               [r["bias"] for r in sv if r["n_train"] == n]) for n in sizes}
+        written.append(line_plot(out / "sweep_variance.png", series,
+                                 f"Fig. 9.3b: bias vs weak-feature variance ({sv[0]['n_weak']} weak features)",
+                                 "weak-feature variance", "bias amplification B", logx=True))
     return written

@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         check_out_dir(out)
         out.mkdir(parents=True, exist_ok=True)
         ledger = RunLedger(out / "ledger.sqlite")
-        ledger.bind_config(cfg)
+        ledger.bind_config(cfg, exclude={"device"})  # a study may resume on another device (docs/devices.md)
         dump_config(cfg, out / "config.json")
         run = functools.partial(execute, config=config_json(cfg), out=str(out.resolve()),
                                 base=str(Path.cwd()))

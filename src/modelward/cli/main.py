@@ -25,7 +25,8 @@ GROUPS: dict[str, tuple[str, str]] = {
     "privacy": ("modelward.cli.privacy", "Membership inference, model inversion and property inference audits."),
 }
 COMMANDS = ["modelward.cli.parts", "modelward.cli.train", "modelward.cli.demo", "modelward.cli.assess",
-            "modelward.cli.explain", "modelward.cli.bias"]
+            "modelward.cli.explain", "modelward.cli.bias",
+            "modelward.cli.cost"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="modelward: security and governance of trained deep-learning models.")

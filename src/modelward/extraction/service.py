@@ -34,6 +34,7 @@ from torch import nn
 from modelward.core.config import StrictModel, load_config
 from modelward.core.io import load_state_dict
 from modelward.core.lock import FolderLock
+from modelward.core.seed import seeded
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, DataError, ModelwardError
 from modelward.extraction.defenses import PredictionDefense, make_defense
@@ -118,8 +119,8 @@ def build_service_defense(cfg: GuardConfig, base_dir: Path) -> PredictionDefense
     params = dict(cfg.defense.params)
     shape, k = tuple(cfg.model.input_shape), cfg.model.num_classes
     if cfg.defense.name == "mad":
-        torch.manual_seed(cfg.defense.surrogate_seed)
-        params["surrogate"] = build_model(cfg.model.net, shape, k)
+        with seeded(cfg.defense.surrogate_seed):
+            params["surrogate"] = build_model(cfg.model.net, shape, k)
     elif cfg.defense.name == "adaptive_misinformation":
         if not cfg.defense.misinformation_checkpoint:
             raise ConfigError("defense.misinformation_checkpoint: required for adaptive_misinformation "

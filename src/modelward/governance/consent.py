@@ -182,6 +182,8 @@ class ConsentChecker:
         d = self._ask(req)
         if self.policy.approval_scope == "session":
             with self._lock:
+                if len(self._approved) > 4096:  # bounded: sessions are cheap to open
+                    self._approved.clear()
                 self._approved[key] = d
         return d
 
