@@ -39,6 +39,17 @@ from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, DataError, ModelwardError
 from modelward.extraction.defenses import PredictionDefense, make_defense
 
+try:  # 10× faster than the standard library on tensors of floats (the request's main cost); same semantics, except
+    # that NaN/Infinity literals (not JSON) are invalid JSON rather than non-finite data: both are 400s
+    import orjson
+
+    _loads, _dumps = orjson.loads, orjson.dumps
+except ImportError:  # pragma: no cover - orjson is a dependency; keep working without it
+    _loads = json.loads
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
 INPUT_NAME = "input"
 OUTPUT_NAME = "probabilities"
 
@@ -356,10 +367,12 @@ class GuardService:
             n = int(header_length)
             body, binary = body[:n], body[n:]
         try:
-            payload = json.loads(body)
+            payload = _loads(body)
         except RecursionError:
             raise ServiceError(400, "bad_request", "request JSON is nested too deeply") from None
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError) as e:
+            if "depth" in str(e):  # orjson's nesting limit
+                raise ServiceError(400, "bad_request", "request JSON is nested too deeply") from None
             raise ServiceError(400, "bad_request", "request body is not valid JSON") from None
         if not isinstance(payload, dict) or not isinstance(payload.get("inputs"), list) or len(payload["inputs"]) != 1:
             raise ServiceError(400, "bad_request", "body must be {\"inputs\": [one tensor]} (Open Inference Protocol)")
@@ -482,7 +495,7 @@ class GuardService:
         if req.parameters:
             resp["parameters"] = req.parameters
         resp["outputs"] = [out]
-        head = json.dumps(resp, separators=(",", ":")).encode()
+        head = _dumps(resp)
         return (head + blob, len(head)) if req.binary_output else (head, None)
 
     def handle(self, key: KeySection, body: bytes, header_length: str | None) -> InferAnswer:
