@@ -48,7 +48,7 @@ def _agree(res, ref) -> float:
 def test_he_ckks_agrees_with_plain(setup) -> None:
     _need("tenseal")
     data, model, x, ref = setup
-    res = run_he(lower(model, data.input_shape, "he"), x.double().numpy(), HEConfig(scale_bits=30, int_bits=20))
+    res = run_he(lower(model, data.input_shape, "he"), x.double().numpy(), HEConfig())
     diff = _agree(res, ref)
     assert 0 < diff  # CKKS is approximate: an exact match would mean the plaintext leaked into the result
     assert "N=8192" in res.params and "128-bit" in res.params
@@ -63,7 +63,7 @@ def test_tenseal_plain_bias_bug_fails_loudly(setup) -> None:
     prog = lower(model, data.input_shape, "he")
     prog.ops[0] = type(prog.ops[0])("affine", "fc1", prog.ops[0].weight, np.full(prog.ops[0].shape[0], 1.0))
     ref = prog.run(x[:1].double().numpy())
-    res = run_he(prog, x[:1].double().numpy(), HEConfig(scale_bits=30, int_bits=20, bias="plain"))
+    res = run_he(prog, x[:1].double().numpy(), HEConfig(bias="plain"))
     with pytest.raises(PrecisionError, match="drift from plaintext"):
         _agree(res, ref)
 

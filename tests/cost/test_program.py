@@ -60,6 +60,8 @@ def test_he_parameters_are_128_bit_and_deep_enough() -> None:
     assert (n, sum(bits), len(bits)) == (8192, 190, 5)  # depth 3 fits N=8192 (≤ 218 bits at 128-bit security)
     deep = lower(square_mlp((64,), 10, [16, 16]).eval(), (64,))
     assert choose_params(deep, HEConfig(scale_bits=30, int_bits=20))[0] == 16384
+    assert choose_params(shallow, HEConfig()) == (8192, [55, 35, 35, 35, 55])  # auto: largest scale N=8192 allows
+    assert choose_params(deep, HEConfig()) == (16384, [60, 40, 40, 40, 40, 40, 60])
     with pytest.raises(ConfigError, match="128-bit security allows 218 bits"):
         choose_params(deep, HEConfig(poly_modulus_degree=8192))
 

@@ -626,7 +626,7 @@ class Party:
                 loss, down = float(r.meta["loss"]), self._anchors_in(r)
             grad = inp.grad if inp is not None else None
             if grad is not None and self._protect is not None:
-                grad = self._protect(grad, self.y_train[idx], self.cfg.label_protection)
+                grad = self._protect(grad, self.y_train[idx], self.cfg.label_protection, step=msg.step, index=idx)
             self.opt.step()
             self._check_update()
         except BaseException:
