@@ -86,13 +86,13 @@ def _available(module: str) -> bool:
 def run_demo(out: str | Path, console: Console | None = None, quick: bool = False,
              workers: int | None = None) -> dict[str, Any]:
     """Run the three demo steps into `out`; returns a summary dict."""
-    import torch
 
     from modelward.completion.problem import OriginalRun
     from modelward.completion.study import make_problem, orig_id, run_study
     from modelward.core.init import init_model_
     from modelward.core.io import save_state_dict
     from modelward.core.ledger import RunLedger
+    from modelward.core.seed import seeded
 
     console = console or Console()
     out = Path(out).resolve()
@@ -116,8 +116,8 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
 
         console.print(Rule("1 · shared governance: split training over gRPC + mutual TLS"))
         model = init_model_(problem.build(), "glorot_uniform", 0)
-        torch.manual_seed(0)
-        res = run_split_demo(out / "split", model, data, cfg.train, 0, console, cut=ALICE_PART)
+        with seeded(0):
+            res = run_split_demo(out / "split", model, data, cfg.train, 0, console, cut=ALICE_PART)
         ckpt = study_dir / "checkpoints" / "original_seed0_split.safetensors"
         save_state_dict(ckpt, res.state_dict, {"seed": 0, "trained": "split between parties"})
         presets.append(OriginalRun(0, "", [(int(s), float(v)) for s, v in res.curve], ckpt,
@@ -128,10 +128,12 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
 
     # 2. completion study ----------------------------------------------------------------------------------------
     console.print(Rule("2 · model-completion hardness (T1, T2; seed 0 = the split-trained model)"))
-    outcome = run_study(cfg, study_dir, workers, console, preset_originals=presets)
-    from modelward.completion.report import rich_tables, write_report
+    from modelward.completion.report import rich_tables
+    from modelward.core.progress import RichProgress
 
-    for table in rich_tables(cfg, write_report(study_dir)):
+    with RichProgress(console) as progress:
+        outcome = run_study(cfg, study_dir, workers, progress, preset_originals=presets)
+    for table in rich_tables(cfg, outcome.tables):
         console.print(table)
     summary["completion"] = {"out": str(study_dir), "done": outcome.done, "total": outcome.total,
                              "failed": len(outcome.failed)}

@@ -114,3 +114,16 @@ def test_split_training_leaks_breast_cancer_labels_and_protection_stops_it():
                           positive=0)
     assert prot["direction_auc"] < 0.6 and prot["direction_auc_acc"] < 0.7
     assert prot["test_accuracy"] > 0.85
+
+
+def test_party_config_validates_label_protection_at_load():
+    from pathlib import Path
+
+    from modelward.errors import ConfigError
+    from modelward.governance.config import load_party_config
+
+    bob = Path(__file__).resolve().parents[2] / "examples" / "party_bob.toml"
+    cfg = load_party_config(bob, ["label_protection.method=marvell", "label_protection.scale=4"])
+    assert cfg.label_protection == LabelProtectionConfig(method="marvell", scale=4.0)
+    with pytest.raises(ConfigError, match=r"label_protection\.method.*'marvell'"):
+        load_party_config(bob, ["label_protection.method=marvel"])

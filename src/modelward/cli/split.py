@@ -85,17 +85,24 @@ def audit_leakage(
     config: Annotated[Path, typer.Argument(help="LEAKAGE.toml ([data], [model], cut, [train], [audit])")],
     out: Annotated[Path, typer.Option("--out", help="output folder (re-run to resume)")],
     workers: Annotated[int, typer.Option("--workers", help="parallel runs (processes)")] = 1,
+    transport: Annotated[str, typer.Option("--transport", help="inprocess (fast) or parties (real party processes "
+                                           "with mutual TLS on 127.0.0.1; Alice's server records what it gets)")]
+    = "inprocess",
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
 ) -> None:
     """Measure how much of Bob's labels Alice recovers from the gradients he returns (norm and direction attacks,
     Li et al. 2022), without and with Bob's gradient protection; writes results.csv/md/json and tradeoff.png."""
     from modelward.core.progress import RichProgress
     from modelward.core.records import markdown_table
+    from modelward.errors import ConfigError
     from modelward.governance.leakage_audit import load_audit_config, run_audit
 
+    if transport not in ("inprocess", "parties"):
+        raise ConfigError(f"--transport {transport!r}: valid choices: inprocess, parties")
     cfg = load_audit_config(config, set_)
     with RichProgress(console) as progress:
-        rows = run_audit(cfg, out, workers=workers, progress=progress)
+        rows = run_audit(cfg, out, workers=workers, progress=progress, transport=transport)  # type: ignore[arg-type]
     cols = ["method", "scale", "test_accuracy", "norm_auc", "direction_auc", "direction_auc_acc"]
     print(markdown_table(rows, cols, 3), end="")  # plain: a table must not be wrapped
-    console.print(f"results in {out.resolve()} (results.md, results.csv, results.json, runs.json, tradeoff.png)")
+    sfx = "_parties" if transport == "parties" else ""
+    console.print(f"results in {out.resolve()} (results{sfx}.md/.csv/.json, runs{sfx}.json, tradeoff{sfx}.png)")

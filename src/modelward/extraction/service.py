@@ -34,6 +34,7 @@ from torch import nn
 from modelward.core.config import StrictModel, load_config
 from modelward.core.io import load_state_dict
 from modelward.core.lock import FolderLock
+from modelward.core.seed import seeded
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, DataError, ModelwardError
 from modelward.extraction.defenses import PredictionDefense, make_defense
@@ -119,8 +120,8 @@ def build_service_defense(cfg: GuardConfig, base_dir: Path) -> PredictionDefense
     params = dict(cfg.defense.params)
     shape, k = tuple(cfg.model.input_shape), cfg.model.num_classes
     if cfg.defense.name == "mad":
-        torch.manual_seed(cfg.defense.surrogate_seed)
-        params["surrogate"] = build_model(cfg.model.net, shape, k)
+        with seeded(cfg.defense.surrogate_seed):
+            params["surrogate"] = build_model(cfg.model.net, shape, k)
     elif cfg.defense.name == "adaptive_misinformation":
         if not cfg.defense.misinformation_checkpoint:
             raise ConfigError("defense.misinformation_checkpoint: required for adaptive_misinformation "
@@ -445,10 +446,6 @@ class GuardService:
         with np.errstate(over="ignore"):
             return arr.astype(np.float32).reshape(-1)
 
-    def parse_inputs(self, body: bytes) -> torch.Tensor:
-        """The input batch of a JSON request (see :meth:`parse_request`)."""
-        return self.parse_request(body).x
-
     # --------------------------------------------------------- inference
     @torch.no_grad()
     def answer(self, key: KeySection, x: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -484,9 +481,6 @@ class GuardService:
         resp["outputs"] = [out]
         head = json.dumps(resp, separators=(",", ":")).encode()
         return (head + blob, len(head)) if req.binary_output else (head, None)
-
-    def infer_response(self, y_hat: torch.Tensor) -> dict[str, Any]:
-        return json.loads(self.encode(InferRequest(torch.empty(0)), y_hat)[0])
 
     def handle(self, key: KeySection, body: bytes, header_length: str | None) -> InferAnswer:
         """Parse, charge, defend and encode one request (runs in a worker thread, off the event loop)."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -25,6 +24,7 @@ from modelward.core.zoo import ModelConfig
 from modelward.errors import ConfigError
 from modelward.governance.certs import check_name
 from modelward.governance.consent import Policy
+from modelward.governance.label_protection import LabelProtectionConfig
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -123,7 +123,8 @@ class PartyConfig(StrictModel):
     max_abs_param: float = Field(1e6, gt=0)  # an update that leaves a parameter beyond this is rolled back
     max_sessions_per_peer: int = Field(8, ge=1)  # open sessions (sequence state + one cached reply) per peer
     audit_refusals_every_s: float = Field(10.0, ge=0)  # wire/identity refusals: at most one record per peer per …
-    label_protection: dict[str, Any] | None = None  # passed to governance.leakage.protect_gradient (label holder)
+    # the label holder's gradient perturbation (governance.label_protection), validated when the config loads
+    label_protection: LabelProtectionConfig | None = None
     threads: int = Field(0, ge=0)  # torch threads (0 = torch default)
     timeout_s: float = Field(60.0, gt=0)  # per request to the next party
 

@@ -6,7 +6,7 @@ point the same way and the minority class has larger norms. Bob adds noise befor
 
 - ``isotropic``: ``g_i + n_i`` with ``n_i ~ N(0, (P/d) I)``, the same for every class;
 - ``marvell``: class-dependent Gaussian noise ``n_i ~ N(0, Σ_{y_i})`` optimised per batch as in Marvell (Li et al.
-  2022, "Label Leakage and Protection in Two-party Split Learning", ICLR, §4): minimise the sum over class pairs of
+  2022, "Label Leakage and Protection in Two-party Split Learning", ICLR): minimise the sum over class pairs of
   the symmetrised KL divergence between the perturbed class-conditional gradient distributions (an upper bound on
   any attacker's detection advantage, via Pinsker) under the power budget ``Σ_c p_c E||n||² ≤ P``. As in the paper's
   closed form, each Σ_c is isotropic inside the span of the class-mean differences and isotropic outside it:
@@ -90,7 +90,8 @@ def marvell_variances(p: np.ndarray, u: np.ndarray, d2: np.ndarray, dim: int, ra
     """Solve the Marvell power-allocation problem for per-class noise variances (in and out of the mean span).
 
     minimise Σ_{a<b} KL(N_a || N_b) + KL(N_b || N_a),  N_c = N(μ_c, (u_c + a_c) Π + (u_c + b_c)(I - Π)),
-    subject to Σ_c p_c (rank · a_c + (dim - rank) · b_c) ≤ power,  a, b ≥ 0   (Li et al. 2022, Eq. 5-6).
+    subject to Σ_c p_c (rank · a_c + (dim - rank) · b_c) ≤ power,  a, b ≥ 0
+    (the Marvell problem of Li et al. 2022; for two classes rank = 1).
 
     Args:
         p: class weights (fractions of the batch), shape [K].

@@ -1,0 +1,95 @@
+"""One MPyC party of the secret-shared inference (run as a separate process by :mod:`modelward.cost.mpc`).
+
+    python -m modelward.cost.mpc_party JOB_DIR -I i -P 127.0.0.1:p0 -P 127.0.0.1:p1 -P 127.0.0.1:p2 --no-log
+
+Party 0 is the data owner (reads ``inputs.safetensors``, receives the outputs), party 1 the model owner (reads
+``model.safetensors``), party 2 a helper that holds neither. Shapes and fixed-point parameters are public
+(``job.json``). Each party records the bytes it sends (MPyC's per-connection ``nbytes_sent`` counters: 12-byte
+header + payload per message) and its timings per phase in ``stats_<i>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _sent(mpc: Any) -> int:
+    return sum(p.protocol.nbytes_sent for p in mpc.parties if p.pid != mpc.pid and p.protocol is not None)
+
+
+async def _main(job_dir: Path) -> None:
+    from mpyc.runtime import mpc
+    from safetensors.numpy import load_file, save_file  # numpy only: a party never imports torch
+
+    job = json.loads((job_dir / "job.json").read_text())
+    stats: dict[str, Any] = {"pid": None}
+    t0 = time.perf_counter()
+    await mpc.start()
+    pid = mpc.pid
+    stats["pid"] = pid
+    stats["connect_s"] = time.perf_counter() - t0
+    secfxp = mpc.SecFxp(int(job["bit_length"]), int(job["frac_bits"]))
+
+    def share(value: np.ndarray | None, shape: list[int], sender: int) -> Any:
+        # every party passes an array of the public shape; integral=False everywhere, or the parties would
+        # disagree about truncation (MPyC infers `integral` from the values, and placeholders are all zeros)
+        arr = np.zeros(shape) if value is None else value
+        return mpc.input(secfxp.array(arr, integral=False), senders=sender)
+
+    # --- set-up: the model owner secret-shares its weights once
+    b0, t = _sent(mpc), time.perf_counter()
+    own = load_file(str(job_dir / "model.safetensors")) if pid == 1 else {}
+    layers: list[tuple[str, Any, Any]] = []
+    for i, op in enumerate(job["ops"]):
+        if op["kind"] == "affine":
+            out_f, in_f = op["shape"]
+            w = own[f"op{i}.weight"].T if own else None
+            b = own[f"op{i}.bias"] if own else None
+            layers.append(("affine", share(w, [in_f, out_f], 1), share(b, [out_f], 1)))
+        else:
+            layers.append(("square", None, None))
+    await mpc.barrier()
+    stats["setup_bytes"], stats["setup_s"] = _sent(mpc) - b0, time.perf_counter() - t
+
+    x_all = load_file(str(job_dir / "inputs.safetensors"))["x"] if pid == 0 else None
+    n, d = int(job["n_samples"]), int(job["in_features"])
+
+    async def forward(rows: slice) -> tuple[np.ndarray | None, float, int]:
+        b1, t1 = _sent(mpc), time.perf_counter()
+        k = len(range(*rows.indices(n)))
+        h = share(x_all[rows] if x_all is not None else None, [k, d], 0)
+        for kind, w, b in layers:
+            h = h @ w + b if kind == "affine" else h * h
+        y = await mpc.output(h, receivers=[0])
+        return (None if y is None else np.asarray(y, dtype=np.float64)), time.perf_counter() - t1, _sent(mpc) - b1
+
+    singles = []
+    for r in range(int(job["repeats"])):
+        _, s, nb = await forward(slice(r % n, r % n + 1))
+        singles.append((s, nb))
+    stats["sample"] = singles
+    y, s, nb = await forward(slice(0, n))
+    stats["batch"] = (s, nb)
+    if pid == 0 and y is not None:
+        save_file({"y": np.ascontiguousarray(y)}, str(job_dir / "outputs.safetensors"))
+    await mpc.barrier()
+    stats["total_bytes"] = _sent(mpc)
+    (job_dir / f"stats_{pid}.json").write_text(json.dumps(stats))
+    await mpc.shutdown()
+
+
+def main() -> None:
+    job_dir = Path(sys.argv[1])
+    from mpyc.runtime import mpc  # parses the MPyC options (-I, -P, ...) from sys.argv
+
+    mpc.run(_main(job_dir))
+
+
+if __name__ == "__main__":
+    main()
