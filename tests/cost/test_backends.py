@@ -48,7 +48,7 @@ def _agree(res, ref) -> float:
 def test_he_ckks_agrees_with_plain(setup) -> None:
     _need("tenseal")
     data, model, x, ref = setup
-    res = run_he(lower(model, data.input_shape, "he"), x.double().numpy(), HEConfig(scale_bits=30, int_bits=20))
+    res = run_he(lower(model, data.input_shape, "he"), x.double().numpy(), HEConfig())
     diff = _agree(res, ref)
     assert 0 < diff  # CKKS is approximate: an exact match would mean the plaintext leaked into the result
     assert "N=8192" in res.params and "128-bit" in res.params
@@ -63,7 +63,7 @@ def test_tenseal_plain_bias_bug_fails_loudly(setup) -> None:
     prog = lower(model, data.input_shape, "he")
     prog.ops[0] = type(prog.ops[0])("affine", "fc1", prog.ops[0].weight, np.full(prog.ops[0].shape[0], 1.0))
     ref = prog.run(x[:1].double().numpy())
-    res = run_he(prog, x[:1].double().numpy(), HEConfig(scale_bits=30, int_bits=20, bias="plain"))
+    res = run_he(prog, x[:1].double().numpy(), HEConfig(bias="plain"))
     with pytest.raises(PrecisionError, match="drift from plaintext"):
         _agree(res, ref)
 
@@ -72,9 +72,16 @@ def test_mpc_three_processes_agree_with_plain(setup, tmp_path) -> None:
     _need("mpyc")
     data, model, x, ref = setup
     prog = lower(model, data.input_shape, "mpc")
-    res = run_mpc(prog, x.double().numpy(), MPCConfig(repeats=1, timeout_s=120), tmp_path)
+    xt, tt = data.x_train[:4].double().numpy(), np.eye(2)[data.y_train[:4].numpy()]
+    cfg = MPCConfig(repeats=1, timeout_s=120, train_lr=0.1)
+    res = run_mpc(prog, x.double().numpy(), cfg, tmp_path, train=(xt, tt))
     _agree(res, ref)
     assert res.bytes_per_sample > 0 and res.setup_bytes > 0
+    # one secret-shared SGD step lands on the plain step's weights (to fixed-point precision), and it moved them
+    new, step = res.extra["train"]["weights"], prog.sgd_mse_step(xt, tt, 0.1)
+    for i, (w, b) in step.items():
+        assert np.abs(new[f"op{i}.weight"] - w).max() < 2.0 ** -8 and np.abs(new[f"op{i}.bias"] - b).max() < 2.0 ** -8
+        assert np.abs(w - prog.ops[i].weight).max() > 1e-3
     assert sorted(p.name for p in tmp_path.glob("stats_*.json")) == ["stats_0.json", "stats_1.json", "stats_2.json"]
 
 

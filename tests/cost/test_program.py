@@ -60,6 +60,8 @@ def test_he_parameters_are_128_bit_and_deep_enough() -> None:
     assert (n, sum(bits), len(bits)) == (8192, 190, 5)  # depth 3 fits N=8192 (≤ 218 bits at 128-bit security)
     deep = lower(square_mlp((64,), 10, [16, 16]).eval(), (64,))
     assert choose_params(deep, HEConfig(scale_bits=30, int_bits=20))[0] == 16384
+    assert choose_params(shallow, HEConfig()) == (8192, [55, 35, 35, 35, 55])  # auto: largest scale N=8192 allows
+    assert choose_params(deep, HEConfig()) == (16384, [60, 40, 40, 40, 40, 40, 60])
     with pytest.raises(ConfigError, match="128-bit security allows 218 bits"):
         choose_params(deep, HEConfig(poly_modulus_degree=8192))
 
@@ -71,3 +73,17 @@ def test_agreement_check_fails_loudly() -> None:
         check_agreement("he", ref + np.array([[0, 0, 0.5], [0, 0, 0]]), ref, 1e-3, "CKKS")
     with pytest.raises(PrecisionError, match="non-finite"):
         check_agreement("mpc", ref + np.inf, ref, 1e-3, "fxp")
+
+
+def test_reference_sgd_step_matches_torch_autograd() -> None:
+    model = init_model_(square_mlp((6,), 3, [5]), "glorot_uniform", 0).double()
+    prog = lower(model, (6,))
+    g = torch.Generator().manual_seed(0)
+    x, t = torch.randn(4, 6, generator=g, dtype=torch.float64), torch.eye(3, dtype=torch.float64)[[0, 2, 1, 2]]
+    new = prog.sgd_mse_step(x.numpy(), t.numpy(), 0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    (0.5 * ((model(x) - t) ** 2).sum(1).mean()).backward()
+    opt.step()
+    assert np.allclose(new[0][0], model.fc1.weight.detach().numpy()) and np.allclose(new[2][1], model.logits.bias.detach().numpy())
+    assert all(op.dense for op in prog.ops if op.kind == "affine")
+    assert not any(op.dense for op in lower(square_cnn((1, 8, 8), 10), (1, 8, 8)).ops[:1])

@@ -190,3 +190,46 @@ def test_port_in_use_is_a_config_error_not_a_traceback(make_chain):
         c.parties["alice"].cfg.port = s.getsockname()[1]
         with pytest.raises(ConfigError, match="in use"):
             PartyServer(c.parties["alice"])
+
+
+def test_a_lazy_commit_travels_with_the_next_step_and_survives_a_refusal(make_chain):
+    c = make_chain(("alice", "carol", "bob"), ("conv1", "conv2"),
+                   policies={"bob": {"allow_peers": ["alice", "carol"], "training": True, "max_batch": 16}})
+    drv = _open(c)
+    drv.train_step(0, torch.arange(16), lazy=True)
+    assert {(p.step, p.prepared.step) for p in c.parties.values()} == {(0, 0)}
+    drv.train_step(1, torch.arange(16), lazy=True)  # carries the commit of step 0 along the chain
+    assert {(p.step, p.prepared.step) for p in c.parties.values()} == {(1, 1)}
+    after = c.digests()
+    with pytest.raises(ConsentDenied, match="max_batch"):
+        drv.train_step(2, torch.arange(32), lazy=True)  # bob refuses before his commit of step 1 arrives
+    assert {(p.step, p.prepared) for p in c.parties.values()} == {(2, None)} and c.digests() == after
+
+
+def test_label_protection_hook_perturbs_only_the_returned_gradient(make_chain):
+    plain = make_chain()
+    protected = make_chain(extra={"bob": {"label_protection": {"method": "marvell", "scale": 4.0}}})
+    losses = []
+    for c in (plain, protected):
+        drv = _open(c)
+        losses.append(drv.train_step(0, torch.arange(16)))
+    assert losses[0] == losses[1]  # bob's loss and his own update are his business
+    assert plain.digests()["bob"] == protected.digests()["bob"]
+    assert plain.digests()["alice"] != protected.digests()["alice"]  # alice learned from a perturbed gradient
+    from modelward.errors import ConfigError
+    from modelward.governance.config import load_party_config
+    from modelward.governance.party import Party
+
+    with pytest.raises(ConfigError, match="label_protection"):
+        Party(load_party_config(protected.split.party_configs["bob"], ["label_protection.method=bogus"]))
+
+
+def test_a_non_peer_is_refused_before_its_message_is_decoded(make_chain):
+    c = make_chain()
+    bob = c.parties["bob"]
+    with pytest.raises(ConsentDenied, match="not an allowed peer"):
+        bob.handle("mallory", b"\x00" * 1000)  # not even a wire message: never parsed
+    with pytest.raises(WireError, match="bad magic"):
+        bob.handle("alice", b"\x00" * 1000)
+    rows = bob.audit.db.execute("SELECT caller, op, decision FROM audit").fetchall()
+    assert ("mallory", "(undecoded)", "deny") in rows and ("alice", "(malformed)", "deny") in rows

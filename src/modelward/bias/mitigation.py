@@ -123,11 +123,17 @@ def experts(model: LinearModel, x_train: np.ndarray, y_train: np.ndarray, featur
     elif bias_adjust != "none":
         raise ConfigError("experts: bias adjustment needs feature_means")
     ga, gb = _grid(len(pos), grid_points), _grid(len(neg), grid_points)
-    logit = (contrib_p[:, ga][:, :, None] + contrib_n[:, gb][:, None, :]
-             + (model.b + shift_p[ga])[None, :, None] + shift_n[gb][None, None, :])
-    pred = logit > 0
-    acc = (pred == (y[:, None, None] == 1)).mean(0)
-    bias = pred.mean(0) - y.mean()
+    # count predictions of 1 and correct predictions for every (α, β), in row chunks to bound memory
+    n_pos_pred = np.zeros((len(ga), len(gb)))
+    n_correct = np.zeros((len(ga), len(gb)))
+    offset = (model.b + shift_p[ga])[:, None] + shift_n[gb][None, :]
+    for i in range(0, len(x), 1024):
+        logit = contrib_p[i : i + 1024, ga][:, :, None] + contrib_n[i : i + 1024, gb][:, None, :] + offset[None]
+        pred = logit > 0
+        n_pos_pred += pred.sum(0)
+        n_correct += (pred == (y[i : i + 1024, None, None] == 1)).sum(0)
+    acc = n_correct / len(x)
+    bias = n_pos_pred / len(x) - y.mean()
     base_acc, base_bias = acc[-1, -1], bias[-1, -1]
     feasible = acc >= base_acc - 1e-12
     score = np.where(feasible, np.abs(bias), np.inf)

@@ -126,6 +126,7 @@ class BiasConfig(StrictModel):
     sweep: SweepSpec | None = None
     seed: int = 0
     workers: int = Field(1, ge=1)
+    device: str = "cpu"  # where kind="deep" nets train (docs/devices.md); not part of the study's fingerprint
 
     @model_validator(mode="after")
     def _some_work(self) -> BiasConfig:
@@ -192,10 +193,11 @@ def _linear_run(ds: DatasetSpec, xtr: np.ndarray, xte: np.ndarray, ytr: np.ndarr
 
 
 def _deep_run(ds: DatasetSpec, xtr: np.ndarray, xte: np.ndarray, ytr: np.ndarray, yte: np.ndarray,
-              seed: int) -> dict[str, Any]:
+              seed: int, device: str = "cpu") -> dict[str, Any]:
     import torch
 
     from modelward.bias.learners import linear_head, penultimate_features
+    from modelward.core.device import resolve_device
     from modelward.core.init import init_model_
     from modelward.core.seed import seeded
     from modelward.core.train import train
@@ -206,7 +208,7 @@ def _deep_run(ds: DatasetSpec, xtr: np.ndarray, xte: np.ndarray, ytr: np.ndarray
     yt_tr, yt_te = torch.as_tensor(ytr), torch.as_tensor(yte)
     with seeded(seed):  # module constructors draw from the global RNG; forked and restored
         net = build_model(ds.model, tuple(xt_tr.shape[1:]), 2)
-    net = init_model_(net, "glorot_uniform", seed)
+    net = init_model_(net, "glorot_uniform", seed).to(resolve_device(device))
     train(net, xt_tr, yt_tr, xt_te, yt_te, ds.train, seed)
     net.eval()
     ztr, zte = penultimate_features(net, xt_tr), penultimate_features(net, xt_te)
@@ -224,7 +226,7 @@ def _deep_run(ds: DatasetSpec, xtr: np.ndarray, xte: np.ndarray, ytr: np.ndarray
     return out
 
 
-def run_dataset_split(ds: DatasetSpec, split: int, base_seed: int = 0) -> dict[str, Any]:
+def run_dataset_split(ds: DatasetSpec, split: int, base_seed: int = 0, device: str = "cpu") -> dict[str, Any]:
     """One stratified split of one data set: p*, asymmetry, and B / accuracy per mitigation (on the test part)."""
     x, y = _dataset_arrays(ds, split, base_seed)
     seed = _seed(base_seed, ds.name, "split", split) % (2**31)
@@ -233,7 +235,7 @@ def run_dataset_split(ds: DatasetSpec, split: int, base_seed: int = 0) -> dict[s
     flat_tr = xtr.reshape(len(xtr), -1)
     res["asymm"] = asymmetry(flat_tr, ytr)
     if ds.kind == "deep":
-        return res | _deep_run(ds, xtr, xte, ytr, yte, seed)
+        return res | _deep_run(ds, xtr, xte, ytr, yte, seed, device)
     xtr, xte = flat_tr, xte.reshape(len(xte), -1)
     if ds.kind == "tabular" and ds.standardize:
         mu, sd = xtr.mean(0), xtr.std(0)
@@ -283,11 +285,13 @@ def run_sweep_cell(n_weak: int, n_train: int, spec: SweepSpec, seed: int, weak_v
             "runs": spec.runs}
 
 
-def execute(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The runner's entry point (module level, picklable): one run of the plan built by :func:`plan`."""
+def execute(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str, Any]], device: str = "cpu"
+            ) -> dict[str, Any]:
+    """The runner's entry point (module level, picklable; bind ``device`` with functools.partial): one run of the
+    plan built by :func:`plan`."""
     kind = spec["kind"]
     if kind == "split":
-        return run_dataset_split(DatasetSpec.model_validate(spec["dataset"]), spec["split"], spec["seed"])
+        return run_dataset_split(DatasetSpec.model_validate(spec["dataset"]), spec["split"], spec["seed"], device)
     if kind == "theorem":
         return run_theorem_case(spec["p"], spec["D"], spec["samples"], spec["dims"], spec["seed"])
     if kind == "sweep":

@@ -6,6 +6,7 @@ Thin: load the TOML config, run the plan through the shared runner (resumable; r
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +28,7 @@ def register(app: typer.Typer) -> None:
         from modelward.bias.study import BiasConfig, execute, plan, summarize_results, write_outputs
         from modelward.cli._outdir import check_out_dir
         from modelward.core.config import dump_config, load_config
+        from modelward.core.device import resolve_device
         from modelward.core.ledger import RunLedger
         from modelward.core.progress import RichProgress
         from modelward.core.runner import run_plan
@@ -34,14 +36,16 @@ def register(app: typer.Typer) -> None:
 
         console = Console()
         cfg = load_config(config, BiasConfig, set_)
+        resolve_device(cfg.device)  # an unusable device is refused before any run starts
         check_out_dir(out)
         out.mkdir(parents=True, exist_ok=True)
         ledger = RunLedger(out / "ledger.sqlite")
-        ledger.bind_config(cfg, exclude={"workers"})
+        ledger.bind_config(cfg, exclude={"workers", "device"})  # both may change when resuming
         dump_config(cfg, out / "config.json")
         runs = plan(cfg)
         with RichProgress(console) as progress:
-            outcome = run_plan(ledger, runs, execute, workers=workers or cfg.workers, progress=progress,
+            outcome = run_plan(ledger, runs, functools.partial(execute, device=cfg.device),
+                               workers=workers or cfg.workers, progress=progress,
                                description="bias runs")
         tables = summarize_results(cfg, ledger.results())
         written = write_outputs(out, cfg, tables)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Annotated
@@ -33,8 +32,8 @@ def train(
         state = {"L": float("nan")}
 
         def on_step(step, loss, links):
-            wire = sum(s.sent + s.received for s in links.values())
-            progress.update(task, completed=step, info=f"loss {loss:.3f}  L {state['L']:.3f}  wire {_mb(wire)}")
+            ctl = sum(s.sent + s.received for s in links.values())  # the driver's links: no tensors
+            progress.update(task, completed=step, info=f"loss {loss:.3f}  L {state['L']:.3f}  driver {ctl / 2**10:.0f} KiB")
 
         def on_eval(step, val):
             state["L"] = val
@@ -58,6 +57,7 @@ def predict(
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
 ) -> None:
     """Split inference on the data owner's samples; every party must consent to inference."""
+    from modelward.core.records import write_csv
     from modelward.errors import ConfigError
     from modelward.governance.driver import SplitDriver, load_split_config
 
@@ -71,11 +71,9 @@ def predict(
         logits = drv.predict(split)
         links = drv.link_summary()
     pred = logits.argmax(1)
-    with out.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["index", "prediction", *[f"logit_{k}" for k in range(logits.shape[1])]])
-        for i, (p, row) in enumerate(zip(pred.tolist(), logits.tolist(), strict=True)):
-            w.writerow([i, p, *[f"{v:.6g}" for v in row]])
+    cols = ["index", "prediction", *[f"logit_{k}" for k in range(logits.shape[1])]]
+    write_csv(out, [dict(zip(cols, [i, p, *[f"{v:.6g}" for v in row]], strict=True))
+                    for i, (p, row) in enumerate(zip(pred.tolist(), logits.tolist(), strict=True))], cols)
     (out.with_suffix(".links.json")).write_text(json.dumps(links, indent=2))
     console.print(f"{len(pred)} predictions written to {out}")
 

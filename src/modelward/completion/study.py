@@ -16,6 +16,7 @@ Example (your own model, in process)::
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -100,7 +101,11 @@ def _run_study(cfg: StudyConfig, out: Path, workers: int | None, progress: Progr
     if cfg.device.startswith("cuda"):  # a cluster executor then places each run on a GPU of its own
         runs = [replace(r, gpus=1.0) for r in runs]
     ledger = RunLedger(out / "ledger.sqlite")
-    ledger.bind_config(cfg, exclude={"device"})  # a study may resume on another device
+    # a study may resume on another device; `legacy`: the fingerprint folders made before the shared runner have
+    # (a config without the fields added since, device and checkpoint_every)
+    legacy_json = cfg.model_dump_json(exclude={"device", "checkpoint_every"} if cfg.checkpoint_every is None
+                                      else {"device"})
+    ledger.bind_config(cfg, exclude={"device"}, legacy=(hashlib.sha256(legacy_json.encode()).hexdigest(),))
     dump_config(cfg, out / "study.json")
     for r in runs:
         ledger.add(r.run_id, r.spec)

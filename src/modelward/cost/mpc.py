@@ -39,6 +39,7 @@ class MPCConfig(StrictModel):
     bit_length: int = Field(32, ge=16, le=128)  # l: bits of a secure fixed-point number
     frac_bits: int = Field(16, ge=4, le=64)  # f: fractional bits (precision 2^-f per multiplication)
     repeats: int = Field(3, ge=1)  # single-sample runs (median)
+    train_lr: float = Field(0.05, gt=0)  # the secret-shared SGD step (MSE loss; see mpc_party._train_step)
     timeout_s: float = Field(600.0, gt=0)
 
 
@@ -70,7 +71,8 @@ def free_ports(k: int) -> list[int]:
             s.close()
 
 
-def write_job(job_dir: Path, program: Program, x: np.ndarray, cfg: MPCConfig) -> None:
+def write_job(job_dir: Path, program: Program, x: np.ndarray, cfg: MPCConfig,
+              train: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """Public job description, the model owner's weights and the data owner's inputs, as separate files."""
     from safetensors.numpy import save_file
 
@@ -78,7 +80,8 @@ def write_job(job_dir: Path, program: Program, x: np.ndarray, cfg: MPCConfig) ->
     ops = [{"kind": op.kind, "name": op.name, "shape": list(op.shape) if op.kind == "affine" else None}
            for op in program.ops]
     job = {"ops": ops, "in_features": program.in_features, "out_features": program.out_features,
-           "bit_length": cfg.bit_length, "frac_bits": cfg.frac_bits, "n_samples": len(x), "repeats": cfg.repeats}
+           "bit_length": cfg.bit_length, "frac_bits": cfg.frac_bits, "n_samples": len(x), "repeats": cfg.repeats,
+           "train": None if train is None else {"batch": len(train[0]), "lr": cfg.train_lr}}
     (job_dir / "job.json").write_text(json.dumps(job))
     weights = {}
     for i, op in enumerate(program.ops):
@@ -87,6 +90,10 @@ def write_job(job_dir: Path, program: Program, x: np.ndarray, cfg: MPCConfig) ->
             weights[f"op{i}.bias"] = np.ascontiguousarray(op.bias, dtype=np.float64)
     save_file(weights, str(job_dir / "model.safetensors"))
     save_file({"x": np.ascontiguousarray(x.reshape(len(x), -1), dtype=np.float64)}, str(job_dir / "inputs.safetensors"))
+    if train is not None:  # the data owner's training batch: inputs and one-hot targets
+        xt, tt = train
+        save_file({"x": np.ascontiguousarray(xt.reshape(len(xt), -1), dtype=np.float64),
+                   "t": np.ascontiguousarray(tt, dtype=np.float64)}, str(job_dir / "train.safetensors"))
 
 
 def run_parties(job_dir: Path, timeout_s: float) -> float:
@@ -130,7 +137,8 @@ def _tails(job_dir: Path) -> str:
     return "\n".join(out)
 
 
-def run_mpc(program: Program, x: np.ndarray, cfg: MPCConfig, work_dir: Path | None = None) -> BackendResult:
+def run_mpc(program: Program, x: np.ndarray, cfg: MPCConfig, work_dir: Path | None = None,
+            train: tuple[np.ndarray, np.ndarray] | None = None) -> BackendResult:
     """Measure 3-party MPyC inference of `program` on the samples `x` (n, features).
 
     Returns:
@@ -150,10 +158,11 @@ def run_mpc(program: Program, x: np.ndarray, cfg: MPCConfig, work_dir: Path | No
         tmp = tempfile.TemporaryDirectory(prefix="modelward-mpc-")
         work_dir = Path(tmp.name)
     try:
-        write_job(work_dir, program, x, cfg)
+        write_job(work_dir, program, x, cfg, train)
         wall = run_parties(work_dir, cfg.timeout_s)
         stats = [json.loads((work_dir / f"stats_{i}.json").read_text()) for i in range(N_PARTIES)]
         y = load_file(str(work_dir / "outputs.safetensors"))["y"]
+        trained = load_file(str(work_dir / "trained.safetensors")) if train is not None else None
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -163,8 +172,12 @@ def run_mpc(program: Program, x: np.ndarray, cfg: MPCConfig, work_dir: Path | No
     batch_bytes = sum(s["batch"][1] for s in stats)
     res.bytes_per_sample = batch_bytes / len(x)
     res.setup_bytes = float(sum(s["setup_bytes"] for s in stats))
-    res.setup_s = wall - sum(s for s, _ in p0["sample"]) - p0["batch"][0]
+    res.setup_s = wall - sum(s for s, _ in p0["sample"]) - p0["batch"][0] - (p0["train"][0] if "train" in p0 else 0)
     res.outputs = np.asarray(y, dtype=np.float64).reshape(len(x), -1)
+    if trained is not None and train is not None:
+        res.extra["train"] = {"step_s": float(stats[0]["train"][0]), "batch_size": len(train[0]),
+                              "bytes_per_sample": sum(s["train"][1] for s in stats) / len(train[0]),
+                              "weights": trained}
     single_bytes = float(np.median([sum(s["sample"][r][1] for s in stats) for r in range(cfg.repeats)]))
     tol_unit = 2.0 ** (8 - cfg.frac_bits)
     res.params = (f"3 parties (Shamir, threshold 1) on 127.0.0.1, secure fixed point l={cfg.bit_length}, "

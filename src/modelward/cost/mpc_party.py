@@ -78,10 +78,56 @@ async def _main(job_dir: Path) -> None:
     stats["batch"] = (s, nb)
     if pid == 0 and y is not None:
         save_file({"y": np.ascontiguousarray(y)}, str(job_dir / "outputs.safetensors"))
+    if job.get("train"):
+        await _train_step(mpc, job, job_dir, layers, share, stats)
     await mpc.barrier()
     stats["total_bytes"] = _sent(mpc)
     (job_dir / f"stats_{pid}.json").write_text(json.dumps(stats))
     await mpc.shutdown()
+
+
+async def _train_step(mpc: Any, job: dict, job_dir: Path, layers: list, share: Any, stats: dict) -> None:
+    """One secret-shared SGD step on the data owner's batch: forward keeping the activations, the gradient of
+    L = 1/(2B)·Σ‖y − t‖² (polynomial, unlike softmax cross-entropy), backward through x² (2·a·g) and the affine
+    maps, update W ← W − lr·∂L/∂W on shares. The updated weights stay secret-shared; they are revealed to the
+    model owner afterwards only so the orchestrator can check them against plain PyTorch (not timed)."""
+    from safetensors.numpy import load_file, save_file
+
+    tr = job["train"]
+    bsz, lr, pid = int(tr["batch"]), float(tr["lr"]), mpc.pid
+    d, c = int(job["in_features"]), int(job["out_features"])
+    own = load_file(str(job_dir / "train.safetensors")) if pid == 0 else {}
+    b0, t0 = _sent(mpc), time.perf_counter()
+    h = share(own.get("x"), [bsz, d], 0)
+    t = share(own.get("t"), [bsz, c], 0)
+    acts = [h]
+    for kind, w, b in layers:
+        h = h @ w + b if kind == "affine" else h * h
+        acts.append(h)
+    g = (h - t) * (1.0 / bsz)
+    updated: list[tuple[int, Any, Any]] = []
+    for i in range(len(layers) - 1, -1, -1):
+        kind, w, b = layers[i]
+        a_in = acts[i]
+        if kind == "affine":
+            updated.append((i, w - lr * (a_in.T @ g), b - lr * g.sum(axis=0)))
+            if i > 0:
+                g = g @ w.T
+        else:
+            g = 2 * a_in * g
+    for _, w_new, b_new in updated:  # wait until this party holds every updated share (no communication)
+        await mpc.gather(w_new)
+        await mpc.gather(b_new)
+    stats["train"] = (time.perf_counter() - t0, _sent(mpc) - b0)
+    out = {}
+    for i, w_new, b_new in updated:
+        wv = await mpc.output(w_new, receivers=[1])
+        bv = await mpc.output(b_new, receivers=[1])
+        if pid == 1:
+            out[f"op{i}.weight"] = np.ascontiguousarray(np.asarray(wv, dtype=np.float64).T)
+            out[f"op{i}.bias"] = np.ascontiguousarray(np.asarray(bv, dtype=np.float64))
+    if pid == 1:
+        save_file(out, str(job_dir / "trained.safetensors"))
 
 
 def main() -> None:

@@ -50,6 +50,7 @@ class Op:
     name: str  # the model's layer names it came from, e.g. "fc1" or "conv1+flatten+fc1"
     weight: np.ndarray | None = None  # (out, in) float64
     bias: np.ndarray | None = None  # (out,) float64
+    dense: bool = False  # exactly one nn.Linear (plus reshapes): its W, b are the module's own parameters
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -80,6 +81,29 @@ class Program:
             else:
                 total += width
         return total
+
+    def sgd_mse_step(self, x: np.ndarray, t: np.ndarray, lr: float) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Reference SGD step on L = 1/(2B)·Σ‖y − t‖² in float64: the updated (W, b) of every affine op.
+
+        Example:
+            >>> p = Program(2, 1, [Op("affine", "fc", np.ones((1, 2)), np.zeros(1), True)])
+            >>> p.sgd_mse_step(np.ones((1, 2)), np.zeros((1, 1)), 0.5)[0][0]
+            array([[0., 0.]])
+        """
+        acts = [np.asarray(x, dtype=np.float64).reshape(len(x), -1)]
+        for op in self.ops:
+            h = acts[-1]
+            acts.append(h @ op.weight.T + op.bias if op.kind == "affine" else h * h)
+        g = (acts[-1] - t) / len(x)
+        new: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for i in range(len(self.ops) - 1, -1, -1):
+            op, a_in = self.ops[i], acts[i]
+            if op.kind == "affine":
+                new[i] = (op.weight - lr * (g.T @ a_in), op.bias - lr * g.sum(0))
+                g = g @ op.weight
+            else:
+                g = 2 * a_in * g
+        return new
 
     def run(self, x: np.ndarray) -> np.ndarray:
         """Reference evaluation in float64 on a batch (n, in_features): what every backend must reproduce."""
@@ -199,10 +223,13 @@ def lower(model: nn.Module, input_shape: tuple[int, ...], backend: str = "he") -
             return
         names = "+".join(str(n.target) if n.op == "call_module" else n.name for n in run)
         w, b, out_shape = _affine_of(_Run(gm, run), shape)
+        mods = [gm.get_submodule(str(n.target)) for n in run if n.op == "call_module"]
+        dense = (sum(isinstance(m, nn.Linear) for m in mods) == 1
+                 and all(isinstance(m, nn.Linear | nn.Flatten | nn.Identity | nn.Dropout) for m in mods))
         if ops and ops[-1].kind == "affine":  # two affine runs in a row (e.g. split by a no-op): compose them
             last = ops.pop()
-            w, b, names = w @ last.weight, w @ last.bias + b, f"{last.name}+{names}"
-        ops.append(Op("affine", names, w, b))
+            w, b, names, dense = w @ last.weight, w @ last.bias + b, f"{last.name}+{names}", False
+        ops.append(Op("affine", names, w, b, dense))
         shape, run = out_shape, []
 
     for node in gm.graph.nodes:

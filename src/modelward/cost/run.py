@@ -36,8 +36,7 @@ ALL_BACKENDS: tuple[str, ...] = ("plain", "split", "he", "mpc", "crypten")
 HE_TRAIN = ("cannot train: TenSEAL has no bootstrapping, so the depth of a forward + backward pass exceeds the "
             "128-bit parameter bound, and the model owner could not apply encrypted gradients to plaintext weights "
             "without the data owner decrypting them")
-MPC_TRAIN = ("not measured: MPyC has no autograd; a secret-shared backward pass (and the secure exp/log of the "
-             "cross-entropy) would have to be written by hand per layer")
+MPC_TRAIN = "not measured (cost.train_steps = 0 or the MPC row did not run)"
 CRYPTEN_WHY = ("CrypTen 0.4.1 (the latest release) declares torchvision, which would replace the CPU torch, and "
                "fails to import on torch 2.13 (No module named 'torch.onnx._internal.registration')")
 
@@ -128,6 +127,50 @@ def crypten_row() -> BackendResult:
     return res
 
 
+def _mpc_train_batch(program: Any, data: DataSplit, s: CostSettings) -> tuple[np.ndarray, np.ndarray] | None:
+    """The data owner's training batch (inputs, one-hot targets) when every affine op is a plain Linear layer."""
+    if not all(op.dense for op in program.ops if op.kind == "affine"):
+        return None
+    k = min(len(data.x_train), s.train_batch)
+    xt = data.x_train[:k].double().numpy().reshape(k, -1)
+    tt = np.eye(data.num_classes)[data.y_train[:k].numpy()]
+    return xt, tt
+
+
+def _mpc_train_compare(model: torch.nn.Module, input_shape: tuple[int, ...], program: Any,
+                       batch: tuple[np.ndarray, np.ndarray],
+                       res: BackendResult, mcfg: MPCConfig) -> dict[str, Any]:
+    """The secret-shared SGD step vs the same step in plain PyTorch (same MSE loss, same lr, same weights)."""
+    import copy
+
+    xt, tt = batch
+    mpc_w = res.extra["train"].pop("weights")
+    ref = program.sgd_mse_step(xt, tt, mcfg.train_lr)
+    diff = max(max(float(np.abs(mpc_w[f"op{i}.weight"] - w).max()), float(np.abs(mpc_w[f"op{i}.bias"] - b).max()))
+               for i, (w, b) in ref.items())
+    scale = max(float(np.abs(w).max()) for w, _ in ref.values())
+    tol = float(res.extra["tol_scale"]) * (1.0 + scale)
+    x = torch.from_numpy(xt).float().reshape(len(xt), *input_shape)
+    t = torch.from_numpy(tt).float()
+    times = []
+    for _ in range(5):
+        m = copy.deepcopy(model).train()
+        opt = torch.optim.SGD(m.parameters(), lr=mcfg.train_lr)
+        t0 = time.perf_counter()
+        loss = 0.5 * ((m(x) - t) ** 2).sum(1).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    out = {"mpc_step_s": res.extra["train"]["step_s"], "plain_step_s": statistics.median(times),
+           "batch_size": len(xt), "bytes_per_sample": res.extra["train"]["bytes_per_sample"],
+           "weights_max_abs_diff": diff, "tolerance": tol, "ok": diff <= tol}
+    if diff > tol:
+        out["note"] = (f"FAILED: the secret-shared SGD step's weights drift from plain by {diff:.3g} > {tol:.3g} "
+                       f"({res.precision})")
+    return out
+
+
 def _fresh(work_dir: Path | None, name: str) -> Path | None:
     """A clean scratch folder per measurement (certificates, audit logs and job files of the previous run go)."""
     if work_dir is None:
@@ -165,6 +208,7 @@ def run_cost(cfg: CostConfig, work_dir: Path | None = None, progress: ProgressSi
     progress.start("cost", len(backends), "backends")
     results: dict[str, BackendResult] = {}
     training: dict[str, Any] | None = None
+    mpc_training: dict[str, Any] | None = None
     plain = run_plain(model, x, s.repeats)
     results["plain"] = plain
     ref = plain.outputs
@@ -193,7 +237,14 @@ def run_cost(cfg: CostConfig, work_dir: Path | None = None, progress: ProgressSi
                     res = run_he(program, xs, s.he)
                 else:
                     sub = _fresh(work_dir, "mpc")
-                    res = run_mpc(program, xs, s.mpc, sub)
+                    tb_np = _mpc_train_batch(program, data, s) if s.train_steps else None
+                    res = run_mpc(program, xs, s.mpc, sub, tb_np)
+                    if tb_np is not None and res.status == "ok":
+                        mpc_training = _mpc_train_compare(model, data.input_shape, program, tb_np, res, s.mpc)
+                    elif s.train_steps:
+                        mpc_training = {"note": "cannot train in MPC here: the secret-shared SGD step trains "
+                                        "nn.Linear layers only; convolutions/pooling are lowered to dense matrices "
+                                        "(their weight sharing would be lost)"}
         except UnsupportedLayer as e:
             res = BackendResult(b, status="unsupported", reason=str(e))
         if res.status == "ok" and res.outputs is not None:
@@ -209,8 +260,8 @@ def run_cost(cfg: CostConfig, work_dir: Path | None = None, progress: ProgressSi
         progress.advance("cost", info=f"{b}: {res.status}")
     progress.done("cost")
     plain.max_abs_diff, plain.tolerance = 0.0, 0.0
-    info.update(samples=n, dataset=data.name, input_shape=list(data.input_shape), num_classes=data.num_classes,
-                training=training)
+    info.update(train_steps=s.train_steps, samples=n, dataset=data.name, input_shape=list(data.input_shape), num_classes=data.num_classes,
+                training=training, mpc_training=mpc_training)
     return [results[b] for b in backends], info
 
 
@@ -218,6 +269,7 @@ def table_rows(results: list[BackendResult], info: dict[str, Any]) -> list[dict[
     """One row per backend: latencies (ms), throughput, slowdowns vs plain, bytes, agreement, training."""
     plain = next(r for r in results if r.backend == "plain")
     training = info.get("training") or {}
+    mpc_tr = info.get("mpc_training") or {}
     rows = []
     for r in results:
         ok = r.status == "ok"
@@ -239,16 +291,28 @@ def table_rows(results: list[BackendResult], info: dict[str, Any]) -> list[dict[
         }
         if r.backend == "plain" and training:
             row["train_step_ms"], row["train_slowdown"] = 1e3 * training["plain_step_s"], 1.0
-            row["train_note"] = f"batch {training['batch_size']}, reference"
+            row["train_note"] = f"batch {training['batch_size']}, reference for split"
         elif r.backend == "split" and training:
             row["train_step_ms"] = 1e3 * training["split_step_s"]
             row["train_slowdown"] = training["split_step_s"] / training["plain_step_s"]
-            row["train_note"] = (f"{training['split_bytes_per_sample']:.0f} B/sample on the wire; loss |Δ| "
+            row["train_note"] = (f"[train] optimizer, cross-entropy, batch {training['batch_size']}; "
+                                 f"{training['split_bytes_per_sample']:.0f} B/sample on the wire; loss |Δ| "
                                  f"{training['loss_max_abs_diff']:.2g} vs plain")
+        elif r.backend == "mpc" and mpc_tr and "mpc_step_s" in mpc_tr and mpc_tr["ok"]:
+            row["train_step_ms"] = 1e3 * mpc_tr["mpc_step_s"]
+            row["train_slowdown"] = mpc_tr["mpc_step_s"] / mpc_tr["plain_step_s"]
+            row["train_note"] = (f"SGD on MSE (softmax is not polynomial), batch {mpc_tr['batch_size']}; vs the same "
+                                 f"plain step ({1e3 * mpc_tr['plain_step_s']:.3g} ms); "
+                                 f"{mpc_tr['bytes_per_sample']:.3g} B/sample; weights |Δ| "
+                                 f"{mpc_tr['weights_max_abs_diff']:.2g} ≤ {mpc_tr['tolerance']:.2g}")
+        elif r.backend == "mpc" and mpc_tr:
+            row["train_step_ms"] = row["train_slowdown"] = float("nan")
+            row["train_note"] = mpc_tr["note"]
         else:
             row["train_step_ms"] = row["train_slowdown"] = float("nan")
             row["train_note"] = {"he": HE_TRAIN, "mpc": MPC_TRAIN, "crypten": "not available"}.get(
-                r.backend, "training comparison off (cost.train_steps = 0)")
+                r.backend, "no split run" if r.backend == "plain" and info.get("train_steps") else
+                "training comparison off (cost.train_steps = 0)")
         row["params"] = r.params
         row["precision"] = r.precision
         row["reason"] = r.reason

@@ -272,6 +272,7 @@ class GaussianDoI(DistributionOfInterest):
             raise ConfigError(f"doi: GaussianDoI needs std >= 0 and samples >= 1, got {self.std}, {self.samples}")
 
     def sample(self, x: torch.Tensor, baseline: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        # drawn on the CPU and moved: the same seed gives the same noise on every device
         g = torch.Generator(device="cpu").manual_seed(self.seed)
         noise = torch.randn((self.samples, *x.shape), generator=g, dtype=torch.float64)
         pts = x[None] + self.std * noise.to(device=x.device, dtype=x.dtype)

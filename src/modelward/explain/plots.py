@@ -64,9 +64,10 @@ def attribution_grid(path: str | Path, images: torch.Tensor, maps: dict[str, tor
     return path
 
 
-def unit_grid(path: str | Path, panels: list[list[tuple[torch.Tensor, str]]], row_titles: Sequence[str],
+def unit_grid(path: str | Path, panels: list[list[tuple]], row_titles: Sequence[str],
               title: str = "", signed: bool = True) -> Path:
-    """Rows of small images with captions (e.g. per class: the top units' input attributions or inversions)."""
+    """Rows of small images with captions (e.g. per class: the example, then the top units' input attributions or
+    inversions). A panel is ``(tensor, caption)`` or ``(tensor, caption, signed)`` to override ``signed``."""
     path = Path(path)
     rows = len(panels)
     cols = max((len(r) for r in panels), default=1)
@@ -79,9 +80,10 @@ def unit_grid(path: str | Path, panels: list[list[tuple[torch.Tensor, str]]], ro
             if j >= len(row):
                 ax.axis("off")
                 continue
-            t, caption = row[j]
-            a = _to_hw(t) if signed else _image(t)
-            if signed:
+            t, caption, *kind = row[j]
+            signed_here = signed if not kind else bool(kind[0])
+            a = _to_hw(t) if signed_here else _image(t)
+            if signed_here:
                 lim = float(np.abs(a).max()) or 1.0
                 ax.imshow(a, cmap="bwr", vmin=-lim, vmax=lim)
             else:

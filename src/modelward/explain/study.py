@@ -225,12 +225,13 @@ def units_model(cfg: ExplainConfig, entry: ModelEntry, out: Path, base: Path) ->
             rows.append({"model": entry.name, "layer": layer, "class": c, "rank": rank, "unit": u.unit,
                          "influence": u.score})
         if "attribution" in s.visualize:
-            attr_panels.append([(unit_attribution(model, layer, u.unit, xc[:1], "integrated_gradients", s.steps,
-                                                  s.batch_size)[0].cpu(), f"unit {u.unit}") for u in units])
+            attr_panels.append([(xc[0], "example", False)] + [
+                (unit_attribution(model, layer, u.unit, xc[:1], "integrated_gradients", s.steps, s.batch_size)[0].cpu(),
+                 f"unit {u.unit} ({u.score:+.2f})") for u in units])
         if "inversion" in s.visualize:
             inv = unit_inversion(model, layer, [u.unit for u in units], tuple(data.input_shape), s.inversion_steps,
                                  s.inversion_step_size)
-            inv_panels.append([(inv[i].cpu(), f"unit {u.unit}") for i, u in enumerate(units)])
+            inv_panels.append([(inv[i].cpu(), f"unit {u.unit} ({u.score:+.2f})") for i, u in enumerate(units)])
     folder = out / entry.name
     folder.mkdir(parents=True, exist_ok=True)
     write_table(folder, "top_units", rows, title=f"{entry.name}: most influential units of {layer!r} per class",
@@ -239,7 +240,7 @@ def units_model(cfg: ExplainConfig, entry: ModelEntry, out: Path, base: Path) ->
     names = [f"class {c}" for c in classes if (data.y_test == c).any()]
     if attr_panels:
         unit_grid(folder / "top_units_attribution.png", attr_panels, names,
-                  f"{entry.name}: top units of {layer} per class — input attribution (IG) on one example")
+                  f"{entry.name}: top units of {layer} per class (influence) — IG of each unit on an example")
     if inv_panels:
         unit_grid(folder / "top_units_inversion.png", inv_panels, names,
                   f"{entry.name}: top units of {layer} per class — inversion (activation maximisation)", signed=False)

@@ -57,9 +57,9 @@ class AuditLog:
         try:
             self.db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
-            # WAL + NORMAL: a killed process loses nothing that was committed; only a power loss may drop the
-            # last records (never corrupts the chain), and a step no longer waits for an fsync
-            self.db.execute("PRAGMA synchronous=NORMAL")
+            # WAL + FULL: a record is on disk before the answer leaves the party. Its head travels to the other
+            # parties, so a record lost in a power cut would later look like a truncated tail (--against).
+            self.db.execute("PRAGMA synchronous=FULL")
             self.db.executescript(_SCHEMA)
             cols = [r[1] for r in self.db.execute("PRAGMA table_info(audit)")]
         except sqlite3.DatabaseError as e:

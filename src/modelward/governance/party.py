@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import secrets
 import threading
 from collections import OrderedDict
@@ -135,6 +136,7 @@ class Party:
                 x = run_ops(full, lay.ops, x)
                 shapes.append(tuple(x.shape[1:]))
         self.in_shape, self.out_shape = shapes[start], shapes[end]
+        self._protect = self._label_protection()
         if cfg.init.checkpoint is None:
             # the party's own secret randomness: a 64-bit seed from the OS CSPRNG, used once and never stored
             # (init.test_seed, refused off loopback, is the test-only way to make it reproducible)
@@ -147,6 +149,9 @@ class Party:
             self._load_own(cfg.init.checkpoint)
         self.segment.train()
         self.params = dict(self.segment.named_parameters())
+        # parameters and buffers, detached views of the live storage (every update is in place): what a step
+        # snapshots, restores and checks, without rebuilding state_dict() each time
+        self._live = dict(self.segment.state_dict())
         self._load_data()
         self.audit = AuditLog(cfg.audit_db, cfg.name)
         self.consent = ConsentChecker(cfg.policy, self.audit)
@@ -159,12 +164,14 @@ class Party:
         self.train_cfg: TrainConfig | None = None
         self.opt: torch.optim.Optimizer | None = None
         self.prepared: _Prepared | None = None
+        self._note = ""  # added to the reason of the request's audit record (a commit carried by a step)
+        self._backup: dict[str, torch.Tensor] | None = None  # reused rollback buffers (one step at a time)
+        self._opt_backup: dict[tuple[int, str], torch.Tensor] = {}
         self.results: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._connect = connect or self._grpc_connect
         self.next_address = cfg.peers[cfg.next].address if cfg.next else None
         self.next_client: PartyClient | None = None
         self.link_seq: dict[str, int] = {}  # session -> last sequence number used towards the next party
-        self._protect = self._label_protection()
         # the first optimizer in a process imports a lot of torch; pay that before READY, not on the first request
         make_optimizer([torch.nn.Parameter(torch.zeros(1))], TrainConfig()).step()
         latest = self.ckpt.list()
@@ -199,6 +206,11 @@ class Party:
         except ImportError as e:
             raise ConfigError(f"[label_protection] needs modelward.governance.leakage.protect_gradient ({e})") \
                 from None
+        try:  # a bad table fails at start-up, not at the first step
+            g = torch.randn(8, *self.in_shape, generator=torch.Generator().manual_seed(0))
+            protect_gradient(g, torch.arange(8) % 2, self.cfg.label_protection)
+        except ModelwardError as e:
+            raise ConfigError(f"party {self.cfg.name}: [label_protection]: {e}") from None
         return protect_gradient
 
     def _grpc_connect(self, name: str, address: str) -> PartyClient:
@@ -341,11 +353,13 @@ class Party:
                 if cached is not None:
                     self.audit.append(caller, op, **rec, decision="retry", reason="answered from cache")
                     return cached
+            split = str(msg.meta.get("split", "train"))[:16] if op == "eval" else ""
             decision = self.consent.check(PassRequest(self.cfg.name, caller, op, purpose, msg.session, msg.step,
-                                                      batch))
+                                                      batch, split))
             if not decision.allowed:
                 self.audit.append(caller, op, **rec, decision="deny", reason=decision.reason)
                 raise ConsentDenied(f"party {self.cfg.name} refused {op} (step {msg.step}): {decision.reason}")
+            self._note = ""
             try:
                 err = self.ckpt.take_error()
                 if err:
@@ -353,14 +367,14 @@ class Party:
                 reply = getattr(self, f"_op_{op}")(msg, caller)
             except (ModelwardError, RuntimeError, ValueError) as e:
                 reason = str(e) if isinstance(e, ModelwardError) else f"{type(e).__name__}: {e}"
-                self.audit.append(caller, op, **rec, decision="error", reason=reason)
+                self.audit.append(caller, op, **rec, decision="error", reason=reason + self._note)
                 if isinstance(e, ModelwardError):
                     raise
                 raise PartyError(f"party {self.cfg.name}: {op} failed: {reason}") from None
             down = reply.meta.pop("_anchors", {})
             if down:
                 rec["anchors"] = {**rec["anchors"], **down}
-            self.audit.append(caller, op, **rec, decision="allow", reason=decision.reason)
+            self.audit.append(caller, op, **rec, decision="allow", reason=decision.reason + self._note)
             if op in DATA_OPS:  # our head (including this record) travels back along the chain
                 reply.meta["anchors"] = {**down, self.cfg.name: self.audit.head_ref}
             reply.session, reply.seq = msg.session, msg.seq
@@ -378,14 +392,15 @@ class Party:
                 if k != self.cfg.name and isinstance(v, list) and len(v) == 2 and isinstance(v[0], int)
                 and not isinstance(v[0], bool) and isinstance(v[1], str)}
 
-    def _status(self) -> dict[str, Any]:
+    def _status(self, digest: bool = False) -> dict[str, Any]:
         link = self.next_client.stats if self.next_client is not None else None
         return {"party": self.cfg.name, "layers": self.cfg.layers, "all_layers": self.all_layers,
                 "first": self.is_first, "last": self.is_last, "prev": self.cfg.prev, "next": self.cfg.next,
                 "step": self.step, "in_shape": list(self.in_shape), "out_shape": list(self.out_shape),
                 "n_train": self._n("train"), "n_test": self._n("test"),
                 "prepared": self.prepared.step if self.prepared is not None else None,
-                "checkpoints": self.checkpoints(), "digest": self.state_digest(), "audit_head": self.audit.head_ref,
+                "checkpoints": self.checkpoints(), "audit_head": self.audit.head_ref,
+                "digest": self.state_digest() if digest else None,
                 "params": {k: list(v.shape) for k, v in self.params.items()},
                 "link": None if link is None else {"to": self.cfg.next, "sent": link.sent,
                                                    "received": link.received, "raw": link.raw,
@@ -423,12 +438,14 @@ class Party:
 
     # ----------------------------------------------------------------- operations
     def _op_status(self, msg: Message, caller: str) -> Message:
-        return Message("status", step=self.step, meta=self._status())
+        return Message("status", step=self.step, meta=self._status(bool(msg.meta.get("digest"))))
 
     def _op_open(self, msg: Message, caller: str) -> Message:
         """Start or rejoin a session; a training session fixes the optimizer configuration. The driver may tell
         the party where its next neighbour listens (the neighbour is still pinned by fingerprint)."""
         tc = msg.meta.get("train_cfg")
+        if tc is not None and caller != self.cfg.driver:
+            raise ConsentDenied(f"party {self.cfg.name}: only the driver ({self.cfg.driver}) opens training sessions")
         if tc is not None:
             cfg = validate(TrainConfig, tc, "train_cfg")
             if self.train_cfg is None:
@@ -515,34 +532,80 @@ class Party:
             g["lr"] = self.train_cfg.lr_at(self.step)
 
     def _snapshot(self) -> _Prepared:
+        """The state before a step, copied into buffers reused from step to step (one fused copy): parameters,
+        buffers (BatchNorm statistics) and the optimizer's per-parameter state and hyper-parameters."""
         assert self.opt is not None
-        return _Prepared(self.step, {k: v.detach().clone() for k, v in self.segment.state_dict().items()},
-                         copy.deepcopy(self.opt.state_dict()))
+        live = self._live
+        bk = self._backup
+        if bk is None or list(bk) != list(live) or any(bk[k].shape != v.shape for k, v in live.items()):
+            bk = self._backup = {k: torch.empty_like(v) for k, v in live.items()}
+        torch._foreach_copy_(list(bk.values()), list(live.values()))
+        opt_state: dict[int, dict[str, Any]] = {}
+        for i, p in enumerate(self.params.values()):
+            st = self.opt.state.get(p)
+            if not st:
+                continue
+            saved: dict[str, Any] = {}
+            for k, v in st.items():
+                if torch.is_tensor(v):
+                    key = (i, k)
+                    buf = self._opt_backup.get(key)
+                    if buf is None or buf.shape != v.shape or buf.dtype != v.dtype:
+                        buf = self._opt_backup[key] = torch.empty_like(v)
+                    buf.copy_(v)
+                    saved[k] = buf
+                else:
+                    saved[k] = copy.deepcopy(v)
+            opt_state[i] = saved
+        groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
+        return _Prepared(self.step, bk, {"state": opt_state, "groups": groups})
 
     def _rollback(self, snap: _Prepared) -> None:
         """Back to the state before the step: parameters, buffers (BatchNorm statistics) and optimizer state."""
         assert self.opt is not None
+        live = self._live
         with torch.no_grad():
-            for k, v in self.segment.state_dict().items():
-                v.copy_(snap.model[k])
-        self.opt.load_state_dict(snap.opt)
+            torch._foreach_copy_(list(live.values()), [snap.model[k] for k in live])
+        params = list(self.params.values())
+        self.opt.state.clear()
+        for i, saved in snap.opt["state"].items():
+            self.opt.state[params[i]] = {k: (v.clone() if torch.is_tensor(v) else copy.deepcopy(v))
+                                         for k, v in saved.items()}
+        for g, saved in zip(self.opt.param_groups, snap.opt["groups"], strict=True):
+            g.update(copy.deepcopy(saved))
         self.opt.zero_grad(set_to_none=True)
 
     def _check_update(self) -> None:
-        """After the tentative update: every parameter and buffer finite and within max_abs_param."""
-        for k, v in self.segment.state_dict().items():
+        """After the tentative update: every parameter and buffer finite and within max_abs_param. One fused
+        L2 norm per tensor bounds its largest entry (max |x| <= ||x||_2) and is non-finite iff an entry is; only
+        when that bound is exceeded does the exact per-tensor search run (to decide, and to name the culprit)."""
+        floats = [v for v in self._live.values() if v.is_floating_point() and v.numel()]
+        if not floats:
+            return
+        m = float(torch.stack(torch._foreach_norm(floats)).max())
+        if m <= self.cfg.max_abs_param:
+            return
+        for k, v in self._live.items():
             if v.is_floating_point():
-                m = _max_abs(v)
-                if not m <= self.cfg.max_abs_param:
+                mk = _max_abs(v)
+                if not mk <= self.cfg.max_abs_param:
                     raise NumericError(f"party {self.cfg.name}: the update of step {self.step} leaves {k} with max "
-                                       f"|value| {m:.3g} (limit max_abs_param = {self.cfg.max_abs_param:g}, or "
+                                       f"|value| {mk:.3g} (limit max_abs_param = {self.cfg.max_abs_param:g}, or "
                                        "non-finite); the step is rolled back and refused")
+        if not math.isfinite(m):
+            raise NumericError(f"party {self.cfg.name}: the update of step {self.step} is not finite; rolled back")
 
     def _op_step(self, msg: Message, caller: str) -> Message:
         """Phase 1 of training step s: forward, (the rest of the chain), backward, tentative optimizer step,
         check. The state before the step is kept until commit(s) or abort(s)."""
         if self.opt is None:
             raise PartyError(f"party {self.cfg.name}: open a training session first")
+        carried = msg.meta.get("commit")  # phase 2 of the previous step, carried by this one (saves a round trip)
+        if carried is not None:
+            if not isinstance(carried, int) or isinstance(carried, bool):
+                raise WireError(f"meta.commit must be a step number, got {carried!r}")
+            self._commit(carried)
+            self._note = f"; committed step {carried} (carried by this step)"  # in this request's record
         if msg.step != self.step:
             raise PartyError(f"party {self.cfg.name} is at step {self.step}, request is for step {msg.step} "
                              "(resume from a common checkpoint with restore)")
@@ -563,13 +626,14 @@ class Party:
                 loss_t.backward()
                 loss, down = float(loss_t.item()), {}
             else:
-                r = self._next_call(msg, {}, {"h": out.detach(), "idx": idx})
+                r = self._next_call(msg, {} if carried is None else {"commit": carried},
+                                    {"h": out.detach(), "idx": idx})
                 g = self._bounded(expect(r, "g", torch.float32, tuple(out.shape)), "gradient g")
                 out.backward(g.contiguous(memory_format=_format_of(out)))
                 loss, down = float(r.meta["loss"]), self._anchors_in(r)
             grad = inp.grad if inp is not None else None
             if grad is not None and self._protect is not None:
-                grad = self._protect(grad, self.y_train[idx], self.cfg.label_protection)
+                grad = self._protect(grad, self.y_train[idx], self.cfg.label_protection, step=msg.step, index=idx)
             self.opt.step()
             self._check_update()
         except BaseException:
@@ -581,7 +645,10 @@ class Party:
 
     def _op_commit(self, msg: Message, caller: str) -> Message:
         """Phase 2: keep the prepared step s (idempotent: a repeated commit of the last step is a no-op)."""
-        s = msg.step
+        self._commit(msg.step)
+        return Message("commit", step=self.step, meta={"step": self.step})
+
+    def _commit(self, s: int) -> None:
         if self.prepared is not None and self.prepared.step == s:
             self.prepared = None
             self.step = s + 1
@@ -590,7 +657,6 @@ class Party:
         elif not (self.prepared is None and self.step == s + 1):
             raise PartyError(f"party {self.cfg.name}: nothing prepared for step {s} (at step {self.step}, "
                              f"prepared {self.prepared.step if self.prepared else None})")
-        return Message("commit", step=self.step, meta={"step": self.step})
 
     def _op_abort(self, msg: Message, caller: str) -> Message:
         """Phase 2 on a refusal: restore the state before the prepared step s (no-op if nothing is prepared)."""

@@ -14,6 +14,7 @@ library writes the report (``results.csv``/``.md``/``.json``, ``plasticity.png``
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -237,7 +238,8 @@ def run_study(cfg: PlasticityConfig, out: str | Path, progress: ProgressSink | N
     out = Path(out)
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     ledger = RunLedger(out / "ledger.sqlite")
-    ledger.bind_config(cfg, exclude={"threads"})
+    ledger.bind_config(cfg, exclude={"threads"},
+                       legacy=(json.dumps(cfg.model_dump(mode="json"), sort_keys=True),))  # folders from before
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     cfg_json = cfg.model_dump_json()
