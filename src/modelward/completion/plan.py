@@ -21,7 +21,8 @@ from modelward.errors import ConfigError
 def _supervised_problem(cfg: StudyConfig) -> CompletionProblem:
     from modelward.completion.supervised import SupervisedProblem
 
-    return SupervisedProblem(cfg.data, cfg.model, cfg.train, cfg.retrain.lr, cfg.retrain.lr_schedule)
+    return SupervisedProblem(cfg.data, cfg.model, cfg.train, cfg.retrain.lr, cfg.retrain.lr_schedule,
+                             device=cfg.device, checkpoint_every=cfg.checkpoint_every)
 
 
 def _rl_problem(cfg: StudyConfig) -> CompletionProblem:
