@@ -353,8 +353,9 @@ class Party:
                 if cached is not None:
                     self.audit.append(caller, op, **rec, decision="retry", reason="answered from cache")
                     return cached
+            split = str(msg.meta.get("split", "train"))[:16] if op == "eval" else ""
             decision = self.consent.check(PassRequest(self.cfg.name, caller, op, purpose, msg.session, msg.step,
-                                                      batch))
+                                                      batch, split))
             if not decision.allowed:
                 self.audit.append(caller, op, **rec, decision="deny", reason=decision.reason)
                 raise ConsentDenied(f"party {self.cfg.name} refused {op} (step {msg.step}): {decision.reason}")
