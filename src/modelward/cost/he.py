@@ -165,19 +165,21 @@ class CKKSInference:
         return self.decrypt(down), len(up) + len(down)
 
 
-def run_he(program: Program, x: np.ndarray, cfg: HEConfig, progress: Callable[[], None] | None = None) -> BackendResult:
+def run_he(program: Program, x: np.ndarray, cfg: HEConfig, progress: Callable[[], None] | None = None,
+           engine: CKKSInference | None = None) -> BackendResult:
     """Measure CKKS inference of `program` on the samples `x` (n, features): per sample and for the batch.
 
     Returns:
         a :class:`BackendResult` with outputs for all n samples (the batch run), bytes per sample from the
-        serialized ciphertexts and the one-time public-context bytes as ``setup_bytes``.
+        serialized ciphertexts and the one-time public-context bytes as ``setup_bytes``. `engine` reuses the keys
+        of an existing :class:`CKKSInference` for the same program (tests).
     """
     res = BackendResult("he", batch_size=len(x), multiplications=program.multiplications())
     reason = tenseal_available()
     if reason:
         res.status, res.reason = "unavailable", reason
         return res
-    he = CKKSInference(program, cfg)
+    he = engine or CKKSInference(program, cfg)
     res.params, res.setup_bytes, res.setup_s = he.params, float(he.setup_bytes), he.setup_s
     depth = program.depth
     tol_scale = 2.0 ** (18 + 2 * depth - he.scale_bits)
