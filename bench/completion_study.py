@@ -16,8 +16,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 from modelward.completion.study import run_study
 from modelward.demo import demo_study_config
 
@@ -32,7 +30,6 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args()
-    console = Console()
     base = demo_study_config().model_copy(update={"seeds": list(range(args.seeds))})
     times = {}
     tables = {}
@@ -41,7 +38,7 @@ def main() -> None:
             cfg = base.model_copy(update={"early_stop": early})
             out = Path(tmp) / f"early_{early}"
             t0 = time.perf_counter()
-            outcome = run_study(cfg, out, args.workers, console)
+            outcome = run_study(cfg, out, args.workers)
             times[early] = time.perf_counter() - t0
             tables[early] = _table(out)
             assert not outcome.failed, outcome.failed

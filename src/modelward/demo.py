@@ -128,10 +128,12 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
 
     # 2. completion study ----------------------------------------------------------------------------------------
     console.print(Rule("2 · model-completion hardness (T1, T2; seed 0 = the split-trained model)"))
-    outcome = run_study(cfg, study_dir, workers, console, preset_originals=presets)
-    from modelward.completion.report import rich_tables, write_report
+    from modelward.completion.report import rich_tables
+    from modelward.core.progress import RichProgress
 
-    for table in rich_tables(cfg, write_report(study_dir)):
+    with RichProgress(console) as progress:
+        outcome = run_study(cfg, study_dir, workers, progress, preset_originals=presets)
+    for table in rich_tables(cfg, outcome.tables):
         console.print(table)
     summary["completion"] = {"out": str(study_dir), "done": outcome.done, "total": outcome.total,
                              "failed": len(outcome.failed)}

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from modelward.completion.metric import Thresholds, first_reach, hardness_ratio, summarize
+from modelward.completion.metric import Thresholds, first_reach, hardness_ratio
+from modelward.core.stats import summarize
 
 ORIG = [(0, 0.9), (10, 0.5), (20, 0.3), (30, 0.1), (40, 0.12), (50, 0.1)]
 
@@ -43,10 +44,10 @@ def test_degenerate_original_cost_zero():
 
 def test_sd_convention_is_sample_sd():
     s = summarize([0.38, 0.39, 1.00])  # AlexNet Conv 1, T1, α=1 (App. C)
-    assert s["mean"] == pytest.approx(0.59) and s["sd"] == pytest.approx(0.355, abs=5e-4)
-    assert s["median"] == 0.39 and (s["min"], s["max"], s["n"]) == (0.38, 1.0, 3)
-    assert summarize([0.34, 0.37, 1.00])["sd"] == pytest.approx(0.373, abs=5e-4)
-    assert math.isnan(summarize([0.5])["sd"])  # a single seed has no sample SD
+    assert s.mean == pytest.approx(0.59) and s.sd == pytest.approx(0.355, abs=5e-4)
+    assert s.median == 0.39 and (s.min, s.max, s.n) == (0.38, 1.0, 3)
+    assert summarize([0.34, 0.37, 1.00]).sd == pytest.approx(0.373, abs=5e-4)
+    assert math.isnan(summarize([0.5]).sd)  # a single seed has no sample SD
 
 
 def test_first_reach_and_curve_validation():

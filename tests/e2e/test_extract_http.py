@@ -11,8 +11,9 @@ from modelward.core.config import validate
 from modelward.core.data import DataConfig, load_data
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
+from modelward.extraction.config import EvalConfig
 from modelward.extraction.demo import run_extraction_demo
-from modelward.extraction.evaluate import EvalConfig, run_evaluation
+from modelward.extraction.study import run_evaluation
 
 
 def test_harness_attacks_a_served_modelguard_s(tmp_path):

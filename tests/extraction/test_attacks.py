@@ -164,7 +164,7 @@ def test_unlabelled_pool_rejected_where_labels_needed(setup):
 
 def test_mqpi_sees_flips_of_the_non_ordered_quantizer_only(setup):
     """Table 6: a second pass changes answers of the nearest-centroid quantizer, never of ordered ModelGuard-S."""
-    from modelward.extraction.evaluate import Tempered
+    from modelward.extraction.prepare import Tempered
 
     model, transfer, ev, factory = setup
     changed = {}

@@ -10,8 +10,9 @@ import torch
 
 from modelward.core.config import validate
 from modelward.errors import ConfigError, LedgerError
-from modelward.extraction import evaluate as ev
-from modelward.extraction.evaluate import EvalConfig, cells, run_evaluation
+from modelward.extraction import study as ev
+from modelward.extraction.config import EvalConfig, cells
+from modelward.extraction.study import run_evaluation
 
 
 def _cfg(tmp_path, **over):

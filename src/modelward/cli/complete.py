@@ -22,14 +22,17 @@ def run(
 ) -> None:
     """Run (or resume) a completion study and write hardness tables and plots."""
     from modelward.cli._outdir import check_out_dir
-    from modelward.completion.report import write_report
-    from modelward.completion.study import load_study, run_study
+    from modelward.completion.study import interrupted_runs, load_study, run_study
+    from modelward.core.progress import RichProgress
 
     cfg = load_study(study, set_)
     check_out_dir(out)
-    outcome = run_study(cfg, out, workers or os.cpu_count(), console)
-    tables = write_report(out)
-    _print_summary(cfg, tables, out)
+    recovered = interrupted_runs(out)
+    if recovered:
+        console.print(f"[yellow]resuming:[/] {recovered} interrupted run(s) will restart")
+    with RichProgress(console) as progress:
+        outcome = run_study(cfg, out, workers or os.cpu_count(), progress)
+    _print_summary(cfg, outcome.tables, out)
     if outcome.failed:
         console.print(f"[red]{len(outcome.failed)} run(s) failed[/] (they restart when you run the command again):")
         for rid, err in sorted(outcome.failed.items())[:10]:
@@ -40,13 +43,11 @@ def run(
 @app.command("report")
 def report(out: Annotated[Path, typer.Argument(help="a study output folder")]) -> None:
     """Rebuild hardness.csv / hardness.md / plots from a study folder's run files."""
-    import json
-
+    from modelward.completion.config import read_study_config
     from modelward.completion.report import write_report
-    from modelward.completion.study import StudyConfig
 
     tables = write_report(out)
-    cfg = StudyConfig.model_validate(json.loads((out / "study.json").read_text()))
+    cfg = read_study_config(out)
     _print_summary(cfg, tables, out)
 
 

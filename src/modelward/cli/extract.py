@@ -22,11 +22,17 @@ def run(
     set_: list[str] = typer.Option(None, "--set", help="Override a config value, e.g. budget=300."),
 ) -> None:
     """Run every defense × ε × attack × seed cell; write results.csv, worst_case.csv, results.md and plots."""
-    from modelward.extraction.evaluate import EvalConfig, run_evaluation
+    from modelward.core.progress import RichProgress
+    from modelward.extraction.config import EvalConfig
+    from modelward.extraction.study import run_evaluation
 
     cfg = load_config(config, EvalConfig, set_)
     check_out_dir(out)
-    summary = run_evaluation(cfg, out, console)
+    with RichProgress(console) as progress:
+        summary = run_evaluation(cfg, out, progress)
+    console.print(f"victim: test accuracy {summary['victim_accuracy']:.4f} "
+                  f"({'cached' if summary['victim_cached'] else 'trained'}), pool {summary['pool']}, budget "
+                  f"{cfg.budget}; {summary['already_done']}/{summary['cells']} cells were already done")
     table = Table(title=f"{cfg.name}: worst case over attacks (victim accuracy {summary['victim_accuracy']:.2%})")
     for col in ("defense", "max accuracy", "worst attack", "max fidelity", "max ℓ1", "protected acc."):
         table.add_column(col)

@@ -1,5 +1,5 @@
 """Model-completion hardness (seed 000 §3): thresholds, retraining procedures T1–T4, resumable studies."""
 
-from modelward.completion.metric import Thresholds, first_reach, hardness_ratio, summarize
+from modelward.completion.metric import Thresholds, first_reach, hardness_ratio
 
-__all__ = ["Thresholds", "first_reach", "hardness_ratio", "summarize"]
+__all__ = ["Thresholds", "first_reach", "hardness_ratio"]

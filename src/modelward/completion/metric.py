@@ -7,14 +7,12 @@
   same reason a ratio above 1 is capped at 1.0 (flagged ``capped``).
 - C(ℓ*_α) = 0 (the untrained model already meets the threshold, e.g. α = 0) makes the ratio 0/0; we record 0.0
   (no training is needed at all) and flag it ``degenerate``.
-- statistics over seeds: median, mean, sample SD (n−1; the paper's convention; undefined — NaN — for one seed),
-  min, max, n.
+- statistics over seeds (:func:`modelward.core.stats.summarize`): median, mean, sample SD (n−1; the paper's
+  convention; undefined — NaN — for one seed), min, max, n.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 from dataclasses import dataclass
 
 Curve = list[tuple[int, float]]
@@ -75,19 +73,3 @@ def hardness_ratio(retrain_curve: Curve, threshold: float, original_cost: int) -
         return Ratio(0.0 if c_new == 0 else 1.0, True, c_new > 0, True, c_new)
     r = c_new / original_cost
     return Ratio(min(r, 1.0), True, r > 1.0, False, c_new)
-
-
-def summarize(values: list[float]) -> dict[str, float | int]:
-    """median, mean, sample SD (n−1), min, max, n. SD is NaN (undefined) for a single value; NaN fields for none."""
-    n = len(values)
-    if n == 0:
-        nan = math.nan
-        return {"median": nan, "mean": nan, "sd": nan, "min": nan, "max": nan, "n": 0}
-    return {
-        "median": statistics.median(values),
-        "mean": statistics.fmean(values),
-        "sd": statistics.stdev(values) if n > 1 else math.nan,
-        "min": min(values),
-        "max": max(values),
-        "n": n,
-    }

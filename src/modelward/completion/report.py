@@ -7,8 +7,6 @@ over procedures (Eq. 1) is the minimum over procedures of the mean.
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import statistics
 from collections import defaultdict
@@ -16,10 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from modelward.completion.metric import Thresholds, hardness_ratio, summarize
+from modelward.completion.config import read_study_config
+from modelward.completion.metric import Thresholds, hardness_ratio
+from modelward.completion.plan import is_usable, make_problem, orig_id, study_parts
 from modelward.completion.problem import CompletionProblem, OriginalRun
 from modelward.core.ledger import RunLedger
 from modelward.core.plots import grouped_bars
+from modelward.core.records import write_csv, write_table
+from modelward.core.stats import summarize
 from modelward.errors import ModelwardError
 
 FIELDS = ["part", "procedure", "alpha", "median", "mean", "sd", "min", "max", "n", "not_reached"]
@@ -37,8 +39,6 @@ class HardnessTables:
 
 def compute_tables(cfg: Any, problem: CompletionProblem, results: dict[str, dict[str, Any]],
                    out: Path | None = None) -> HardnessTables:
-    from modelward.completion.study import is_usable, orig_id, study_parts
-
     alphas = sorted(cfg.alphas, reverse=True)
     parts = study_parts(cfg, problem)
     procs = [p.name for p in cfg.procedures]
@@ -92,7 +92,7 @@ def compute_tables(cfg: Any, problem: CompletionProblem, results: dict[str, dict
                         vals.append(statistics.fmean(task_vals))
                     else:
                         missing += 1
-                s = summarize(vals)
+                s = summarize(vals).as_dict()
                 rows.append({"part": part, "procedure": proc, "alpha": a, **s,
                              "not_reached": not_reached.get((part, proc, a), 0)})
                 if s["n"] and (best is None or s["mean"] < best[0]):
@@ -108,7 +108,7 @@ def compute_tables(cfg: Any, problem: CompletionProblem, results: dict[str, dict
                         vals = per_task.get((task, part, proc, a), [])
                         if vals:
                             task_rows.append({"task": task, "part": part, "procedure": proc, "alpha": a,
-                                              **summarize(vals)})
+                                              **summarize(vals).as_dict()})
     return HardnessTables(rows, inf_rows, originals, filtered, missing, task_rows)
 
 
@@ -200,38 +200,28 @@ def markdown(cfg: Any, t: HardnessTables) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: str | Path) -> HardnessTables:
-    """(Re)build hardness.csv, hardness_inf.csv, hardness.md, hardness_<procedure>.png and parts.csv in `out`."""
-    from modelward.completion.study import StudyConfig, make_problem
+def write_report(out: str | Path, problem: CompletionProblem | None = None) -> HardnessTables:
+    """(Re)build hardness.{csv,md,json}, hardness_inf.csv, hardness_<procedure>.png and parts.csv in `out`.
 
+    `problem` is the study's learning problem when it is not the one its config describes (a study run with your
+    own model); by default it is rebuilt from ``study.json``.
+    """
     out = Path(out).resolve()
     cfg_file = out / "study.json"
     if not cfg_file.is_file() or not (out / "ledger.sqlite").is_file():
         raise ModelwardError(f"{out}: not a study folder (needs study.json and ledger.sqlite from 'complete run')")
-    cfg = StudyConfig.model_validate(json.loads(cfg_file.read_text()))
-    problem = make_problem(cfg)
+    cfg = read_study_config(out)
+    problem = problem or make_problem(cfg)
     results = RunLedger(out / "ledger.sqlite").results()
     t = compute_tables(cfg, problem, results, out)
-    with (out / "hardness.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(t.rows)
-    with (out / "hardness_inf.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["part", "alpha", "value", "procedure"])
-        w.writeheader()
-        w.writerows(t.inf_rows)
+    write_table(out, "hardness", t.rows, FIELDS, markdown=markdown(cfg, t))
+    write_csv(out / "hardness_inf.csv", t.inf_rows, ["part", "alpha", "value", "procedure"])
     if t.task_rows:
-        with (out / "hardness_by_task.csv").open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["task", *FIELDS[:-1]])
-            w.writeheader()
-            w.writerows(t.task_rows)
-    with (out / "parts.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["part", "params", "params_excl_norm"])
-        w.writeheader()
-        rows = problem.parts_table()
-        wanted = set(study_parts_safe(cfg, problem)) | {"total"}
-        w.writerows([r for r in rows if r["part"] in wanted] + _extra_parts(cfg, problem, rows))
-    (out / "hardness.md").write_text(markdown(cfg, t))
+        write_csv(out / "hardness_by_task.csv", t.task_rows, ["task", *FIELDS[:-1]])
+    rows = problem.parts_table()
+    wanted = set(study_parts(cfg, problem)) | {"total"}
+    write_csv(out / "parts.csv", [r for r in rows if r["part"] in wanted] + _extra_parts(cfg, problem, rows),
+              ["part", "params", "params_excl_norm"])
     parts = list(dict.fromkeys(r["part"] for r in t.rows))
     for proc in [p.name for p in cfg.procedures]:
         series = {}
@@ -245,16 +235,10 @@ def write_report(out: str | Path) -> HardnessTables:
     return t
 
 
-def study_parts_safe(cfg: Any, problem: CompletionProblem) -> list[str]:
-    from modelward.completion.study import study_parts
-
-    return study_parts(cfg, problem)
-
-
 def _extra_parts(cfg: Any, problem: CompletionProblem, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Parts named in the study that are not natural parts (globs, unions): count them on the model."""
     known = {r["part"] for r in rows}
-    extra = [p for p in study_parts_safe(cfg, problem) if p not in known]
+    extra = [p for p in study_parts(cfg, problem) if p not in known]
     if not extra or not hasattr(problem, "build"):
         return []
     from modelward.core.parts import resolve_part

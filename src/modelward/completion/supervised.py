@@ -3,6 +3,8 @@ part reset and retrained. Cost = minibatch steps; L = test top-1 error (or cross
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.init import init_model_
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.parts import default_part_names, parts_table, resolve_part
+from modelward.core.seed import seeded
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
 
@@ -65,9 +68,9 @@ class SupervisedProblem(CompletionProblem):
 
     # -- protocol ---------------------------------------------------------------------------------------------
     def train_original(self, seed: int, task: str, workdir: Path, on_eval: OnEval | None = None) -> OriginalRun:
-        torch.manual_seed(seed)
-        model = init_model_(self.build(), self.init_scheme, seed)
-        curve = self._fit(model, self.train_cfg, seed, None, None, on_eval)
+        with seeded(seed):  # the module constructors draw from the global RNG
+            model = init_model_(self.build(), self.init_scheme, seed)
+            curve = self._fit(model, self.train_cfg, seed, None, None, on_eval)
         ckpt = Path(workdir) / f"original_seed{seed}.safetensors"
         save_state_dict(ckpt, model.state_dict(), {"seed": seed})
         return OriginalRun(seed, task, curve, ckpt)
@@ -89,3 +92,45 @@ class SupervisedProblem(CompletionProblem):
             update["lr_schedule"] = schedule
         cfg = self.train_cfg.model_copy(update=update)
         return self._fit(model, cfg, rseed, trainable, stop_at, on_eval)
+
+
+class ModuleProblem(SupervisedProblem):
+    """The supervised completion problem for your own ``nn.Module`` and data (no zoo config, no data file).
+
+    Each seed's original starts from a fresh copy of `model` re-initialised with `init_scheme` and seed (so every
+    seed repeats the whole experiment, seed 000 §3.2), trained with `train_cfg`; parts are addressed by module name
+    (``modelward.core.parts``). Use with ``run_study(cfg, out, problem=ModuleProblem(...))``; the study config's
+    ``data``/``model``/``train`` tables are then not used. For ``workers > 1`` the problem must be picklable.
+
+    Args:
+        model: the architecture (its current weights are not used), or a zero-argument factory returning one.
+        data: the data set (``modelward.core.data.DataSplit``; train split trains, test split gives L).
+        train_cfg: procedure T (optimizer, steps, schedule, evaluation every k steps, loss "error"/"ce").
+        retrain_lr, retrain_lr_schedule: retraining overrides (the paper's SL retraining is 50% faster).
+        init_scheme: the init scheme of the original training and of reset parts.
+
+    Example:
+        >>> from modelward.core.data import DataConfig, load_data
+        >>> from modelward.core.train import TrainConfig
+        >>> net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+        >>> problem = ModuleProblem(net, load_data(DataConfig(source="digits")), TrainConfig(steps=20))
+        >>> problem.part_names()
+        ['1']
+    """
+
+    def __init__(self, model: torch.nn.Module | Callable[[], torch.nn.Module], data: DataSplit,
+                 train_cfg: TrainConfig, retrain_lr: float | None = None,
+                 retrain_lr_schedule: list[tuple[int, float]] | None = None,
+                 init_scheme: str = "glorot_uniform") -> None:
+        super().__init__(DataConfig(), ModelConfig(), train_cfg, retrain_lr, retrain_lr_schedule, init_scheme)
+        self._model = model
+        self._split = data
+
+    @property
+    def data(self) -> DataSplit:
+        return self._split
+
+    def build(self) -> torch.nn.Module:
+        if isinstance(self._model, torch.nn.Module):
+            return copy.deepcopy(self._model)
+        return self._model()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from modelward.core.train import batch_order
 from modelward.errors import ConfigError
 from modelward.extraction.defenses.base import PredictionDefense
 
@@ -62,15 +61,32 @@ def misinformation_loss(logits: Tensor, y: Tensor) -> Tensor:
     return -torch.log(1.0 - p + 1e-7).mean()
 
 
-def train_misinformation_model(model: nn.Module, x: Tensor, y: Tensor, steps: int = 300, lr: float = 0.01,
-                               batch_size: int = 64, seed: int = 0) -> nn.Module:
-    """Train ``model`` (fresh, the victim's architecture) in place as a misinformation model on (x, y)."""
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+def train_misinformation_model(model: nn.Module, x: Tensor, y: Tensor, steps: int = 300, lr: float = 0.05,
+                               batch_size: int = 64, seed: int = 0, momentum: float = 0.9) -> nn.Module:
+    """Train ``model`` (fresh, the victim's architecture) in place as AM's misinformation model f̂ on (x, y).
+
+    The one recipe (the official ``train_admis``): SGD with momentum, minibatches of `batch_size` drawn with
+    replacement from a generator seeded with `seed`, loss :func:`misinformation_loss` = −log(1 − f̂(x)_y + 1e-7).
+
+    Args:
+        model: the network to train (returns logits); left in eval mode.
+        x, y: the defender's training inputs and labels.
+        steps, lr, batch_size, seed, momentum: the schedule.
+
+    Returns:
+        `model`.
+
+    Example:
+        >>> mis = train_misinformation_model(build_victim_like_net(), x_train, y_train, steps=300, seed=6)
+        >>> defense = AdaptiveMisinformation(tau=0.5, misinformation=mis)
+    """
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     model.train()
-    for _, idx in zip(range(steps), batch_order(len(x), batch_size, seed), strict=False):
+    for _ in range(steps):
+        idx = torch.randint(0, len(x), (min(batch_size, len(x)),), generator=g)
         loss = misinformation_loss(model(x[idx]), y[idx])
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
     return model.eval()
-
