@@ -88,6 +88,14 @@ class SupervisedProblem(CompletionProblem):
 
         return Subset(d.x_train, fit.tolist()), None, Subset(d.x_train, val.tolist()), None
 
+    def fit_split(self) -> DataSplit:
+        """The data as training sees it: ``x_train`` = what T trains on, ``x_test`` = the split L is measured on
+        (the validation split by default) — e.g. for training an original elsewhere (split between parties)."""
+        from dataclasses import replace
+
+        x_fit, y_fit, x_eval, y_eval = self.splits()
+        return replace(self.data, x_train=x_fit, y_train=y_fit, x_test=x_eval, y_test=y_eval)
+
     def _fit(self, model: torch.nn.Module, cfg: TrainConfig, seed: int, trainable: set[str] | None,
              stop_at: float | None, on_eval: OnEval | None, test_curve: Curve | None = None) -> Curve:
         x_fit, y_fit, x_eval, y_eval = self.splits()
