@@ -148,4 +148,4 @@ def test_capped_uncapped_reference_threat_groups_and_quantisation():
     assert len(t.warnings) == 1 and "eval_every ≤ 6" in t.warnings[0]  # C = 30 after 3 evaluations
     md = markdown(cfg, t)
     assert "uncapped 1.50 ± 0.50 (1 capped, 1 not reached)" in md and "inf (Eq. 1), buffer kept" in md
-    assert "T0: from scratch" in md and "Capped" in md and "Quantised" in md
+    assert "**Reference** T0 (from scratch" in md and "Capped" in md and "Quantised" in md

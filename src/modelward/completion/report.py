@@ -250,13 +250,15 @@ def _columns(cfg: Any) -> tuple[list[str], list[str]]:
     return procs, groups
 
 
+def reference_text(t: HardnessTables, a: float) -> str:
+    """The T0 reference at α: "T0 (from scratch, every parameter): <cell>", or "" without one."""
+    r = next((r for r in t.rows if r["part"] == ALL_PARTS and r["alpha"] == a), None)
+    return "" if r is None else f"{r['procedure']} (from scratch, every parameter re-initialised): {cell(r)}"
+
+
 def _table_rows(cfg: Any, t: HardnessTables, a: float) -> list[list[str]]:
     procs, groups = _columns(cfg)
     lines = []
-    t0 = [r for r in t.rows if r["part"] == ALL_PARTS and r["alpha"] == a]
-    for r in t0:
-        lines.append([f"{r['procedure']}: from scratch, every parameter (reference)", cell(r), *[""] * (len(procs) - 1),
-                      *[""] * len(groups)])
     for part in dict.fromkeys(r["part"] for r in t.rows if r["part"] != ALL_PARTS):
         cells = [cell(next(r for r in t.rows if r["part"] == part and r["procedure"] == p and r["alpha"] == a))
                  for p in procs]
@@ -283,6 +285,9 @@ def rich_tables(cfg: Any, t: HardnessTables) -> list[Any]:
             table.add_column(f"inf (Eq. 1), {GROUP_LABEL[g]}")
         for row in _table_rows(cfg, t, a):
             table.add_row(*[escape(c) for c in row])
+        ref = reference_text(t, a)
+        if ref:
+            table.caption = escape("reference " + ref)
         out.append(table)
     return out
 
@@ -334,7 +339,9 @@ def markdown(cfg: Any, t: HardnessTables) -> str:
         lines += ["**Quantised ratios:**", ""] + [f"- {w}" for w in t.warnings] + [""]
     for a in sorted(cfg.alphas, reverse=True):
         head = ["Part", *procs, *[f"inf (Eq. 1), {GROUP_LABEL[g]}" for g in groups]]
-        lines += [f"## α = {a:g}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        ref = reference_text(t, a)
+        lines += [f"## α = {a:g}", ""] + ([f"**Reference** {ref}", ""] if ref else [])
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(row) + " |" for row in _table_rows(cfg, t, a)]
         lines.append("")
     has_random = any(o["random"] is not None for o in t.originals)
