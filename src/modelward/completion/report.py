@@ -403,13 +403,14 @@ def hardness_plot(path: Path, cfg: Any, t: HardnessTables, proc: str) -> Path:
                 ax.plot([xi], [min(raw, top * 0.98)], marker="D" if raw <= top else "^", color="black",
                         markersize=3.5, linestyle="none")
             k = r["capped"] + r["not_reached"]
-            if k:
-                ax.text(xi, min(top * 0.93, r["mean"] + 0.03), str(k), ha="center", fontsize=6)
+            if k:  # inside the bar's foot, where error bars and diamonds never are
+                ax.text(xi, 0.02 * top, str(k), ha="center", va="bottom", fontsize=7, color="white",
+                        fontweight="bold")
     ax.plot([], [], marker="D", color="black", linestyle="none", markersize=3.5, label="uncapped mean")
     ax.set_xticks(x, labels, rotation=30 if len(parts) > 6 else 0, ha="right" if len(parts) > 6 else "center")
     ax.set_ylim(0.0, top)
     ax.set_ylabel("C'(ℓ*_α) / C(ℓ*_α)  (capped mean ± SD)")
-    ax.set_title(f"{cfg.name}: MC-hardness, {proc} (numbers: runs capped or not reached)", fontsize=9)
+    ax.set_title(f"{cfg.name}: MC-hardness, {proc} (white numbers: runs capped or not reached)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
