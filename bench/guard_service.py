@@ -1,14 +1,26 @@
-"""The guarded prediction service under 8 concurrent loopback clients: throughput, p50/p99 latency, errors.
+"""The guarded prediction service against a bare model server, on loopback: throughput, p50/p99 latency, errors.
 
     .venv/bin/python bench/guard_service.py [--clients 8] [--requests 40] [--batch 16]
 
-Runs the same load against two servers in one go — the model unguarded (defense "none") and guarded by
-ModelGuard-S — and prints the guarded/unguarded throughput ratio. Bounded: clients × requests requests each.
+One run measures three servers serving the same model, each in its own subprocess:
+
+* ``bare``: the model behind a plain FastAPI handler on uvicorn (``await request.json()`` → model → softmax →
+  JSON), no defense, no API key, no query log — what a user would write without modelward;
+* ``none``: ``modelward guard serve`` with defense "none" (auth, validation, budgets and the SQLite log only);
+* ``modelguard_s``: ``modelward guard serve`` with ModelGuard-S (ε = 1).
+
+Each is loaded with ``--clients`` concurrent clients (keep-alive connections) and with a single client; the
+script prints rows/s, req/s, p50/p99 and the ratios guarded / bare. Targets (issue 13): ModelGuard-S ≥ 0.8× the
+bare server's throughput with 8 clients, and p50 ≤ 5 ms for one client.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -17,27 +29,78 @@ from pathlib import Path
 import httpx
 import numpy as np
 import torch
+from fastapi import Request
 
 from modelward.core.zoo import ModelConfig, build_model
-from modelward.extraction.service_process import start_guard_server, write_guard_config
+from modelward.extraction.service_process import free_port, start_guard_server, write_guard_config
 
 KEY = "bench-key-0000"
+
+
+def bare_server(config: str, port: int) -> None:
+    """The baseline: the same model behind a plain FastAPI/uvicorn handler (no defense, no auth, no log)."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    from modelward.extraction.service import _load_weights, load_guard_config
+
+    cfg = load_guard_config(config)
+    model = build_model(cfg.model.net, tuple(cfg.model.input_shape), cfg.model.num_classes)
+    _load_weights(model, Path(config).parent / cfg.model.checkpoint, "model.checkpoint")
+    app = FastAPI()
+
+    @app.get("/v2/health/ready")
+    async def ready() -> dict[str, bool]:
+        return {"ready": True}
+
+    @app.post("/v2/models/{name}/infer")
+    async def infer(name: str, request: Request) -> dict:
+        t = (await request.json())["inputs"][0]
+        x = torch.from_numpy(np.asarray(t["data"], dtype=np.float32).reshape(t["shape"]))
+        with torch.no_grad():
+            p = torch.softmax(model(x), 1)
+        return {"model_name": name, "outputs": [{"name": "probabilities", "datatype": "FP32",
+                                                 "shape": list(p.shape), "data": p.flatten().tolist()}]}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def start_bare(config: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    proc = subprocess.Popen([sys.executable, __file__, "--bare-server", str(config), "--port", str(port)], env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=1.0).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("bare server did not start")
 
 
 def load(url: str, name: str, clients: int, requests: int, batch: int) -> dict[str, float]:
     lat: list[float] = []
     errors = [0]
     lock = threading.Lock()
+    bodies = []
+    g = torch.Generator().manual_seed(0)
+    for _ in range(64):
+        x = torch.rand(batch, 1, 8, 8, generator=g)
+        bodies.append(json.dumps({"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                                              "data": x.flatten().tolist()}]}).encode())
+    barrier = threading.Barrier(clients + 1)
 
     def client(i: int) -> None:
-        g = torch.Generator().manual_seed(i)
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as c:
-            for _ in range(requests):
-                x = torch.rand(batch, 1, 8, 8, generator=g)
-                body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
-                                    "data": x.flatten().tolist()}]}
+        headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+        with httpx.Client(base_url=url, headers=headers, timeout=30) as c:
+            c.get("/v2/health/ready")  # open the keep-alive connection before timing
+            barrier.wait()
+            for r_i in range(requests):
                 t0 = time.perf_counter()
-                r = c.post(f"/v2/models/{name}/infer", json=body)
+                r = c.post(f"/v2/models/{name}/infer", content=bodies[(i * requests + r_i) % len(bodies)])
                 dt = time.perf_counter() - t0
                 with lock:
                     lat.append(dt)
@@ -45,9 +108,10 @@ def load(url: str, name: str, clients: int, requests: int, batch: int) -> dict[s
                         errors[0] += 1
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    t0 = time.perf_counter()
     for t in threads:
         t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
@@ -61,25 +125,44 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--bare-server", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.bare_server:
+        bare_server(args.bare_server, args.port)
+        return
     cfg = ModelConfig(arch="cnn", channels=[16, 32], fc=64)
     torch.manual_seed(0)
     model = build_model(cfg, (1, 8, 8), 10)
-    results = {}
+    results: dict[tuple[str, int], dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for defense, params in (("none", {}), ("modelguard_s", {"epsilon": 1.0})):
-            path = write_guard_config(Path(tmp) / defense, model, cfg, (1, 8, 8), 10, defense=defense,
+        for server in ("bare", "none", "modelguard_s"):
+            defense = "none" if server == "bare" else server
+            params = {"epsilon": 1.0} if server == "modelguard_s" else {}
+            path = write_guard_config(Path(tmp) / server, model, cfg, (1, 8, 8), 10, defense=defense,
                                       defense_params=params, keys={KEY: None}, name="digits")
-            with start_guard_server(path) as server:
-                load(server.url, "digits", 2, 3, args.batch)  # warm-up
-                results[defense] = load(server.url, "digits", args.clients, args.requests, args.batch)
-    print(f"{args.clients} clients × {args.requests} requests × {args.batch} rows, loopback")
-    print(f"{'defense':>14} {'rows/s':>8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}")
-    for d, r in results.items():
-        print(f"{d:>14} {r['rows_per_s']:>8.0f} {r['req_per_s']:>7.1f} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} "
-              f"{r['errors']:>6}")
-    ratio = results["modelguard_s"]["rows_per_s"] / results["none"]["rows_per_s"]
-    print(f"guarded / unguarded throughput: {ratio:.2f}")
+            if server == "bare":
+                proc, url = start_bare(path)
+                stop = proc.kill
+            else:
+                srv = start_guard_server(path)
+                url, stop = srv.url, srv.stop
+            try:
+                load(url, "digits", 2, 5, args.batch)  # warm-up
+                results[(server, args.clients)] = load(url, "digits", args.clients, args.requests, args.batch)
+                results[(server, 1)] = load(url, "digits", 1, args.requests * 2, args.batch)
+            finally:
+                stop()
+    print(f"{args.requests} requests per client × {args.batch} rows, keep-alive connections, loopback "
+          f"({os.cpu_count()} CPUs)")
+    print(f"{'server':>14} {'clients':>7} {'rows/s':>8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}")
+    for (d, c), r in results.items():
+        print(f"{d:>14} {c:>7} {r['rows_per_s']:>8.0f} {r['req_per_s']:>7.1f} {r['p50_ms']:>7.2f} "
+              f"{r['p99_ms']:>7.2f} {r['errors']:>6}")
+    for c in (args.clients, 1):
+        bare = results[("bare", c)]["rows_per_s"]
+        print(f"{c} client(s): guarded ModelGuard-S / bare throughput {results[('modelguard_s', c)]['rows_per_s'] / bare:.2f}"
+              f", defense none / bare {results[('none', c)]['rows_per_s'] / bare:.2f}")
     assert all(r["errors"] == 0 for r in results.values())
 
 

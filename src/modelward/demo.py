@@ -88,13 +88,13 @@ def _available(module: str) -> bool:
 def run_demo(out: str | Path, console: Console | None = None, quick: bool = False,
              workers: int | None = None) -> dict[str, Any]:
     """Run the three demo steps into `out`; returns a summary dict."""
-    import torch
 
     from modelward.completion.problem import OriginalRun
     from modelward.completion.study import make_problem, orig_id, run_study
     from modelward.core.init import init_model_
     from modelward.core.io import save_state_dict
     from modelward.core.ledger import RunLedger
+    from modelward.core.seed import seeded
 
     console = console or Console()
     out = Path(out).resolve()
@@ -118,9 +118,9 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
 
         console.print(Rule("1 · shared governance: split training over gRPC + mutual TLS"))
         model = init_model_(problem.build(), "glorot_uniform", 0)
-        torch.manual_seed(0)
-        # trained on what the study's originals train on, its curve on the split the thresholds use
-        res = run_split_demo(out / "split", model, problem.fit_split(), cfg.train, 0, console, cut=ALICE_PART)
+        with seeded(0):
+            # trained on what the study's originals train on, its curve on the split the thresholds use
+            res = run_split_demo(out / "split", model, problem.fit_split(), cfg.train, 0, console, cut=ALICE_PART)
         ckpt = study_dir / "checkpoints" / "original_seed0_split.safetensors"
         save_state_dict(ckpt, res.state_dict, {"seed": 0, "trained": "split between parties"})
         presets.append(OriginalRun(0, "", [(int(s), float(v)) for s, v in res.curve], ckpt,

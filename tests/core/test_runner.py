@@ -114,6 +114,13 @@ def test_bind_config_is_the_one_fingerprint(tmp_path) -> None:
     assert ledger.bind_config(Cfg(lr=0.1, threads=4), exclude={"threads"}) == fp
     with pytest.raises(LedgerError, match="different 'config'"):
         ledger.bind_config(Cfg(lr=0.2), exclude={"threads"})
+    old = RunLedger(tmp_path / "old.sqlite")
+    old.check_meta("config", "legacy-fingerprint")  # a folder written before bind_config existed
+    with pytest.raises(LedgerError):
+        old.bind_config(Cfg(lr=0.1))
+    assert old.bind_config(Cfg(lr=0.1), legacy=("legacy-fingerprint",)) == old.get_meta("config")
+    with pytest.raises(LedgerError):  # a legacy value of another config is not upgraded
+        RunLedger(tmp_path / "old.sqlite").bind_config(Cfg(lr=0.5), legacy=("something-else",))
 
 
 DRIVER = """

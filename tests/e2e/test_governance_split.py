@@ -1,147 +1,111 @@
-"""Two real party servers (subprocesses, mutual TLS on 127.0.0.1) started from the example configs."""
+"""The documented quick start, as a user runs it: example configs from another folder, free ports written to
+address files, CLI train/predict, audit verify against the other party's log, certificate mistakes fail fast."""
 
-import shutil
-import sqlite3
+import json
+import os
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from modelward.cli.audit import app as audit_app
-from modelward.cli.party import app as party_app
-from modelward.cli.split import app as split_app
 from modelward.core.data import DataConfig, load_data
 from modelward.core.init import init_model_
 from modelward.core.io import load_tensors
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
-from modelward.governance.driver import PartyUnavailable, SplitDriver, load_split_config
-from modelward.governance.launch import stop_parties
-from modelward.governance.party import ConsentDenied, TLSConfig
-from modelward.governance.wire import WireError
+from modelward.governance.launch import spawn_party, stop_parties, wait_ready
 
 EX = Path(__file__).resolve().parents[2] / "examples"
 STEPS = 6
-runner = CliRunner()
 
 
-def _tls(certs: Path, who: str) -> TLSConfig:
-    return TLSConfig(ca=str(certs / "ca.pem"), cert=str(certs / f"{who}.pem"), key=str(certs / f"{who}.key"))
+def _mw(*args, cwd, timeout=300):
+    """The CLI as a user runs it from `cwd` (in this process: the parties are the subprocesses that matter)."""
+    from modelward.cli.main import app
+
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        r = CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
+    finally:
+        os.chdir(old)
+    return SimpleNamespace(returncode=r.exit_code, stdout=r.output, stderr="" if r.exception is None or
+                           isinstance(r.exception, SystemExit) else repr(r.exception))
 
 
 @pytest.fixture(scope="module")
-def parties(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gov2")
-    r = runner.invoke(party_app, ["certs", "--out", str(root / "certs"), "--parties", "alice,bob,mallory"])
-    assert r.exit_code == 0, r.output
-    other = root / "other"
-    assert runner.invoke(party_app, ["certs", "--out", str(other), "--parties", "alice"]).exit_code == 0
-    procs = {}
-    overrides = {}
-    for p in ("alice", "bob"):
-        overrides[p] = ["port=0", "threads=1", f"checkpoint_dir={root / p / 'ckpt'}", f"audit_db={root / p / 'audit.db'}",
-                        f"tls.ca={root / 'certs/ca.pem'}", f"tls.cert={root / f'certs/{p}.pem'}",
-                        f"tls.key={root / f'certs/{p}.key'}"]
-    from modelward.governance import launch
-
-    spawned = {p: launch.spawn_party(EX / f"party_{p}.toml", root / f"{p}.log", overrides[p]) for p in overrides}
-    procs = {p: launch.wait_ready(proc, EX / f"party_{p}.toml", root / f"{p}.log", off)
-             for p, (proc, off) in spawned.items()}
+def quickstart(tmp_path_factory):
+    """Both parties started from the shipped examples, run from an unrelated folder; state under `root`."""
+    root = tmp_path_factory.mktemp("quick")
+    r = _mw("party", "certs", "--out", root / "certs", "--parties", "alice,bob", cwd=root)
+    assert r.returncode == 0, r.stderr
+    sets = {}
+    for p, other in (("alice", "bob"), ("bob", "alice")):
+        sets[p] = [f"checkpoint_dir={root / p / 'ckpt'}", f"audit_db={root / p / 'audit.db'}",
+                   f"address_file={root / p / 'address'}", f"tls.ca={root / 'certs/ca.pem'}",
+                   f"tls.cert={root / f'certs/{p}.pem'}", f"tls.key={root / f'certs/{p}.key'}",
+                   f"peers.{other}.cert={root / f'certs/{other}.pem'}", "init.test_seed=0", "threads=1"]
+    spawned = {p: spawn_party(EX / f"party_{p}.toml", root / f"{p}.log", sets[p]) for p in sets}
+    procs = {p: wait_ready(proc, EX / f"party_{p}.toml", root / f"{p}.log", off) for p, (proc, off) in spawned.items()}
     yield root, procs
     stop_parties(list(procs.values()))
 
 
-def _split_overrides(root, procs, steps=STEPS):
-    parties = ", ".join(f'{{name = "{n}", address = "127.0.0.1:{procs[n].port}"}}' for n in ("alice", "bob"))
-    return ["--set", f"parties=[{parties}]", "--set", f"out_dir={root / 'driver'}",
-            "--set", f"tls.ca={root / 'certs/ca.pem'}", "--set", f"tls.cert={root / 'certs/alice.pem'}",
-            "--set", f"tls.key={root / 'certs/alice.key'}", "--set", f"train.steps={steps}",
-            "--set", "train.eval_every=3", "--set", "timeout_s=30"]
+def _split_sets(root, steps=STEPS):
+    out = []
+    for i, p in enumerate(("alice", "bob")):
+        out += ["--set", f"parties.{i}.address_file={root / p / 'address'}",
+                "--set", f"parties.{i}.cert={root / f'certs/{p}.pem'}"]
+    return out + ["--set", f"out_dir={root / 'driver'}", "--set", f"tls.ca={root / 'certs/ca.pem'}",
+                  "--set", f"tls.cert={root / 'certs/alice.pem'}", "--set", f"tls.key={root / 'certs/alice.key'}",
+                  "--set", f"train.steps={steps}", "--set", "train.eval_every=3", "--set", "timeout_s=30"]
 
 
-def test_cli_split_training_equals_monolithic(parties):
-    root, procs = parties
-    r = runner.invoke(split_app, ["train", str(EX / "split_digits.toml"), *_split_overrides(root, procs)])
-    assert r.exit_code == 0, r.output
+def test_quick_start_trains_like_monolithic_predicts_and_verifies(quickstart):
+    root, procs = quickstart
+    r = _mw("split", "train", EX / "split_digits.toml", *_split_sets(root), cwd=root)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "alice<->bob" in r.stdout and ".." not in r.stdout.split("outputs in")[-1]
     assert (root / "driver/steps.csv").read_text().count("\n") == STEPS + 1
-    assert "alice_sent" in (root / "driver/steps.csv").read_text().splitlines()[0]
-    cfg = load_split_config(EX / "split_digits.toml", _split_overrides(root, procs)[1::2])
-    with SplitDriver(cfg) as drv:
-        ex = drv.checkpoint_all(export=True)
-    state = {**load_tensors(ex["alice"]["export"]), **load_tensors(ex["bob"]["export"])}
+    summary = json.loads((root / "driver/summary.json").read_text())
+    r = _mw("split", "predict", EX / "split_digits.toml", *_split_sets(root), cwd=root)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = (root / "driver/predictions.csv").read_text().splitlines()
+    assert len(lines) == 1 + 360 and lines[0].startswith("index,prediction,logit_0")
+    # the published heads (summary.json) and the cross-anchors: both verify
+    head = summary["audit_heads"]["bob"][1]
+    for extra in (["--head", head], ["--against", root / "alice/audit.db"]):
+        r = _mw("audit", "verify", root / "bob/audit.db", *extra, cwd=root)
+        assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+    # monolithic equivalence through the test-only public seed (refused off loopback)
+    exports = {}
+    for p in ("alice", "bob"):
+        ck = sorted((root / p / "ckpt").glob("step_*.safetensors"))[-1]
+        exports.update({k[6:]: v for k, v in load_tensors(ck).items() if k.startswith("model.")})
     data = load_data(DataConfig(source="digits", seed=0))
     model = init_model_(build_model(ModelConfig(arch="cnn", channels=[16, 32], fc=64), (1, 8, 8), 10),
                         "glorot_uniform", 0)
-    tc = TrainConfig.model_validate({**cfg.train.model_dump()})
-    res = train(model, data.x_train, data.y_train, data.x_test, data.y_test, tc, seed=cfg.seed)
-    ref = model.state_dict()
-    assert set(state) == set(ref)
-    for k, v in ref.items():
-        torch.testing.assert_close(state[k].to(v.dtype), v, atol=1e-5, rtol=1e-5, msg=k)
-    import json
+    tc = TrainConfig(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-4, batch_size=64, steps=STEPS,
+                     eval_every=3, loss="error")
+    res = train(model, data.x_train, data.y_train, data.x_test, data.y_test, tc, seed=0)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(exports[k].to(v.dtype), v, atol=1e-5, rtol=1e-5, msg=k)
     assert [tuple(c) for c in json.loads((root / "driver/curve.json").read_text())] == res.curve
 
 
-def test_refused_pass_leaves_state_bit_identical(parties):
-    root, procs = parties
-    cfg = load_split_config(EX / "split_digits.toml", _split_overrides(root, procs, steps=1000)[1::2])
-    with SplitDriver(cfg, session="refusals") as drv:
-        st = drv.open(train=True)
-        before = {n: s["digest"] for n, s in st.items()}
-        step = st["alice"]["step"]
-        with pytest.raises(ConsentDenied, match="max_batch"):
-            drv.call("alice", "forward", step, {"purpose": "train"}, {"idx": torch.arange(600)})
-        with pytest.raises(ConsentDenied, match="max_batch"):
-            drv.call("bob", "loss_backward", step, {}, {"h": torch.zeros(600, 16, 4, 4), "idx": torch.arange(600)})
-        with pytest.raises(WireError, match="expected B×16×4×4"):
-            drv.call("bob", "loss_backward", step, {}, {"h": torch.zeros(8, 3), "idx": torch.arange(8)})
-        with pytest.raises(WireError, match="NaN"):
-            drv.call("bob", "loss_backward", step, {}, {"h": torch.full((8, 16, 4, 4), float("nan")),
-                                                        "idx": torch.arange(8)})
-        after = {n: drv.call(n, "status").meta["digest"] for n in drv.names}
-        assert after == before
-        drv.train_step(step, torch.arange(8))  # a good pass still works, and changes the state
-        assert drv.call("bob", "status").meta["digest"] != before["bob"]
-        drv.seq["bob"] -= 1  # resend an old sequence number
-        with pytest.raises(WireError, match="replayed"):
-            drv.call("bob", "forward", 0, {"purpose": "eval", "split": "test", "metric": "error"},
-                     {"h": torch.zeros(2, 16, 4, 4), "idx": torch.arange(2)})
-        drv.seq["bob"] += 3
-        with pytest.raises(WireError, match="out-of-order"):
-            drv.call("bob", "forward", 0, {"purpose": "predict"}, {"h": torch.zeros(2, 16, 4, 4)})
-
-
-def test_unknown_certificates_are_refused(parties):
-    root, procs = parties
-    base = load_split_config(EX / "split_digits.toml", _split_overrides(root, procs)[1::2])
-    stranger = base.model_copy(update={"tls": _tls(root / "other", "alice"), "timeout_s": 5.0})
-    stranger.tls.ca = str(root / "certs/ca.pem")  # trusts the servers, but its own cert is from another CA
-    with SplitDriver(stranger) as drv, pytest.raises(PartyUnavailable):
-        drv.call("bob", "status")
-    mallory = base.model_copy(update={"tls": _tls(root / "certs", "mallory")})
-    with SplitDriver(mallory) as drv, pytest.raises(ConsentDenied, match="'mallory' is not an allowed peer"):
-        drv.call("bob", "status")
-    db = sqlite3.connect(root / "bob/audit.db")
-    assert db.execute("SELECT COUNT(*) FROM audit WHERE caller='mallory' AND decision='deny'").fetchone()[0] == 1
-
-
-def test_predict_and_audit_verify(parties, tmp_path):
-    root, procs = parties
-    r = runner.invoke(split_app, ["predict", str(EX / "split_digits.toml"), *_split_overrides(root, procs)])
-    assert r.exit_code == 0, r.output
-    lines = (root / "driver/predictions.csv").read_text().splitlines()
-    assert len(lines) == 1 + 360 and lines[0].startswith("index,prediction,logit_0")
-    copy = tmp_path / "bob.db"
-    shutil.copy(root / "bob/audit.db", copy)
-    for suffix in ("-wal", "-shm"):
-        if (root / f"bob/audit.db{suffix}").exists():
-            shutil.copy(root / f"bob/audit.db{suffix}", tmp_path / f"bob.db{suffix}")
-    r = runner.invoke(audit_app, ["verify", str(copy)])
-    assert r.exit_code == 0 and "OK" in r.output, r.output
-    db = sqlite3.connect(copy)
-    db.execute("UPDATE audit SET batch = 1 WHERE id = 5")
-    db.commit()
-    db.close()
-    r = runner.invoke(audit_app, ["verify", str(copy)])
-    assert r.exit_code == 1 and "record 5" in r.output and "edited" in r.output
+def test_a_certificate_mistake_fails_fast_naming_the_certificate(quickstart):
+    root, _ = quickstart
+    r = _mw("party", "certs", "--out", root / "stranger", "--parties", "alice", cwd=root)
+    assert r.returncode == 0, r.stderr
+    t0 = time.monotonic()
+    r = _mw("split", "train", EX / "split_digits.toml", *_split_sets(root),
+            "--set", f"tls.ca={root / 'stranger/ca.pem'}", cwd=root)  # the driver trusts the wrong CA
+    assert r.returncode != 0 and time.monotonic() - t0 < 60
+    assert "stranger/ca.pem" in r.stdout + r.stderr and "Traceback" not in r.stdout + r.stderr
+    r = _mw("split", "train", EX / "split_digits.toml", *_split_sets(root),
+            "--set", f"tls.cert={root / 'stranger/alice.pem'}", "--set", f"tls.key={root / 'stranger/alice.key'}",
+            cwd=root)  # a certificate the parties' CA did not sign
+    assert r.returncode != 0 and "stranger/alice.pem" in r.stdout + r.stderr, r.stdout + r.stderr

@@ -175,3 +175,28 @@ def test_mqpi_sees_flips_of_the_non_ordered_quantizer_only(setup):
         attack.run(victim, transfer, 300, factory, seed=0, eval_set=ev)
         changed[ordered] = attack.strategy.changed
     assert changed[True] == 0 and changed[False] > 0, changed
+
+
+def test_pbayes_drops_table_entries_the_frozen_modelguard_s_maps_beyond_epsilon():
+    """Seed 003 / digest §4: against ModelGuard-S the table's p(·) is the frozen quantizer (first centroid within ε,
+    else the nearest centroid) and entries whose distortion exceeds ε are dropped — the filter must fire."""
+    from types import SimpleNamespace
+
+    from modelward.extraction.attacks.base import knowledge_from_defense
+    from modelward.extraction.attacks.pbayes import build_table
+    from modelward.extraction.defenses import make_defense
+
+    g = torch.Generator().manual_seed(0)
+    d = make_defense("modelguard_s", epsilon=0.3)
+    d.defend(torch.softmax(torch.randn(200, 5, generator=g) * 2, 1))  # the defender's centroids
+    n = d.num_centroids
+    means = torch.softmax(torch.randn(40, 5, generator=g) * 2, 1)
+    ctx = SimpleNamespace(knowledge=knowledge_from_defense(d))
+    clean = dirichlet_samples(means, 10, 8.0, 1)
+    pert = d.defend_frozen(clean)
+    over = (pert.double() - clean.double()).abs().sum(1) > 0.3 + 1e-6
+    assert over.any() and not over.all()
+    table = build_table(ctx, torch.zeros(40, 1), means, 10, 8.0, 1)
+    assert d.num_centroids == n  # building the table never changes the defender's state
+    assert len(table.clean) == int((~over).sum())
+    assert float((table.perturbed.double() - table.clean.double()).abs().sum(1).max()) <= 0.3 + 1e-6

@@ -165,7 +165,18 @@ def test_modelguard_s_state_roundtrip_and_frozen(tmp_path):
     fresh = torch.softmax(torch.randn(50, 6, generator=g) * 2, 1)
     n = e.num_centroids
     frozen = e.defend_frozen(fresh)
-    assert e.num_centroids == n and (l1_distortion(fresh, frozen) <= 0.6 + 1e-6).all()
+    assert e.num_centroids == n
+    # the official frozen quantizer: the first centroid within ε, else the class's nearest centroid (beyond ε)
+    cents, labels = e.state_dict()["centroids"].float(), e.state_dict()["labels"]
+    dist = l1_distortion(fresh, frozen)
+    for i in range(len(fresh)):
+        same = cents[labels == fresh[i].argmax()]
+        d_all = (same.double() - fresh[i].double()).abs().sum(1)
+        assert torch.allclose(frozen[i], same[int(d_all.argmin())].to(frozen.dtype), atol=1e-6) or \
+            d_all.min() <= 0.6 + 1e-6
+        if d_all.min() > 0.6:
+            assert dist[i] > 0.6 and abs(float(dist[i]) - float(d_all.min())) < 1e-5
+    assert (dist > 0.6 + 1e-6).any()  # some fresh vectors are uncovered: the pBayes filter has work to do
     with pytest.raises(DataError):
         e.defend(torch.softmax(torch.randn(2, 5), 1))
     with pytest.raises(DataError):
@@ -313,3 +324,21 @@ def test_registry_errors_name_the_choices():
         make_defense("top1").defend(torch.tensor([[0.5, float("nan")]]))
     with pytest.raises(DataError):
         make_defense("top1").defend(torch.tensor([[0.9, 0.9]]))
+
+
+def test_modelguard_w_never_ties_the_top_class():
+    with pytest.raises(ConfigError, match="margin"):
+        make_defense("modelguard_w", epsilon=1.0, margin=0.0)
+    g = torch.Generator().manual_seed(4)
+    ys = torch.softmax(torch.randn(3000, 10, generator=g) * 1.5, 1)
+    ys[:500, 1] = ys[:500, 0] = ys[:500, :2].mean(1)  # exact ties in y itself
+    ys = ys / ys.sum(1, keepdim=True)
+    for eps in (0.5, 1.0, 2.0):
+        out = make_defense("modelguard_w", epsilon=eps, margin=1e-6).defend(ys).double()
+        top = out.max(1).values
+        second = out.topk(2, 1).values[:, 1]
+        changed = (out - ys.double()).abs().sum(1) > 1e-9
+        # every perturbed answer keeps y's top class strictly first; unperturbed ones are y itself
+        assert (top[changed] > second[changed]).all()
+        assert (out.argmax(1)[changed] == ys.argmax(1)[changed]).all()
+        assert torch.allclose(out[~changed], ys.double()[~changed])

@@ -6,12 +6,13 @@ import pytest
 from modelward.core.config import validate
 from modelward.errors import ConfigError
 from modelward.governance.audit import AuditLog
-from modelward.governance.consent import ConsentChecker, PassRequest, Policy, in_window
+from modelward.governance.consent import ConsentChecker, PassRequest, Policy, in_window, purpose_of
 
 
 def req(**kw):
-    base = dict(party="bob", caller="alice", op="forward", purpose="train", session="s", step=0, batch=32)
-    return PassRequest(**{**base, **kw})
+    base = dict(party="bob", caller="alice", op="step", session="s", step=0, batch=32)
+    base.update(kw)
+    return PassRequest(purpose=purpose_of(base["op"]), **base)
 
 
 @pytest.fixture()
@@ -23,32 +24,45 @@ def audit(tmp_path):
 
 def test_default_policy_denies_everything(audit):
     c = ConsentChecker(Policy(), audit)
-    for purpose in ("train", "eval", "predict"):
-        d = c.check(req(purpose=purpose))
+    for op in ("step", "eval", "predict", "commit"):
+        d = c.check(req(op=op))
         assert not d.allowed and "allowed peer" in d.reason
 
 
 def test_peer_purpose_and_batch(audit):
     c = ConsentChecker(Policy(allow_peers=["alice"], training=True, max_batch=16), audit)
     assert not c.check(req(caller="mallory")).allowed
-    assert "inference is not allowed" in c.check(req(purpose="predict", batch=8)).reason
+    assert "inference is not allowed" in c.check(req(op="predict", batch=8)).reason
     assert "max_batch" in c.check(req(batch=32)).reason
     assert c.check(req(batch=16)).allowed
 
 
-def test_step_and_daily_limits_count_from_the_audit_log(audit):
-    c = ConsentChecker(Policy(allow_peers=["alice"], training=True, max_steps_per_session=2,
-                              max_passes_per_day=5), audit)
+def test_step_limits_count_per_peer_from_the_audit_log(audit):
+    c = ConsentChecker(Policy(allow_peers=["alice", "carol"], training=True, max_steps_per_session=2,
+                              max_steps_per_day=3, max_steps_total=4, max_passes_per_day=6), audit)
     for i in range(2):
-        assert c.check(req(op="backward", step=i)).allowed
-        audit.append("alice", "backward", "s", i, i + 1, 32)
-    d = c.check(req(op="backward", step=2))
+        assert c.check(req(step=i)).allowed
+        audit.append("alice", "step", "s", i, i + 1, 32)
+    d = c.check(req(step=2))
     assert not d.allowed and "max_steps_per_session" in d.reason
-    assert c.check(req(op="backward", session="other")).allowed  # per session
-    for i in range(3):
-        audit.append("alice", "forward", "other", i, 10 + i, 32)
-    d = c.check(req(op="forward", session="other"))
+    assert c.check(req(session="other")).allowed  # a new session: the per-session limit only
+    audit.append("alice", "step", "other", 0, 1, 32)
+    d = c.check(req(session="third"))
+    assert not d.allowed and "max_steps_per_day" in d.reason  # ... but not the daily one
+    assert c.check(req(caller="carol")).allowed  # per peer
+    for i in range(4):
+        audit.append("carol", "eval", "x", 0, i + 1, 32)
+    audit.append("carol", "step", "x", 0, 4, 32)
+    audit.append("carol", "predict", "x", 0, 5, 32)
+    d = c.check(req(caller="carol", op="eval", session="y"))
     assert not d.allowed and "max_passes_per_day" in d.reason
+    assert c.check(req(op="status")).allowed and c.check(req(op="abort")).allowed  # no purpose: peer check only
+
+
+def test_the_purpose_is_the_operations_never_the_callers():
+    assert purpose_of("step") == purpose_of("commit") == purpose_of("eval") == "train"
+    assert purpose_of("predict") == purpose_of("fetch") == "inference"
+    assert purpose_of("status") is None
 
 
 def test_time_window(audit):

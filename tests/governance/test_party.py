@@ -1,94 +1,224 @@
-"""The party state machine in-process (no transport): background checkpoints and the warm-up keep state exact."""
+"""The party state machine in a chain (in-process): exactness, two-phase steps, numeric safety, server-side
+purpose, per-peer limits, roles, bounded sessions, background checkpoints."""
 
-from pathlib import Path
+import copy
 
 import pytest
 import torch
 
-from modelward.core.data import DataConfig, load_data
-from modelward.core.init import init_model_
 from modelward.core.io import load_tensors
-from modelward.core.train import TrainConfig, batch_order
-from modelward.core.zoo import ModelConfig, build_model
-from modelward.governance.demo import prepare_local_split
-from modelward.governance.party import Party, PartyError, load_party_config
-from modelward.governance.wire import Message, decode, encode
+from modelward.core.train import TrainConfig, batch_order, train
+from modelward.governance.client import ConsentDenied, NumericError, PartyError
+from modelward.governance.wire import Message, WireError
+
+TC = TrainConfig(steps=5, eval_every=2, batch_size=16, eval_batch_size=128, lr=0.05)
 
 
-@pytest.fixture()
-def two(tmp_path: Path):
-    data = load_data(DataConfig(source="digits"))
-    model = init_model_(build_model(ModelConfig(arch="cnn", channels=[4, 8], fc=16), (1, 8, 8), 10), seed=0)
-    split = prepare_local_split(tmp_path, model, data, ["alice", "bob"], ["conv1"], checkpoint_every=2)
-    a, b = (Party(load_party_config(split.party_configs[n])) for n in ("alice", "bob"))
-    yield a, b, data
-    for p in (a, b):
-        p.audit.close()
+def _open(c, tc=TC):
+    drv = c.driver(tc)
+    drv.open(train=True)
+    return drv
 
 
-def _step(a: Party, b: Party, s: int, idx: torch.Tensor, seq: list[int]) -> None:
-    seq[0] += 1
-    h = decode(a.handle("alice", encode(Message("forward", "s", s, seq[0], {"purpose": "train", "split": "train"},
-                                                {"idx": idx})))).tensors["h"]
-    seq[1] += 1
-    g = decode(b.handle("alice", encode(Message("loss_backward", "s", s, seq[1], {"split": "train"},
-                                                {"h": h, "idx": idx})))).tensors["g"]
-    seq[0] += 1
-    a.handle("alice", encode(Message("backward", "s", s, seq[0], {}, {"g": g})))
+def test_three_party_chain_equals_monolithic_and_the_driver_sees_no_tensor(make_chain, digits):
+    c = make_chain(("alice", "carol", "bob"), ("conv1", "conv2"), checkpoint_every=2)
+    ref = copy.deepcopy(c.model)
+    with c.driver(TC, seed=3) as drv:
+        res = drv.train()
+        ex = drv.checkpoint_all(export=True)
+        received = {t for _, _, names in drv.received for t in names}
+    mono = train(ref, digits.x_train, digits.y_train, digits.x_test, digits.y_test, TC, seed=3)
+    state = {k: v for m in ex.values() for k, v in load_tensors(m["export"]).items()}
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(state[k].to(v.dtype), v, atol=1e-5, rtol=1e-5, msg=k)
+    assert res.curve == mono.curve
+    assert received == set()  # indices out, losses and metric sums back: never an activation or a gradient
+    # every party anchored the others' heads in its own log
+    for n in c.names:
+        rows = c.parties[n].audit.db.execute("SELECT anchors FROM audit WHERE op='step'").fetchall()
+        assert all(set(__import__("json").loads(r[0])) == set(c.names) - {n} for r in rows[1:]), n
 
 
-def test_background_checkpoint_holds_the_state_of_its_step_and_warm_up_changes_nothing(two):
-    a, b, data = two
-    tc = TrainConfig(batch_size=16, eval_batch_size=64, lr=0.1)
-    before = {p.cfg.name: p.state_digest() for p in (a, b)}
-    for p in (a, b):
-        p.handle("alice", encode(Message("open", "s", meta={"train_cfg": tc.model_dump(mode="json")})))
-        p._warm_up([7, 33])  # more shapes than the session needs: still no state change
-        assert p._warm >= {7, 16, 33}
-    # a fresh optimizer has no state yet, so the digest only covers parameters + buffers, which must be unchanged
-    assert {p.cfg.name: p.state_digest() for p in (a, b)} == before
-    it, seq = batch_order(len(data.x_train), 16, 0), [0, 0]
-    _step(a, b, 0, next(it), seq)
-    _step(a, b, 1, next(it), seq)  # step 2 reached: checkpoint written in the background
-    at2 = {p.cfg.name: {k: v.clone() for k, v in p.segment.state_dict().items()} for p in (a, b)}
-    _step(a, b, 2, next(it), seq)  # training goes on and changes the live tensors in place
-    for p in (a, b):
-        assert p.checkpoints() == [0, 2]  # listing waits for the write
+def test_a_refusal_anywhere_leaves_every_party_bit_identical(make_chain, digits):
+    c = make_chain(("alice", "carol", "bob"), ("conv1", "conv2"),
+                   policies={"bob": {"allow_peers": ["alice", "carol"], "training": True, "max_batch": 16}})
+    drv = _open(c)
+    drv.train_step(0, torch.arange(16))  # BatchNorm statistics and momentum now exist
+    before = c.digests()
+    with pytest.raises(ConsentDenied, match="max_batch"):
+        drv.train_step(1, torch.arange(32))  # alice and carol ran their forward (BN statistics moved) first
+    assert c.digests() == before and all(p.prepared is None for p in c.parties.values())
+    # a failure in the middle of the backward pass: carol's check fails after bob applied tentatively
+    c.parties["carol"].cfg.max_abs_param = 1e-9
+    with pytest.raises(NumericError, match="rolled back"):
+        drv.train_step(1, torch.arange(16))
+    assert c.digests() == before and {p.step for p in c.parties.values()} == {1}
+    c.parties["carol"].cfg.max_abs_param = 1e6
+    drv.train_step(1, torch.arange(16))
+    assert all(c.digests()[n] != before[n] for n in c.names)
+    rows = c.parties["carol"].audit.db.execute("SELECT op, purpose, decision FROM audit WHERE op='step'").fetchall()
+    assert ("step", "train", "error") in rows
+
+
+def test_extreme_activation_is_refused_and_an_exploding_update_rolled_back(make_chain):
+    c = make_chain()
+    drv = _open(c)
+    bob = c.client("bob", "alice")  # alice, as bob's neighbour, sends what she likes
+    bob.call(Message("open", drv.session))
+    before = c.digests()["bob"]
+    h = torch.full((16, 4, 4, 4), 3e38)
+    h[::2] = -3e38
+    with pytest.raises(NumericError, match="max_abs_input"):
+        bob.call(Message("step", drv.session, 0, 1, {}, {"h": h, "idx": torch.arange(16)}))
+    c.parties["bob"].cfg.max_abs_input = float("inf")  # without the bound, the post-update check catches it
+    with pytest.raises(NumericError, match="rolled back"):
+        bob.call(Message("step", drv.session, 0, 1, {}, {"h": h, "idx": torch.arange(16)}))
+    assert c.digests()["bob"] == before
+    assert all(torch.isfinite(p).all() for p in c.parties["bob"].params.values())
+
+
+def test_purpose_follows_from_the_operation_not_from_the_caller(make_chain):
+    c = make_chain(policies={"bob": {"allow_peers": ["alice"], "training": False, "inference": True}})
+    drv = c.driver(TC)
+    drv.open(train=False)
+    bob = c.client("bob", "alice")
+    for purpose in ("predict", "inference", "eval"):
+        with pytest.raises(ConsentDenied, match="step is training"):
+            bob.call(Message("step", drv.session, 0, 1, {"purpose": purpose}, {"h": torch.zeros(16, 4, 4, 4),
+                                                                               "idx": torch.arange(16)}))
+    assert drv.predict().shape == (360, 10)  # inference is allowed, and goes through bob's consent
+    rows = set(c.parties["bob"].audit.db.execute("SELECT op, purpose, decision FROM audit").fetchall())
+    assert ("step", "train", "deny") in rows and ("predict", "inference", "allow") in rows
+
+
+def test_step_limits_count_per_peer_across_sessions_and_restarts(make_chain):
+    c = make_chain(policies={"bob": {"allow_peers": ["alice"], "training": True, "max_steps_total": 2}})
+    drv = _open(c)
+    drv.train_step(0, torch.arange(16))
+    drv.train_step(1, torch.arange(16))
+    with pytest.raises(ConsentDenied, match="max_steps_total"):
+        drv.train_step(2, torch.arange(16))
+    c.restart("bob")
+    for session in ("fresh-session", None):
+        d2 = c.driver(TC, session=session)
+        d2.open(train=True)
+        with pytest.raises(ConsentDenied, match="2 training steps in total"):
+            d2.train_step(2, torch.arange(16))
+
+
+def test_roles_the_driver_cannot_feed_a_middle_party_nor_read_its_output(make_chain):
+    c = make_chain(("alice", "carol", "bob"), ("conv1", "conv2"))
+    drv = _open(c)
+    carol = c.client("carol", "alice")  # alice *is* carol's prev: her eval goes on to bob; only a number returns
+    r = carol.call(Message("eval", drv.session, 0, 1, {"split": "test"}, {"h": torch.zeros(8, 4, 4, 4),
+                                                                           "idx": torch.arange(8)}))
+    assert r.tensors == {} and set(r.meta) >= {"sum", "n"}
+    with pytest.raises(ConsentDenied, match="may not call step on bob"):
+        c.client("bob", "alice").call(Message("step", drv.session, 0, 1, {}, {"h": torch.zeros(8, 8, 2, 2),
+                                                                             "idx": torch.arange(8)}))
+    with pytest.raises(ConsentDenied, match="may not call commit"):
+        c.client("bob", "carol").call(Message("commit", drv.session, 0))
+
+
+def test_sessions_are_bounded_and_a_bad_sequence_number_bricks_nothing(make_chain):
+    c = make_chain()
+    drv = _open(c)
+    alice = c.client("alice", "alice")
+    alice.call(Message("open", "s", seq=2**53))  # open is not sequenced: the number is ignored
+    for i in range(40):
+        alice.call(Message("eval", f"s{i}", 0, 1, {"split": "test"}, {"idx": torch.arange(8)}))
+    assert len(c.parties["alice"].guard.last["alice"]) <= c.parties["alice"].cfg.max_sessions_per_peer
+    with pytest.raises(WireError, match="out-of-order"):
+        alice.call(Message("eval", "s", 0, 2**53, {"split": "test"}, {"idx": torch.arange(8)}))
+    alice.call(Message("eval", "s", 0, 1, {"split": "test"}, {"idx": torch.arange(8)}))
+    with pytest.raises(WireError, match="replayed"):  # an evicted session comes back from the audit log
+        alice.call(Message("eval", "s0", 0, 1, {"split": "test"}, {"idx": torch.arange(7)}))
+    drv.train_step(0, torch.arange(16))
+
+
+def test_background_checkpoint_holds_the_state_of_its_step(make_chain, digits):
+    c = make_chain(checkpoint_every=2)
+    drv = _open(c)
+    it = batch_order(len(digits.x_train), 16, 0)
+    drv.train_step(0, next(it))
+    drv.train_step(1, next(it))  # step 2 reached: checkpoint written in the background
+    at2 = {n: {k: v.clone() for k, v in p.segment.state_dict().items()} for n, p in c.parties.items()}
+    drv.train_step(2, next(it))
+    for n, p in c.parties.items():
+        assert p.checkpoints() == [0, 2]
         saved = load_tensors(p._ckpt_path(2))
-        for k, v in at2[p.cfg.name].items():
+        for k, v in at2[n].items():
             assert torch.equal(saved[f"model.{k}"], v), k
-        assert not torch.equal(saved["model." + next(iter(p.params))], p.params[next(iter(p.params))].detach())
 
 
-def test_a_failed_background_write_is_reported_before_the_next_pass_computes(two):
-    a, b, data = two
-    tc = TrainConfig(batch_size=16, eval_batch_size=64)
-    for p in (a, b):
-        p.handle("alice", encode(Message("open", "s", meta={"train_cfg": tc.model_dump(mode="json")})))
-    b._ckpt_error = "checkpoint step_00000002.safetensors could not be written: OSError: disk full"
-    digest = b.state_digest()
-    idx = next(batch_order(len(data.x_train), 16, 0))
-    h = decode(a.handle("alice", encode(Message("forward", "s", 0, 1, {"purpose": "train", "split": "train"},
-                                                {"idx": idx})))).tensors["h"]
+def test_a_failed_background_write_is_reported_before_the_next_step_computes(make_chain):
+    c = make_chain()
+    drv = _open(c)
+    c.parties["bob"].ckpt._error = "checkpoint step_00000002.safetensors could not be written: OSError: disk full"
+    before = c.digests()
     with pytest.raises(PartyError, match="disk full"):
-        b.handle("alice", encode(Message("loss_backward", "s", 0, 1, {"split": "train"}, {"h": h, "idx": idx})))
-    assert b.state_digest() == digest and b.step == 0
-    # reported once; the identical request then goes through
-    b.handle("alice", encode(Message("loss_backward", "s", 0, 1, {"split": "train"}, {"h": h, "idx": idx})))
-    assert b.step == 1
+        drv.train_step(0, torch.arange(16))
+    assert c.digests() == before
+    drv.train_step(0, torch.arange(16))
+    assert {p.step for p in c.parties.values()} == {1}
 
 
-def test_port_in_use_is_a_config_error_not_a_traceback(two):
-    # UAT: `party serve` started twice on the same port crashed with grpc's RuntimeError.
+def test_private_init_differs_per_start_and_test_seed_is_refused_off_loopback(make_chain, tmp_path):
+    from modelward.errors import ConfigError
+    from modelward.governance.config import check_test_only, load_party_config
+
+    a = make_chain(own_init=False)
+    b = make_chain(own_init=False)
+    wa, wb = (next(iter(ch.parties["bob"].params.values())) for ch in (a, b))
+    assert not torch.equal(wa, wb)  # OS CSPRNG: two starts of the same config differ
+    cfg = load_party_config(a.split.party_configs["bob"], ["init.test_seed=0", "host=10.0.0.5"])
+    with pytest.raises(ConfigError, match="test-only"):
+        check_test_only(cfg)
+    check_test_only(load_party_config(a.split.party_configs["bob"], ["init.test_seed=0"]))
+
+
+def test_port_in_use_is_a_config_error_not_a_traceback(make_chain):
     import socket
 
     from modelward.errors import ConfigError
-    from modelward.governance.party import PartyServer
+    from modelward.governance.server import PartyServer
 
-    a, _, _ = two
+    c = make_chain()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
-        a.cfg.port = s.getsockname()[1]
+        c.parties["alice"].cfg.port = s.getsockname()[1]
         with pytest.raises(ConfigError, match="in use"):
-            PartyServer(a)
+            PartyServer(c.parties["alice"])
+
+
+def test_a_lazy_commit_travels_with_the_next_step_and_survives_a_refusal(make_chain):
+    c = make_chain(("alice", "carol", "bob"), ("conv1", "conv2"),
+                   policies={"bob": {"allow_peers": ["alice", "carol"], "training": True, "max_batch": 16}})
+    drv = _open(c)
+    drv.train_step(0, torch.arange(16), lazy=True)
+    assert {(p.step, p.prepared.step) for p in c.parties.values()} == {(0, 0)}
+    drv.train_step(1, torch.arange(16), lazy=True)  # carries the commit of step 0 along the chain
+    assert {(p.step, p.prepared.step) for p in c.parties.values()} == {(1, 1)}
+    after = c.digests()
+    with pytest.raises(ConsentDenied, match="max_batch"):
+        drv.train_step(2, torch.arange(32), lazy=True)  # bob refuses before his commit of step 1 arrives
+    assert {(p.step, p.prepared) for p in c.parties.values()} == {(2, None)} and c.digests() == after
+
+
+def test_label_protection_hook_perturbs_only_the_returned_gradient(make_chain):
+    plain = make_chain()
+    protected = make_chain(extra={"bob": {"label_protection": {"method": "marvell", "scale": 4.0}}})
+    losses = []
+    for c in (plain, protected):
+        drv = _open(c)
+        losses.append(drv.train_step(0, torch.arange(16)))
+    assert losses[0] == losses[1]  # bob's loss and his own update are his business
+    assert plain.digests()["bob"] == protected.digests()["bob"]
+    assert plain.digests()["alice"] != protected.digests()["alice"]  # alice learned from a perturbed gradient
+    from modelward.errors import ConfigError
+    from modelward.governance.config import load_party_config
+    from modelward.governance.party import Party
+
+    with pytest.raises(ConfigError, match="label_protection"):
+        Party(load_party_config(protected.split.party_configs["bob"], ["label_protection.method=bogus"]))

@@ -53,14 +53,15 @@ def test_nonfinite_oversized_and_wrong_shape_refused():
 
 def test_sequence_guard_detects_replay_gap_and_answers_retries():
     g = SequenceGuard()
-    assert g.check("s", 1, b"a") is None
-    g.commit("s", 1, b"a", b"resp1")
-    assert g.check("s", 1, b"a") == b"resp1"  # identical retry
+    assert g.check("p", "s", 1, b"a") is None
+    g.commit("p", "s", 1, b"a", b"resp1")
+    assert g.check("p", "s", 1, b"a") == b"resp1"  # identical retry
     with pytest.raises(WireError, match="replayed"):
-        g.check("s", 1, b"different")
+        g.check("p", "s", 1, b"different")
     with pytest.raises(WireError, match="out-of-order"):
-        g.check("s", 3, b"c")
-    assert g.check("s", 2, b"b") is None
+        g.check("p", "s", 3, b"c")
+    assert g.check("p", "s", 2, b"b") is None
+    assert len(SequenceGuard(2).last) == 0
 
 
 @settings(max_examples=300, deadline=None)

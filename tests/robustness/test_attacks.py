@@ -213,3 +213,55 @@ def test_registry_errors_name_valid_choices(victim):
         make_attack("pgd", victim, epsilon=0.1)
     with pytest.raises(ConfigError, match="norm"):
         make_attack("pgd", victim, eps=0.1, norm="l1")
+
+
+# -- comparable ε sweeps (issue 13 item 8) ---------------------------------------------------------------------
+def test_attacks_declare_their_threat_model():
+    from modelward.robustness.attacks import threat_model
+
+    assert threat_model("pgd") == threat_model("pgd", {"norm": "linf"})
+    assert threat_model("pgd", {"norm": "l2"}).norm == "l2" and threat_model("fgsm", {"norm": "l2"}).takes_eps
+    assert threat_model("bim").norm == "linf" and threat_model("ilcm").takes_eps
+    for name, norm in (("cw", "l2"), ("lbfgs", "l2"), ("jsma", "l0")):
+        tm = threat_model(name)
+        assert tm.norm == norm and not tm.takes_eps
+    with pytest.raises(ConfigError, match="bim"):
+        threat_model("bim", {"norm": "l2"})
+
+
+def test_sweep_compares_only_attacks_of_its_norm(victim, batch):
+    x, y = batch
+    x, y = x[:40], y[:40]
+    # FGSM without a norm follows the sweep's: in an ℓ2 sweep it is the L2 fast-gradient method
+    l2 = robust_accuracy(victim, x, y, "fgsm", [0.5], {}, norm="l2")[0]
+    explicit = robust_accuracy(victim, x, y, "fgsm", [0.5], {"norm": "l2"})[0]
+    linf = robust_accuracy(victim, x, y, "fgsm", [0.5], {})[0]
+    assert l2.robust_accuracy == explicit.robust_accuracy != linf.robust_accuracy
+    with pytest.raises(ConfigError, match="linf.*l2"):
+        robust_accuracy(victim, x, y, "fgsm", [0.5], {"norm": "linf"}, norm="l2")
+    with pytest.raises(ConfigError, match="attacks in linf"):
+        robust_accuracy(victim, x, y, "bim", [0.5], {}, norm="l2")
+    with pytest.raises(ConfigError, match="takes no ε"):
+        robust_accuracy(victim, x, y, "jsma", [0.5], {})
+    # C&W takes no ε: it runs once and a point is broken at ε when its perturbation is within the ℓ2 ball
+    cw = robust_accuracy(victim, x, y, "cw", [0.0, 0.3, 1.0, 3.0], {"steps": 30, "binary_steps": 4, "lr": 0.05},
+                         norm="l2")
+    accs = [p.robust_accuracy for p in cw]
+    assert accs == sorted(accs, reverse=True) and accs[1] > accs[-1]
+    res = make_attack("cw", victim, steps=30, binary_steps=4, lr=0.05)(x, y)
+    d = (res.x_adv - x).flatten(1).norm(dim=1)
+    with attack_mode(victim):
+        correct = predict(victim, x) == y
+    assert accs[2] == pytest.approx(float((correct & ~(res.success & (d <= 1.0 + 1e-6))).float().mean()))
+
+
+def test_pgd_l2_random_start_covers_the_ball(victim):
+    from modelward.robustness.attacks.pgd import PGD
+
+    x = torch.full((4000, 1, 8, 8), 0.5)
+    g = torch.Generator().manual_seed(0)
+    r = (PGD(victim, eps=0.4, norm="l2")._start(x, g) - x).flatten(1).norm(dim=1)
+    assert float(r.max()) <= 0.4 + 1e-6
+    assert abs(float(r.mean()) - 0.2) < 0.01 and float((r < 0.2).float().mean()) == pytest.approx(0.5, abs=0.03)
+    rv = (PGD(victim, eps=0.4, norm="l2", start_radius="volume")._start(x, g) - x).flatten(1).norm(dim=1)
+    assert float((rv > 0.38).float().mean()) > 0.9  # uniform in volume: almost always at the sphere in d = 64

@@ -216,15 +216,19 @@ def test_affinity_with_all_small_subsets_equals_rtk_and_rtk_is_monotone() -> Non
     assert rej == sorted(rej, reverse=True) and rej[-1] < rej[0]
 
 
-def test_rtk_bottom_gradient_does_not_flow_into_top_logit() -> None:
-    """Footnote 2 of ch. 7: g_⊥ = stop_gradient(max f) − m(x)."""
-    net = RtkGloroNet(nn.Sequential(nn.Linear(3, 4)), (3,), 0.1, k=2)
+@pytest.mark.parametrize(("gradient", "expected"), [("full", 0.0), ("stop", -1.0)])
+def test_rtk_bottom_gradient_variants(gradient: str, expected: float) -> None:
+    """g_⊥ = max f − m(x). "full" (the reference library's later code) lets the gradient through max f; "stop" is
+    the thesis' footnote 2 of ch. 7, stop_gradient(max f) − m(x)."""
+    net = RtkGloroNet(nn.Sequential(nn.Linear(3, 4)), (3,), 0.1, k=2, bottom_gradient=gradient)
     logits = torch.tensor([[3.0, 1.0, 0.5, 0.0]], requires_grad=True)
     K = torch.zeros(4, 4)
     b = net.bottom(logits, K)
     b.backward()
-    # m = max_k m^k; here k=1 wins: m = f_0 - f_1 so ∂g_⊥/∂f_0 = −1 only through m (not +1 through max f)
-    assert logits.grad[0, 0] == -1.0
+    # m = max_k m^k; here k=1 wins: m = f_0 − f_1, so g_⊥ = f_1 (full) or const − f_0 + f_1 (stop)
+    assert logits.grad[0, 0] == expected and logits.grad[0, 1] == 1.0
+    with pytest.raises(Exception, match="bottom_gradient"):
+        RtkGloroNet(nn.Sequential(nn.Linear(3, 4)), (3,), 0.1, k=2, bottom_gradient="half")
 
 
 def test_rtk_sound_against_pgd_on_topk_sets() -> None:
@@ -314,3 +318,99 @@ def test_batchnorm_only_in_eval_and_frozen_bound_expires_when_weights_change() -
     net.train()
     with pytest.raises(Exception, match="BatchNorm is not compatible"):
         net(torch.randn(8, 4))
+
+
+# -- certificates that cannot go stale or low (issue 13 item 7) ------------------------------------------------
+def _conv_net(seed: int = 0) -> nn.Sequential:
+    return build_gloro_model("c(8,3,1).c(8,4,2).d(16)", (1, 8, 8), 4, seed=seed)
+
+
+def _images(n: int = 200, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 1, 8, 8, generator=g)
+    return x, torch.randint(4, (n,), generator=g)
+
+
+def test_frozen_bound_follows_data_edits_and_layer_swaps() -> None:
+    x, y = _images()
+    model = _conv_net()
+    eps = 0.02
+    net = GloroNet(model, (1, 8, 8), eps).eval()
+    first = certify(net, x, y)
+    assert net.frozen and 0 < first.certified.float().mean() < 1
+    stale_K = net.frozen_K.clone()
+    # an edit through .data bumps no version counter: the frozen bound must still expire
+    net.f[0].weight.data[:2].mul_(4.0)
+    assert not net.frozen
+    edited = certify(net, x, y)
+    fresh = certify(GloroNet(model, (1, 8, 8), eps), x, y)  # a net built from scratch on the edited model
+    assert torch.equal(edited.certified, fresh.certified)
+    with torch.no_grad():  # what the stale bound would have certified: more, i.e. falsely
+        stale = net.top_k_margins(model(x), stale_K)[:, 0] > 0
+    assert stale.sum() > edited.certified.sum() and (stale & ~edited.certified).any()
+    # swapping a layer: the per-layer bounds are rebuilt for the new layer, even after freeze()
+    before_swap_K = net.frozen_K.clone()
+    big = nn.Conv2d(1, 8, 3, 1, 1)
+    with torch.no_grad():
+        big.weight.copy_(model[0].weight)
+        big.weight[2:5] *= 4.0
+        big.bias.copy_(model[0].bias)
+    net.f[0] = big
+    assert not net.frozen
+    rep = net.freeze()
+    assert rep.layers[0].value == pytest.approx(float(torch.linalg.svdvals(
+        net.sub.seq.parts[0].matrix())[0]), rel=1e-9)
+    swapped = certify(net, x, y)
+    assert torch.equal(swapped.certified, certify(GloroNet(model, (1, 8, 8), eps), x, y).certified)
+    with torch.no_grad():
+        old_layer = net.top_k_margins(model(x), before_swap_K)[:, 0] > 0
+    assert old_layer.sum() > swapped.certified.sum()
+
+
+def test_eval_forward_without_freeze_uses_the_certified_bound() -> None:
+    x, _ = _images(50)
+    model = _conv_net(1)
+    net = GloroNet(model, (1, 8, 8), 0.05)
+    net.train()
+    net(x)  # training steps: a few power iterations, a lower estimate of each norm
+    lower = net.margin_lipschitz(0).detach()
+    net.eval()
+    out = net(x)  # must not use the iterates
+    assert net.frozen
+    exact = GloroNet(model, (1, 8, 8), 0.05)
+    exact.freeze()
+    assert torch.equal(net.frozen_K, exact.frozen_K) and (net.frozen_K >= lower - 1e-6).all()
+    with torch.no_grad():
+        f = model(x)
+    assert torch.allclose(out[:, -1], net.bottom(f, exact.frozen_K))
+
+
+def test_large_layers_get_a_proven_upper_bound_not_a_power_estimate() -> None:
+    model = _conv_net(2)
+    net = GloroNet(model, (1, 8, 8), 0.1)
+    exact = net.freeze()
+    assert {r.method for r in exact.layers if r.kind == "Conv2d"} == {"exact"}
+    big = net.freeze(exact_limit=0)  # treat every layer as too large for the explicit SVD
+    convs = [(e, b) for e, b in zip(exact.layers, big.layers, strict=True) if e.kind == "Conv2d"]
+    assert convs and all(b.method == "circulant-fft" for _, b in convs)
+    for e, b in convs:
+        assert e.value <= b.value <= 1.6 * e.value  # sound, and not far above the exact norm
+    assert big.lipschitz_sub >= exact.lipschitz_sub
+    pool = LipschitzBound([("p", nn.AvgPool2d(3, 2, 1))], (2, 9, 9))
+    ex, (layer,) = pool.certified()
+    ub, (layer_ub,) = pool.certified(exact_limit=0)
+    assert layer_ub.method == "schur" and ex <= ub
+
+
+@pytest.mark.parametrize("cfg", [(2, 4, 3, 1, 1, 1, 1, 8), (3, 6, 4, 2, 1, 1, 1, 9), (4, 4, 3, 1, 2, 2, 2, 7),
+                                 (2, 3, 5, 3, 0, 1, 1, 11), (4, 6, 3, 2, 1, 2, 2, 10)])
+def test_circulant_bound_is_above_the_exact_conv_norm(cfg: tuple[int, ...]) -> None:
+    from modelward.robustness.gloro.lipschitz import conv_circulant_bound
+
+    ci, co, k, s, p, d, g, h = cfg
+    torch.manual_seed(sum(cfg))
+    conv = nn.Conv2d(ci, co, k, s, p, d, g)
+    b = ConvBound("c", conv, (ci, h, h), 0)
+    exact = float(torch.linalg.svdvals(b.matrix())[0])
+    ub = conv_circulant_bound(conv.weight, (h, h), b.pad, conv.dilation, g, conv.stride)
+    assert exact * (1 - 1e-12) <= ub <= 1.25 * exact

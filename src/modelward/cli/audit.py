@@ -1,4 +1,4 @@
-"""`modelward audit verify LOG`: check a party's hash-chained audit log."""
+"""`modelward audit verify LOG [--against OTHER_LOG]` and `modelward audit head LOG`: hash-chained audit logs."""
 
 from __future__ import annotations
 
@@ -20,13 +20,34 @@ def _group() -> None:
 @app.command("verify")
 def verify(
     log: Annotated[Path, typer.Argument(help="the party's audit SQLite file")],
-    head: Annotated[str | None, typer.Option("--head", help="the head hash the party published (summary.json)")]
+    head: Annotated[str | None, typer.Option("--head", help="a head hash the party published (e.g. the driver's "
+                                                           "summary.json audit_heads)")] = None,
+    against: Annotated[Path | None, typer.Option("--against", help="another party's audit log: every head of "
+                                                                    "LOG's party anchored there must still be in "
+                                                                    "LOG (catches a truncated or rewritten tail)")]
     = None,
 ) -> None:
-    """Print OK, or the first record that was edited, deleted, inserted or reordered (exit code 1)."""
+    """Print OK, or the first record that was edited, deleted, inserted, reordered or cut off (exit code 1)."""
     from modelward.governance.audit import verify as check
+    from modelward.governance.audit import verify_against
 
-    r = check(log, head)
+    if head is not None:
+        r = check(log, head)
+        if not r.ok or against is None:
+            console.print(str(r), highlight=False)
+            if not r.ok:
+                raise typer.Exit(1)
+            return
+    r = verify_against(log, against) if against is not None else check(log)
     console.print(str(r), highlight=False)
     if not r.ok:
         raise typer.Exit(1)
+
+
+@app.command("head")
+def head_cmd(log: Annotated[Path, typer.Argument(help="the party's audit SQLite file")]) -> None:
+    """Print the party, the number of records and the head hash of LOG (what its peers anchor)."""
+    from modelward.governance.audit import head_of
+
+    h = head_of(log)
+    console.print(f"{h['party']} {h['records']} {h['head']}", highlight=False)

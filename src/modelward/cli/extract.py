@@ -32,7 +32,7 @@ def run(
         summary = run_evaluation(cfg, out, progress)
     console.print(f"victim: test accuracy {summary['victim_accuracy']:.4f} "
                   f"({'cached' if summary['victim_cached'] else 'trained'}), pool {summary['pool']}, budget "
-                  f"{cfg.budget}; {summary['already_done']}/{summary['cells']} cells were already done")
+                  f"{cfg.budget}; {summary['already_done']}/{summary['cells']} cells already done")
     table = Table(title=f"{cfg.name}: worst case over attacks (victim accuracy {summary['victim_accuracy']:.2%})")
     for col in ("defense", "max accuracy", "worst attack", "max fidelity", "max ℓ1", "protected acc."):
         table.add_column(col)

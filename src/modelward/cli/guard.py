@@ -13,12 +13,14 @@ app = typer.Typer(no_args_is_help=True)
 def serve(config: Path = typer.Argument(..., help="GUARD.toml (see examples/guard_*.toml)"),
           host: str = typer.Option(None, help="override server.host"),
           port: int = typer.Option(None, help="override server.port"),
-          set_: list[str] = typer.Option(None, "--set", help="override a config value, e.g. defense.params.epsilon=0.5")
+          set_: list[str] = typer.Option(None, "--set", help="override a config value, e.g. defense.params.epsilon=0.5"),
+          reset: bool = typer.Option(False, "--reset", help="start a new defense state when the settings differ "
+                                     "from the ones server.state_dir was built with (keeps the query log)")
           ) -> None:
     """Serve the configured model, guarded by the configured defense, until interrupted."""
     from modelward.extraction.service import serve as run
 
-    run(config, host=host, port=port, overrides=set_)
+    run(config, host=host, port=port, overrides=set_, reset=reset)
 
 
 @app.command()
@@ -27,8 +29,11 @@ def check(config: Path = typer.Argument(..., help="GUARD.toml"),
     """Load the config, model and defense without serving; print what would be served."""
     from modelward.extraction.service import build_service
 
-    svc = build_service(config, set_)
+    svc = build_service(config, set_, check_only=True)
     meta = svc.metadata()
     typer.echo(f"model {meta['name']}: input {meta['inputs'][0]['shape']}, {svc.num_classes} classes; "
                f"defense {svc.defense.name} {svc.defense.params()}; {len(svc.keys)} key(s)")
+    if svc.changes:
+        typer.echo(f"note: {svc.state_dir} was built with other settings ({'; '.join(svc.changes)}); "
+                   "'guard serve' refuses them unless given --reset")
     svc.close()

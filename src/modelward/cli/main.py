@@ -22,8 +22,11 @@ GROUPS: dict[str, tuple[str, str]] = {
     "guard": ("modelward.cli.guard", "Serve a model behind a guarded prediction API."),
     "robust": ("modelward.cli.robust", "Evasion attacks, adversarial training and GloRo certification."),
     "study": ("modelward.cli.study", "Research studies (plasticity)."),
+    "privacy": ("modelward.cli.privacy", "Membership inference, model inversion and property inference audits."),
 }
-COMMANDS = ["modelward.cli.parts", "modelward.cli.train", "modelward.cli.demo"]
+COMMANDS = ["modelward.cli.parts", "modelward.cli.train", "modelward.cli.demo", "modelward.cli.assess",
+            "modelward.cli.explain", "modelward.cli.bias",
+            "modelward.cli.cost"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="modelward: security and governance of trained deep-learning models.")
@@ -59,7 +62,10 @@ def main(argv: list[str] | None = None) -> None:
     except ModelwardError as e:
         if debug:
             raise
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+        from rich.markup import escape
+
+        # escape: messages quote TOML tables like [data] or [[evaluate.attacks]], which rich reads as markup
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(2)
 
 if __name__ == "__main__":

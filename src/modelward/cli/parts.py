@@ -59,9 +59,6 @@ def register(app: typer.Typer) -> None:
             t.add_row(str(r["part"]), f"{r['params']:,}", "" if excl is None else f"{excl:,}")
         console.print(t)
         if csv_out:
-            import csv
+            from modelward.core.records import write_csv
 
-            with csv_out.open("w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=["part", "params", "params_excl_norm"])
-                w.writeheader()
-                w.writerows(rows)
+            write_csv(csv_out, rows, ["part", "params", "params_excl_norm"])

@@ -120,8 +120,8 @@ def serve(
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
 ) -> None:
     """Serve this party's segment over gRPC with mutual TLS until SIGTERM / Ctrl-C."""
-    from modelward.governance.party import load_party_config
-    from modelward.governance.party import serve as run
+    from modelward.governance.config import load_party_config
+    from modelward.governance.server import serve as run
 
     cfg = load_party_config(config, set_)
     run(cfg, log=lambda s: print(s, flush=True))

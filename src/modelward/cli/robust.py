@@ -1,12 +1,11 @@
 """``modelward robust``: train (standard / pgd / trades / gloro / rtk / affinity), attack, certify (seed 002 ch. 6–7,
-seed 004 ch. 2, 5). Thin: parse the TOML config, call :mod:`modelward.robustness.gloro.run`, write CSV/MD/PNG."""
+seed 004 ch. 2, 5). Thin: parse the TOML config, call :mod:`modelward.robustness.experiment` (which writes the
+reports), print."""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
@@ -14,40 +13,24 @@ from rich.console import Console
 from modelward.cli._outdir import check_out_dir, refuse_other_config
 from modelward.core.config import dump_config, load_config
 from modelward.core.data import load_data
-from modelward.core.progress import make_progress
+from modelward.core.progress import RichProgress
 from modelward.errors import ConfigError
-from modelward.robustness.gloro.run import (
+from modelward.robustness.experiment import (
     GLORO_MODES,
     RobustConfig,
-    attack_table,
-    certify_table,
+    attack_experiment,
+    certify_experiment,
+    check_attacks,
     check_shapes,
     eval_points,
     load_model,
-    save_model,
-    train_robust,
+    train_experiment,
 )
 
 app = typer.Typer(no_args_is_help=True, help="Evasion attacks, adversarial training and GloRo certification.")
 console = Console()
 
 SET_HELP = "Override a config value, e.g. --set train.epochs=20 (repeatable)."
-
-
-def _write_table(out: Path, stem: str, rows: list[dict[str, Any]], title: str) -> None:
-    if not rows:
-        return
-    keys = list(rows[0])
-    with open(out / f"{stem}.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, keys)
-        w.writeheader()
-        w.writerows(rows)
-    fmt = [f"{v:.4f}" if isinstance(v, float) else str(v) for r in rows for v in r.values()]
-    lines = [f"# {title}", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    for i in range(len(rows)):
-        lines.append("| " + " | ".join(fmt[i * len(keys) : (i + 1) * len(keys)]) + " |")
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    (out / f"{stem}.json").write_text(json.dumps(rows, indent=2) + "\n")
 
 
 def _model_path(model: Path | None, out: Path) -> Path:
@@ -65,6 +48,7 @@ def _prepare_evaluation(config: Path, model: Path | None, out: Path, set_: list[
     cfg = load_config(config, RobustConfig, set_)
     if need_attacks and not cfg.evaluate.attacks:
         raise ConfigError(f"{config}: evaluate.attacks is empty; add e.g. [[evaluate.attacks]] name = \"pgd\"")
+    check_attacks(cfg.evaluate.attacks, cfg.evaluate.norm)  # before any model is loaded or attack runs
     net, _ = load_model(_model_path(model, out))
     data = load_data(cfg.data)
     check_shapes(net, data)
@@ -88,20 +72,8 @@ def train(config: Path = typer.Argument(..., help="TOML config (see examples/rob
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.json")
     console.print(f"[bold]robust train[/] mode={cfg.train.mode} arch={cfg.model.arch} · {data.describe()}")
-    with make_progress(console) as progress:
-        task = progress.add_task(f"train ({cfg.train.mode})", total=cfg.train.epochs, info="")
-
-        def on_progress(done: int, total: int, info: str) -> None:
-            progress.update(task, completed=done, info=info)
-
-        outcome = train_robust(cfg, data, out, on_progress)
-        progress.update(task, completed=cfg.train.epochs)
-    save_model(out / "model.safetensors", outcome, cfg, data.input_shape, data.num_classes)
-    rows, bound = certify_table(outcome.net, data.x_test, data.y_test, [cfg.train.epsilon])
-    metrics = {"mode": cfg.train.mode, "seconds": outcome.seconds, "epsilon": cfg.train.epsilon, **rows[0],
-               "lipschitz_sub": bound["lipschitz_sub"], "max_margin_lipschitz": bound["max_margin_lipschitz"]}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    _write_table(out, "history", outcome.history, "training history")
+    with RichProgress(console) as progress:
+        metrics = train_experiment(cfg, out, progress, data)
     guarantee = "" if cfg.train.mode in GLORO_MODES else " (uncertified training: VRA is expected to be ≈ 0)"
     console.print(f"clean accuracy {metrics['clean_accuracy']:.3f} · VRA@ε={cfg.train.epsilon} "
                   f"{metrics['vra']:.3f}{guarantee} · saved {out / 'model.safetensors'}")
@@ -115,26 +87,8 @@ def certify(config: Path = typer.Argument(..., help="TOML config (\\[data] and \
             attacks: bool = typer.Option(True, "--attacks/--no-attacks", help="Also report robust accuracy.")) -> None:
     """Clean accuracy, VRA and rejection per ε (GloRo certificate), plus robust accuracy under the attacks."""
     cfg, net, x, y, eps = _prepare_evaluation(config, model, out, set_)
-    rows, bound = certify_table(net, x, y, eps, cfg.evaluate.batch_size)
-    if attacks and cfg.evaluate.attacks:
-        with make_progress(console) as progress:
-            task = progress.add_task("attacks", total=len(eps) * len(cfg.evaluate.attacks), info="")
-            arows = attack_table(net.f, x, y, eps, cfg.evaluate.attacks, cfg.seed,
-                                 lambda name, e: progress.update(task, advance=1, info=f"{name} ε={e}"))
-        for r in rows:
-            for a in arows:
-                if a["eps"] == r["epsilon"]:
-                    r[f"robust_accuracy_{a['attack']}"] = a["robust_accuracy"]
-    _write_table(out, "certify", rows, f"GloRo certification ({len(y)} test points)")
-    (out / "lipschitz.json").write_text(json.dumps(bound, indent=2) + "\n")
-    from modelward.core.plots import line_plot
-
-    series = {"VRA (certified)": (eps, [r["vra"] for r in rows]),
-              "clean accuracy": (eps, [r["clean_accuracy"] for r in rows])}
-    for key in rows[0]:
-        if key.startswith("robust_accuracy_"):
-            series[key.replace("robust_accuracy_", "robust acc. ")] = (eps, [r[key] for r in rows])
-    line_plot(out / "certify.png", series, "Certified (VRA) and empirical robustness", "ε (ℓ2)", "accuracy")
+    with RichProgress(console) as progress:
+        rows = certify_experiment(cfg, net, x, y, out, attacks, progress)
     for r in rows:
         console.print(f"ε={r['epsilon']:.3f}  clean {r['clean_accuracy']:.3f}  VRA {r['vra']:.3f}  "
                       f"rejected {r['rejection_rate']:.3f}")
@@ -148,16 +102,8 @@ def attack(config: Path = typer.Argument(..., help="TOML config (\\[data] and \\
            set_: list[str] = typer.Option([], "--set", help=SET_HELP)) -> None:
     """Robust accuracy per ε for each configured attack (CSV/MD + robustness curve)."""
     cfg, net, x, y, eps = _prepare_evaluation(config, model, out, set_, need_attacks=True)
-    with make_progress(console) as progress:
-        task = progress.add_task("attacks", total=len(eps) * len(cfg.evaluate.attacks), info="")
-        rows = attack_table(net.f, x, y, eps, cfg.evaluate.attacks, cfg.seed,
-                            lambda name, e: progress.update(task, advance=1, info=f"{name} ε={e}"))
-    _write_table(out, "attack", rows, f"Robust accuracy ({len(y)} test points)")
-    from modelward.core.plots import line_plot
-
-    series = {a.name: (eps, [r["robust_accuracy"] for r in rows if r["attack"] == a.name])
-              for a in cfg.evaluate.attacks}
-    line_plot(out / "attack.png", series, "Robust accuracy vs ε", "ε", "robust accuracy")
+    with RichProgress(console) as progress:
+        rows = attack_experiment(cfg, net, x, y, out, progress)
     for r in rows:
         console.print(f"{r['attack']:>8} ε={r['eps']:.3f}  robust accuracy {r['robust_accuracy']:.3f}")
     console.print(f"wrote {out / 'attack.csv'}, attack.md, attack.png")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Annotated
@@ -58,6 +57,7 @@ def predict(
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
 ) -> None:
     """Split inference on the data owner's samples; every party must consent to inference."""
+    from modelward.core.records import write_csv
     from modelward.errors import ConfigError
     from modelward.governance.driver import SplitDriver, load_split_config
 
@@ -71,11 +71,9 @@ def predict(
         logits = drv.predict(split)
         links = drv.link_summary()
     pred = logits.argmax(1)
-    with out.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["index", "prediction", *[f"logit_{k}" for k in range(logits.shape[1])]])
-        for i, (p, row) in enumerate(zip(pred.tolist(), logits.tolist(), strict=True)):
-            w.writerow([i, p, *[f"{v:.6g}" for v in row]])
+    cols = ["index", "prediction", *[f"logit_{k}" for k in range(logits.shape[1])]]
+    write_csv(out, [dict(zip(cols, [i, p, *[f"{v:.6g}" for v in row]], strict=True))
+                    for i, (p, row) in enumerate(zip(pred.tolist(), logits.tolist(), strict=True))], cols)
     (out.with_suffix(".links.json")).write_text(json.dumps(links, indent=2))
     console.print(f"{len(pred)} predictions written to {out}")
 
@@ -85,17 +83,24 @@ def audit_leakage(
     config: Annotated[Path, typer.Argument(help="LEAKAGE.toml ([data], [model], cut, [train], [audit])")],
     out: Annotated[Path, typer.Option("--out", help="output folder (re-run to resume)")],
     workers: Annotated[int, typer.Option("--workers", help="parallel runs (processes)")] = 1,
+    transport: Annotated[str, typer.Option("--transport", help="inprocess (fast) or parties (real party processes "
+                                           "with mutual TLS on 127.0.0.1; Alice's server records what it gets)")]
+    = "inprocess",
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
 ) -> None:
     """Measure how much of Bob's labels Alice recovers from the gradients he returns (norm and direction attacks,
     Li et al. 2022), without and with Bob's gradient protection; writes results.csv/md/json and tradeoff.png."""
     from modelward.core.progress import RichProgress
     from modelward.core.records import markdown_table
+    from modelward.errors import ConfigError
     from modelward.governance.leakage_audit import load_audit_config, run_audit
 
+    if transport not in ("inprocess", "parties"):
+        raise ConfigError(f"--transport {transport!r}: valid choices: inprocess, parties")
     cfg = load_audit_config(config, set_)
     with RichProgress(console) as progress:
-        rows = run_audit(cfg, out, workers=workers, progress=progress)
+        rows = run_audit(cfg, out, workers=workers, progress=progress, transport=transport)  # type: ignore[arg-type]
     cols = ["method", "scale", "test_accuracy", "norm_auc", "direction_auc", "direction_auc_acc"]
     print(markdown_table(rows, cols, 3), end="")  # plain: a table must not be wrapped
-    console.print(f"results in {out.resolve()} (results.md, results.csv, results.json, runs.json, tradeoff.png)")
+    sfx = "_parties" if transport == "parties" else ""
+    console.print(f"results in {out.resolve()} (results{sfx}.md/.csv/.json, runs{sfx}.json, tradeoff{sfx}.png)")

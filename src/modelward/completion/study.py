@@ -16,6 +16,7 @@ Example (your own model, in process)::
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -97,7 +98,7 @@ def _run_study(cfg: StudyConfig, out: Path, workers: int | None, progress: Progr
     problem = problem or make_problem(cfg)
     runs = plan(cfg, problem)
     ledger = RunLedger(out / "ledger.sqlite")
-    ledger.bind_config(cfg)
+    ledger.bind_config(cfg, legacy=(hashlib.sha256(cfg.model_dump_json().encode()).hexdigest(),))  # pre-runner
     dump_config(cfg, out / "study.json")
     for r in runs:
         ledger.add(r.run_id, r.spec)

@@ -75,13 +75,15 @@ class RunLedger:
                     "Use a new --out folder, or delete the old one to start over."
                 )
 
-    def bind_config(self, config: Any, *, exclude: set[str] | None = None) -> str:
+    def bind_config(self, config: Any, *, exclude: set[str] | None = None, legacy: tuple[str, ...] = ()) -> str:
         """Bind this ledger to one configuration: the first call records its fingerprint, later calls (a resume)
         must present the same configuration or a :class:`LedgerError` is raised.
 
         This is the one config fingerprint of every study. Args: `config` — a pydantic model (dumped in JSON
         mode) or any JSON-able object; `exclude` — top-level fields that may change between resumes (e.g.
-        ``{"threads"}``). Returns the fingerprint (SHA-256 of the canonical JSON).
+        ``{"threads"}``); `legacy` — fingerprints an older version of the study recorded for this same config
+        (they are upgraded in place, so folders from before keep resuming). Returns the fingerprint (SHA-256 of
+        the canonical JSON).
         """
         import hashlib
 
@@ -92,6 +94,10 @@ class RunLedger:
         else:
             data = config
         fingerprint = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+        if legacy:
+            marks = ",".join("?" * len(legacy))
+            with self._conn() as c:
+                c.execute(f"UPDATE meta SET value=? WHERE key='config' AND value IN ({marks})", (fingerprint, *legacy))
         self.check_meta("config", fingerprint)
         return fingerprint
 

@@ -175,11 +175,14 @@ class SequentialExecutor(Executor):
 
 
 def _worker_init() -> None:
-    # one torch thread per worker: W workers share the machine's cores instead of oversubscribing them
-    os.environ["MODELWARD_WORKER"] = "1"
-    import torch
+    # one torch thread per worker: W workers share the machine's cores instead of oversubscribing them. Set through
+    # the environment so that a worker that never needs torch does not pay for importing it.
+    import sys
 
-    torch.set_num_threads(1)
+    os.environ["MODELWARD_WORKER"] = "1"
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 class ProcessPoolExecutor(Executor):

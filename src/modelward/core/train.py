@@ -312,11 +312,12 @@ def fit_from_config(data_cfg: object, model_cfg: object, train_cfg: TrainConfig,
     """Load the data, build and initialise the zoo model, train it with T; returns (model, result, data)."""
     from modelward.core.data import load_data
     from modelward.core.init import init_model_
+    from modelward.core.seed import seeded
     from modelward.core.zoo import build_model
 
     data = load_data(data_cfg)  # type: ignore[arg-type]
-    torch.manual_seed(seed)
-    model = init_model_(build_model(model_cfg, data.input_shape, data.num_classes), init_scheme, seed)  # type: ignore[arg-type]
-    result = train(model, data.x_train, data.y_train, data.x_test, data.y_test, train_cfg, seed, on_eval=on_eval)
+    with seeded(seed):  # the zoo constructors draw from the global RNG
+        model = init_model_(build_model(model_cfg, data.input_shape, data.num_classes), init_scheme, seed)  # type: ignore[arg-type]
+        result = train(model, data.x_train, data.y_train, data.x_test, data.y_test, train_cfg, seed, on_eval=on_eval)
     model.eval()
     return model, result, data

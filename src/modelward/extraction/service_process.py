@@ -44,7 +44,7 @@ class GuardServerProcess:
 
 
 def start_guard_server(config_path: str | Path, port: int | None = None, timeout: float = 60.0,
-                       overrides: list[str] | None = None) -> GuardServerProcess:
+                       overrides: list[str] | None = None, reset: bool = False) -> GuardServerProcess:
     """Start ``python -m modelward.cli.main guard serve CONFIG`` on 127.0.0.1 and wait until it is ready."""
     import httpx
 
@@ -57,6 +57,8 @@ def start_guard_server(config_path: str | Path, port: int | None = None, timeout
            "--host", "127.0.0.1", "--port", str(port)]
     for o in overrides or []:
         cmd += ["--set", o]
+    if reset:
+        cmd.append("--reset")
     log = open(log_path, "wb")  # noqa: SIM115 - owned by the child for its lifetime
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -14,6 +14,7 @@ the guarded HTTP service on 127.0.0.1 (``victim.serve = true``), or at a remote 
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Callable
 from functools import partial
@@ -192,7 +193,8 @@ def run_evaluation(cfg: EvalConfig, out: str | Path, progress: ProgressSink | No
     torch.set_num_threads(cfg.threads)
     try:
         ledger = RunLedger(out / "ledger.sqlite")
-        ledger.bind_config(cfg, exclude={"threads"})
+        legacy = json.dumps(cfg.model_dump(mode="json", exclude={"threads"}), sort_keys=True, default=str)
+        ledger.bind_config(cfg, exclude={"threads"}, legacy=(hashlib.sha256(legacy.encode()).hexdigest()[:16],))
         dump_config(cfg, out / "config.json")
         all_cells = cells(cfg)
         by_id = {c.run_id: c for c in all_cells}

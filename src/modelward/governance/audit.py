@@ -2,8 +2,13 @@
 
 Every record carries ``prev_hash`` (the previous record's hash) and ``hash = sha256(prev_hash ‖ canonical JSON of
 its fields, including its id)``. Editing a record breaks its own hash; deleting, inserting or reordering records
-breaks the chain. A party that also publishes its latest head hash to its peers (the driver records every party's
-head at the end of a run) makes even a full rewrite of the log detectable.
+breaks the chain.
+
+Cross-anchoring (issue 10 item 7): after every step each party's head (record id + hash) travels with the step's
+messages to the other parties of the chain, and each records the others' heads in the ``anchors`` field of its own
+record. A party that later truncates or rewrites its tail no longer contains the record an anchor names, which
+:func:`verify_against` (``modelward audit verify LOG --against OTHER_LOG``) reports. Every record also stores the
+executed operation and the purpose the party derived from it.
 """
 
 from __future__ import annotations
@@ -20,15 +25,17 @@ from typing import Any
 from modelward.errors import ModelwardError
 
 GENESIS = "0" * 64
-FIELDS = ("id", "ts", "party", "caller", "op", "session", "step", "seq", "batch", "shapes", "decision", "reason")
+FIELDS = ("id", "ts", "party", "caller", "op", "purpose", "session", "step", "seq", "batch", "shapes", "decision",
+          "reason", "anchors")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit (
   id INTEGER PRIMARY KEY, ts REAL NOT NULL, party TEXT NOT NULL, caller TEXT NOT NULL, op TEXT NOT NULL,
-  session TEXT NOT NULL, step INTEGER NOT NULL, seq INTEGER NOT NULL, batch INTEGER NOT NULL,
-  shapes TEXT NOT NULL, decision TEXT NOT NULL, reason TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS audit_session ON audit(session, decision, op);
-CREATE INDEX IF NOT EXISTS audit_ts ON audit(ts, decision);
+  purpose TEXT NOT NULL, session TEXT NOT NULL, step INTEGER NOT NULL, seq INTEGER NOT NULL, batch INTEGER NOT NULL,
+  shapes TEXT NOT NULL, decision TEXT NOT NULL, reason TEXT NOT NULL, anchors TEXT NOT NULL,
+  prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS audit_caller ON audit(caller, op, decision, session);
+CREATE INDEX IF NOT EXISTS audit_ts ON audit(caller, ts, decision);
 """
 
 
@@ -50,30 +57,65 @@ class AuditLog:
         try:
             self.db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
+            # WAL + FULL: a record is on disk before the answer leaves the party. Its head travels to the other
+            # parties, so a record lost in a power cut would later look like a truncated tail (--against).
+            self.db.execute("PRAGMA synchronous=FULL")
             self.db.executescript(_SCHEMA)
+            cols = [r[1] for r in self.db.execute("PRAGMA table_info(audit)")]
         except sqlite3.DatabaseError as e:
             raise AuditError(f"{self.path}: cannot open audit log ({e})") from None
+        if "purpose" not in cols or "anchors" not in cols:
+            raise AuditError(f"{self.path}: an audit log of an older modelward version (no purpose/anchors "
+                             "columns); keep it for the record and give this party a new audit_db")
+        self._refusals: dict[tuple[str, str], tuple[float, int]] = {}  # rate limit: (peer, kind) -> (last, n)
         self.lock = threading.Lock()
         row = self.db.execute("SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1").fetchone()
         self.last_id, self.head = (row[0], row[1]) if row else (0, GENESIS)
 
     def append(self, caller: str, op: str, session: str = "", step: int = 0, seq: int = 0, batch: int = 0,
-               shapes: dict[str, list[int]] | None = None, decision: str = "allow", reason: str = "") -> str:
+               shapes: dict[str, list[int]] | None = None, decision: str = "allow", reason: str = "", *,
+               purpose: str | None = "", anchors: dict[str, list] | None = None) -> str:
         with self.lock:
             rec = {"id": self.last_id + 1, "ts": round(time.time(), 6), "party": self.party, "caller": caller,
-                   "op": op, "session": session, "step": int(step), "seq": int(seq), "batch": int(batch),
-                   "shapes": json.dumps(shapes or {}, sort_keys=True, separators=(",", ":")),
-                   "decision": decision, "reason": reason}
+                   "op": op, "purpose": purpose or "", "session": session, "step": int(step), "seq": int(seq),
+                   "batch": int(batch), "shapes": json.dumps(shapes or {}, sort_keys=True, separators=(",", ":")),
+                   "decision": decision, "reason": reason,
+                   "anchors": json.dumps(anchors or {}, sort_keys=True, separators=(",", ":"))}
             h = record_hash(self.head, rec)
             self.db.execute(f"INSERT INTO audit ({','.join(FIELDS)}, prev_hash, hash) VALUES "
                             f"({','.join('?' * (len(FIELDS) + 2))})", [*(rec[f] for f in FIELDS), self.head, h])
             self.last_id, self.head = rec["id"], h
             return h
 
+    def refusal(self, caller: str, op: str, reason: str, every_s: float, **kw: Any) -> bool:
+        """Record a wire- or identity-level refusal, at most once per `every_s` seconds per (caller, op); the
+        next record says how many were suppressed in between. Returns whether a record was written."""
+        key = (caller, op)
+        now = time.monotonic()
+        last, skipped = self._refusals.get(key, (-1e18, 0))
+        if now - last < every_s:
+            self._refusals[key] = (last, skipped + 1)
+            return False
+        if len(self._refusals) > 4096:  # bounded: an attacker cycling through certificates cannot grow it
+            self._refusals.clear()
+        self._refusals[key] = (now, 0)
+        extra = f" ({skipped} similar refusal(s) in the previous {every_s:g}s not recorded)" if skipped else ""
+        self.append(caller, op, decision="deny", reason=reason + extra, **kw)
+        return True
+
+    @property
+    def head_ref(self) -> list:
+        """[record id, hash] of the latest record: what this party's peers anchor in their logs."""
+        with self.lock:
+            return [self.last_id, self.head]
+
     def count(self, ops: tuple[str, ...], session: str | None = None, since: float | None = None,
-              decision: str = "allow") -> int:
+              decision: str = "allow", caller: str | None = None) -> int:
         q = f"SELECT COUNT(*) FROM audit WHERE decision = ? AND op IN ({','.join('?' * len(ops))})"
         args: list[Any] = [decision, *ops]
+        if caller is not None:
+            q += " AND caller = ?"
+            args.append(caller)
         if session is not None:
             q += " AND session = ?"
             args.append(session)
@@ -83,9 +125,13 @@ class AuditLog:
         with self.lock:
             return int(self.db.execute(q, args).fetchone()[0])
 
-    def last_seq(self, session: str) -> int:
+    def last_seq(self, session: str, caller: str, ops: tuple[str, ...]) -> int:
+        """The last sequence number `caller` used in `session` for a sequenced operation (restored after a restart;
+        only operations that passed the sequence check are counted, so a bogus number never sticks)."""
+        q = (f"SELECT MAX(seq) FROM audit WHERE session = ? AND caller = ? AND op IN ({','.join('?' * len(ops))}) "
+             "AND decision = 'allow'")
         with self.lock:
-            row = self.db.execute("SELECT MAX(seq) FROM audit WHERE session = ? AND decision = 'allow'", (session,)).fetchone()
+            row = self.db.execute(q, (session, caller, *ops)).fetchone()
         return int(row[0] or 0)
 
     def close(self) -> None:
@@ -109,6 +155,8 @@ class VerifyResult:
                 extra = f"; the published head is record {self.head_at}"
                 if self.head_at < self.records:
                     extra += f", {self.records - self.head_at} record(s) appended after it"
+            if self.problem:
+                extra += f"; {self.problem}"
             return f"OK: {self.records} records, head {self.head[:16]}…{extra}"
         return f"TAMPERED: record {self.bad_id}: {self.problem}"
 
@@ -116,14 +164,7 @@ class VerifyResult:
 def verify(path: str | Path, expect_head: str | None = None) -> VerifyResult:
     """Walk the chain; report the first record that was edited, deleted, inserted or reordered."""
     path = Path(path)
-    if not path.is_file():
-        raise AuditError(f"{path}: audit log not found")
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        rows = db.execute(f"SELECT {','.join(FIELDS)}, prev_hash, hash FROM audit ORDER BY id").fetchall()
-        db.close()
-    except sqlite3.DatabaseError as e:
-        raise AuditError(f"{path}: not a modelward audit log ({e})") from None
+    rows = _rows(path)
     if expect_head is not None:
         expect_head = expect_head.strip().lower()
         if len(expect_head) < 16 or any(c not in "0123456789abcdef" for c in expect_head):
@@ -154,3 +195,72 @@ def verify(path: str | Path, expect_head: str | None = None) -> VerifyResult:
                             f"the published head {expect_head[:16]}… is not in the chain (head now "
                             f"{prev[:16]}…): records were removed from the end or the log was rewritten")
     return VerifyResult(True, len(rows), prev, head_at=head_at)
+
+
+def _rows(path: Path) -> list[tuple]:
+    if not path.is_file():
+        raise AuditError(f"{path}: audit log not found")
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        rows = db.execute(f"SELECT {','.join(FIELDS)}, prev_hash, hash FROM audit ORDER BY id").fetchall()
+        db.close()
+    except sqlite3.DatabaseError as e:
+        raise AuditError(f"{path}: not a modelward audit log ({e})") from None
+    return rows
+
+
+def head_of(path: str | Path) -> dict[str, Any]:
+    """``modelward audit head LOG``: the party, the number of records and the head hash (no verification)."""
+    rows = _rows(Path(path))
+    if not rows:
+        return {"party": None, "records": 0, "head": GENESIS}
+    last = dict(zip(FIELDS, rows[-1][: len(FIELDS)], strict=True))
+    return {"party": last["party"], "records": int(last["id"]), "head": rows[-1][-1]}
+
+
+def anchors_in(path: str | Path, party: str) -> list[tuple[int, str, int]]:
+    """The heads of `party` anchored in the log at `path`: (anchored record id, its hash, anchoring record id)."""
+    out = []
+    for row in _rows(Path(path)):
+        rec = dict(zip(FIELDS, row[: len(FIELDS)], strict=True))
+        try:
+            anchors = json.loads(rec["anchors"] or "{}")
+        except json.JSONDecodeError:
+            continue
+        ref = anchors.get(party)
+        if isinstance(ref, list) and len(ref) == 2 and isinstance(ref[0], int) and isinstance(ref[1], str):
+            out.append((ref[0], ref[1], int(rec["id"])))
+    return out
+
+
+def verify_against(path: str | Path, other: str | Path) -> VerifyResult:
+    """Verify the log at `path` and check it against the heads of its party that another party anchored in its
+    own log (`other`): every anchored record must still be in `path` with the same hash. A truncated tail (the
+    anchored record is gone) or a rewritten one (different hash) is reported with the anchoring record."""
+    path, other = Path(path), Path(other)
+    own = verify(path)
+    if not own.ok:
+        return own
+    theirs = verify(other)
+    if not theirs.ok:
+        raise AuditError(f"--against {other}: that log is itself not intact ({theirs}); it cannot vouch for {path}")
+    rows = _rows(path)
+    if not rows:
+        return VerifyResult(False, 0, GENESIS, 0, "the log is empty")
+    party = rows[0][FIELDS.index("party")]
+    hashes = {int(r[0]): r[-1] for r in rows}
+    refs = anchors_in(other, party)
+    if not refs:
+        return VerifyResult(True, len(rows), own.head, problem=f"(no heads of {party!r} are anchored in {other})")
+    for rid, h, at in sorted(refs, key=lambda r: r[0]):
+        if rid not in hashes:
+            return VerifyResult(False, len(rows), own.head, rid,
+                                f"missing: {other.name} record {at} anchors {party}'s record {rid} (hash {h[:16]}…), "
+                                f"but this log ends at record {len(rows)}: its tail was truncated")
+        if hashes[rid] != h:
+            return VerifyResult(False, len(rows), own.head, rid,
+                                f"rewritten: {other.name} record {at} anchors {party}'s record {rid} with hash "
+                                f"{h[:16]}…, this log has {hashes[rid][:16]}… there")
+    top = max(r[0] for r in refs)
+    return VerifyResult(True, len(rows), own.head, head_at=top,
+                        problem=f"checked against {len(refs)} head(s) anchored in {other.name}")

@@ -268,7 +268,7 @@ def ca_sign(ca_dir: str | Path, csr_path: str | Path, out: str | Path | None = N
 
 
 def make_certs(out: str | Path, parties: list[str], hosts: list[str] | None = None, days: int = 365,
-               ca_name: str = "modelward-demo", if_exists: Literal["error", "reuse", "overwrite"] = "error"
+               ca_name: str = "demo", if_exists: Literal["error", "reuse", "overwrite"] = "error"
                ) -> dict[str, Path]:
     """Demo helper: a fresh CA (unique name) plus ``<party>.pem``/``<party>.key`` for each party in `out`.
 

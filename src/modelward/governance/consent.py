@@ -4,7 +4,12 @@ A :class:`Policy` is evaluated by :class:`ConsentChecker` before any compute, fo
 through a party's segment. Everything is denied unless the policy allows it: the caller must be a listed peer, the
 purpose (training / inference) must be enabled, and the limits (steps per session, passes per UTC day, batch size,
 UTC time window) must hold. An optional approval hook — a Python callable ``pkg.mod:fn`` or an external command —
-is asked last, once per session or for every pass. Counts come from the audit log, so they survive restarts.
+is asked last, once per session or for every pass.
+
+The purpose is never taken from the request: it follows from the operation the party is about to execute
+(:data:`OP_PURPOSE`: a training ``step`` is training whatever the caller writes in its metadata). Step limits are
+counted per peer from the audit log — per session, per UTC day and in total — so neither a new session id nor a
+restart resets them.
 """
 
 from __future__ import annotations
@@ -25,21 +30,36 @@ from modelward.core.config import StrictModel
 from modelward.errors import ConfigError
 from modelward.governance.audit import AuditLog
 
-Purpose = Literal["train", "eval", "predict"]
-PASS_OPS = ("forward", "backward", "loss_backward")
-STEP_OPS = ("backward", "loss_backward")
+Purpose = Literal["train", "inference"]
+# what each operation is *for*, decided by the server from what it will execute (None: no consent needed beyond
+# being a pinned, allowed peer: status, abort — an abort only ever restores the state before a refused step)
+OP_PURPOSE: dict[str, str | None] = {
+    "step": "train", "eval": "train", "commit": "train", "restore": "train", "checkpoint": "train",
+    "open_train": "train", "predict": "inference", "fetch": "inference", "open": None, "status": None,
+    "abort": None,
+}
+PASS_OPS = ("step", "eval", "predict")  # passes through the segment (counted by max_passes_per_day)
+STEP_OPS = ("step",)  # training steps (counted by the step limits)
+
+
+def purpose_of(op: str) -> str | None:
+    """The purpose of an operation (KeyError-free: unknown operations are refused before this is asked)."""
+    return OP_PURPOSE.get(op)
 _WINDOW = re.compile(r"^([01]\d|2[0-4]):([0-5]\d)-([01]\d|2[0-4]):([0-5]\d)$")
 
 
 class Policy(StrictModel):
     """A party's consent policy; the defaults deny everything."""
 
-    allow_peers: list[str] = Field(default_factory=list)  # certificate common names that may call this party
-    training: bool = False  # forward+backward passes that update parameters (and evaluation during training)
+    allow_peers: list[str] = Field(default_factory=list)  # pinned peer names that may call this party
+    training: bool = False  # training steps (forward+backward), evaluation during training, commits, restores
     inference: bool = False  # forward passes for predictions
-    max_steps_per_session: int | None = Field(None, ge=0)
-    max_passes_per_day: int | None = Field(None, ge=0)  # forward/backward requests per UTC day, all sessions
+    max_steps_per_session: int | None = Field(None, ge=0)  # per peer and session
+    max_steps_per_day: int | None = Field(None, ge=0)  # per peer and UTC day, all sessions
+    max_steps_total: int | None = Field(None, ge=0)  # per peer, ever (the audit log is the counter)
+    max_passes_per_day: int | None = Field(None, ge=0)  # steps + evaluations + predictions per peer and UTC day
     max_batch: int | None = Field(None, ge=1)
+    min_batch: int | None = Field(None, ge=1)  # smaller batches of steps/evaluations are refused (less leakage)
     window_utc: str | None = None  # "HH:MM-HH:MM" (may wrap midnight)
     approval: str | None = None  # python callable "pkg.mod:fn", called with the request as a dict -> bool
     approval_command: list[str] | None = None  # command reading the request JSON on stdin, printing yes/no
@@ -64,8 +84,8 @@ class Policy(StrictModel):
 class PassRequest:
     party: str
     caller: str
-    op: str  # forward | backward | loss_backward | restore | checkpoint
-    purpose: str  # train | eval | predict
+    op: str  # the operation the party will execute (step, eval, predict, commit, restore, ...)
+    purpose: str | None  # derived from op by the server (purpose_of), never sent by the caller
     session: str
     step: int
     batch: int
@@ -119,26 +139,36 @@ class ConsentChecker:
         d = self.check_peer(req.caller)
         if not d.allowed:
             return d
-        if req.purpose in ("train", "eval") and not p.training:
-            return Decision(False, "training is not allowed by this party's policy (policy.training = false)")
-        if req.purpose == "predict" and not p.inference:
-            return Decision(False, "inference is not allowed by this party's policy (policy.inference = false)")
+        if req.purpose is None:
+            return Decision(True, "peer")
+        if req.purpose == "train" and not p.training:
+            return Decision(False, f"{req.op} is training, and training is not allowed by this party's policy "
+                                   "(policy.training = false)")
+        if req.purpose == "inference" and not p.inference:
+            return Decision(False, f"{req.op} is inference, and inference is not allowed by this party's policy "
+                                   "(policy.inference = false)")
         if p.max_batch is not None and req.batch > p.max_batch:
             return Decision(False, f"batch of {req.batch} exceeds policy.max_batch = {p.max_batch}")
+        if p.min_batch is not None and req.op in ("step", "eval") and 0 < req.batch < p.min_batch:
+            return Decision(False, f"batch of {req.batch} is below policy.min_batch = {p.min_batch}")
         now = self.now()
         if p.window_utc and not in_window(p.window_utc, now):
             return Decision(False, f"outside the allowed time window {p.window_utc} UTC (now {now:%H:%M})")
-        if p.max_steps_per_session is not None and req.op in STEP_OPS and req.purpose == "train":
-            done = self.audit.count(STEP_OPS, session=req.session)
-            if done >= p.max_steps_per_session:
-                return Decision(False, f"session {req.session!r} has used its {p.max_steps_per_session} training "
-                                       "steps (policy.max_steps_per_session)")
+        midnight = now.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+        if req.op in STEP_OPS:
+            limits = [(p.max_steps_per_session, {"session": req.session}, f"session {req.session!r}",
+                       "max_steps_per_session"),
+                      (p.max_steps_per_day, {"since": midnight}, "today (UTC)", "max_steps_per_day"),
+                      (p.max_steps_total, {}, "in total", "max_steps_total")]
+            for limit, where, what, key in limits:
+                if limit is not None and self.audit.count(STEP_OPS, caller=req.caller, **where) >= limit:
+                    return Decision(False, f"peer {req.caller!r} has used its {limit} training steps {what} "
+                                           f"(policy.{key}; counted from the audit log)")
         if p.max_passes_per_day is not None and req.op in PASS_OPS:
-            midnight = now.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
-            done = self.audit.count(PASS_OPS, since=midnight)
+            done = self.audit.count(PASS_OPS, caller=req.caller, since=midnight)
             if done >= p.max_passes_per_day:
-                return Decision(False, f"the daily limit of {p.max_passes_per_day} passes is used up "
-                                       "(policy.max_passes_per_day)")
+                return Decision(False, f"peer {req.caller!r} has used up the daily limit of "
+                                       f"{p.max_passes_per_day} passes (policy.max_passes_per_day)")
         if self.hook is not None or p.approval_command:
             return self._approve(req)
         return Decision(True, "policy")
@@ -152,6 +182,8 @@ class ConsentChecker:
         d = self._ask(req)
         if self.policy.approval_scope == "session":
             with self._lock:
+                if len(self._approved) > 4096:  # bounded: sessions are cheap to open
+                    self._approved.clear()
                 self._approved[key] = d
         return d
 

@@ -23,10 +23,10 @@ from modelward.core.progress import make_progress
 from modelward.core.train import TrainConfig
 from modelward.governance.audit import AuditError, verify
 from modelward.governance.certs import make_certs
+from modelward.governance.config import TLSConfig
 from modelward.governance.driver import PartyRef, SplitConfig, SplitDriver
 from modelward.governance.launch import PartyProcess, start_parties, stop_parties
-from modelward.governance.party import TLSConfig
-from modelward.governance.plan import infer_model_config, make_plan, model_layers
+from modelward.governance.plan import infer_model_config, make_plan, model_layers, segment_of
 
 
 @dataclass
@@ -53,7 +53,8 @@ class LocalSplit:
                                             {n: self.root / n / "server.log" for n in names}))
 
     def split_config(self, train_cfg: TrainConfig, seed: int, **kw: Any) -> SplitConfig:
-        return SplitConfig(parties=[PartyRef(name=n, address=self.processes[n].address) for n in self.party_configs],
+        return SplitConfig(parties=[PartyRef(name=n, address=self.processes[n].address,
+                                             cert=str(self.root / f"certs/{n}.pem")) for n in self.party_configs],
                            tls=self.tls, train=train_cfg, seed=seed, out_dir=str(self.root / "driver"), **kw)
 
     def stop(self) -> None:
@@ -62,9 +63,14 @@ class LocalSplit:
 
 def prepare_local_split(root: Path, model: nn.Module, data: DataSplit, parties: list[str], cuts: list[str],
                         policy: dict[str, Any] | None = None, checkpoint_every: int = 10, threads: int = 0,
-                        driver: str | None = None) -> LocalSplit:
-    """Write certificates, each party's own data file, the initial weights and one PARTY.toml per party.
+                        driver: str | None = None, policies: dict[str, dict[str, Any]] | None = None,
+                        own_init: bool = True, extra: dict[str, dict[str, Any]] | None = None) -> LocalSplit:
+    """Write certificates, each party's own data file and one PARTY.toml per party (peers pinned by their
+    certificate files, chain roles set).
 
+    With ``own_init`` (default) each party starts from its own checkpoint file holding only its own entries of
+    `model` — a test/demo harness acting for every organisation, so that the split run can be compared with a
+    monolithic run of `model`. Without it each party draws its initial parameters from the OS CSPRNG.
     Port 0: each server picks a free port and prints it. The first party's identity is the driver's.
     """
     root = Path(root)
@@ -72,23 +78,36 @@ def prepare_local_split(root: Path, model: nn.Module, data: DataSplit, parties: 
     plan = make_plan(model, parties, cuts)
     mcfg = infer_model_config(model)
     make_certs(root / "certs", parties, if_exists="reuse")  # a resumed demo keeps its certificates
-    init = root / "init.safetensors"
-    save_tensors(init, model.state_dict())  # each party reads only its own entries from it
     driver = driver or parties[0]
-    pol = policy or {"allow_peers": [driver], "training": True, "inference": True}
+    pol = policy or {"allow_peers": sorted({driver, *parties[:-1]}), "training": True, "inference": True}
     configs: dict[str, Path] = {}
     for i, p in enumerate(parties):
+        prev = parties[i - 1] if i > 0 else None
+        nxt = parties[i + 1] if i + 1 < len(parties) else None
+        peers = {q: {"cert": str(root / f"certs/{q}.pem")} for q in {driver, *(x for x in (prev, nxt) if x)}
+                 if q != p}
+        mine = dict((policies or {}).get(p, pol))
+        mine["allow_peers"] = [q for q in mine.get("allow_peers", []) if q in peers or q == driver]
         cfg: dict[str, Any] = {
             "name": p, "host": "127.0.0.1", "port": 0, "layers": plan.owners[p],
             "input_shape": list(data.x_train.shape[1:]), "num_classes": int(data.num_classes),
             "checkpoint_dir": str(root / p / "checkpoints"), "checkpoint_every": checkpoint_every,
             "audit_db": str(root / p / "audit.db"), "threads": threads,
             "model": mcfg.model_dump(mode="json", exclude_none=True),
-            "init": {"checkpoint": str(init)}, "policy": pol,
+            "policy": mine, "peers": peers, "driver": driver,
             "tls": {"ca": str(root / "certs/ca.pem"), "cert": str(root / f"certs/{p}.pem"),
                     "key": str(root / f"certs/{p}.key")},
         }
+        if prev:
+            cfg["prev"] = prev
+        if nxt:
+            cfg["next"] = nxt
+        if own_init:
+            init = root / p / "init.safetensors"
+            save_tensors(init, dict(segment_of(model, plan.owners[p]).state_dict()))
+            cfg["init"] = {"checkpoint": str(init)}
         cfg["model"].pop("kwargs", None)
+        cfg.update((extra or {}).get(p, {}))
         own: dict[str, torch.Tensor] = {}
         if i == 0:
             own = {"x_train": data.x_train, "x_test": data.x_test}

@@ -1,13 +1,16 @@
 """Driver: split training and inference over running party servers (seed 000 §1, steps 1–5).
 
-The driver runs at the data owner's site and only ever sends batch *indices* to the first and last party (each
-looks up its own inputs / labels), relays activations forward and gradients backward, and records bytes and time
-per link and per step. Data order, learning-rate schedule and optimizer are exactly those of
-:func:`modelward.core.train.train`, so split training reproduces monolithic training.
+The driver is the coordinator, not a relay: it sends batch *indices* to the first party, which starts the step
+along the chain peer to peer (see :mod:`modelward.governance.party`), and gets back only the loss. After every
+party prepared step s it sends ``commit(s)`` to all of them; after a refusal or a failure anywhere, ``abort(s)``
+(two-phase commit: no party applies a step that another one refused). Evaluations return metric sums, predictions
+are fetched from the label holder. The driver never receives an activation or a gradient. Data order,
+learning-rate schedule and optimizer are exactly those of :func:`modelward.core.train.train`, so split training
+reproduces monolithic training when the parties start from the same parameters.
 
-Crash safety: when a party disappears mid-step, the driver waits for it to come back, restores *every* party to the
-latest checkpoint step they all hold, rewinds the seeded batch order to that step and continues: no step is lost or
-applied twice. Sequence numbers make retried requests idempotent.
+Crash safety: when a party disappears mid-step, the driver waits for it to come back, aborts what is prepared,
+restores *every* party to the latest checkpoint step they all hold, rewinds the seeded batch order to that step
+and continues: no step is lost or applied twice.
 """
 
 from __future__ import annotations
@@ -21,32 +24,65 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import torch
 from pydantic import Field, model_validator
 
 from modelward.core.config import StrictModel, dump_config, load_config
+from modelward.core.records import write_csv
 from modelward.core.train import TrainConfig, batch_order
-from modelward.errors import ModelwardError
-from modelward.governance.certs import check_name, read_pem
-from modelward.governance.party import METHOD, ConsentDenied, PartyError, TLSConfig, _resolve
-from modelward.governance.wire import Message, WireError, decode, encode
-
-
-class PartyUnavailable(ModelwardError):
-    """A party cannot be reached (not started, crashed, or refused the TLS handshake)."""
+from modelward.errors import ConfigError, ModelwardError
+from modelward.governance.certs import check_name
+from modelward.governance.client import (  # noqa: F401 - re-exported
+    ConsentDenied,
+    GrpcPartyClient,
+    LinkStats,
+    NumericError,
+    PartyClient,
+    PartyError,
+    PartyUnavailable,
+)
+from modelward.governance.config import TLSConfig, _resolve
+from modelward.governance.wire import Message, WireError  # noqa: F401 - re-exported
 
 
 class PartyRef(StrictModel):
     name: str
-    address: str  # host:port
+    address: str | None = None  # host:port
+    address_file: str | None = None  # or the file the party writes its address to (port 0, same host)
+    fingerprint: str | None = None  # pin the party's certificate ("sha256:…"), or
+    cert: str | None = None  # its certificate file (pinned by fingerprint)
+
+    @model_validator(mode="after")
+    def _one(self) -> PartyRef:
+        if (self.address is None) == (self.address_file is None):
+            raise ValueError(f"party {self.name}: give exactly one of address (host:port) or address_file")
+        if self.fingerprint is not None and self.cert is not None:
+            raise ValueError(f"party {self.name}: give fingerprint or cert, not both")
+        return self
+
+    def resolved_address(self) -> str:
+        if self.address is not None:
+            return self.address
+        p = Path(self.address_file)
+        if not p.is_file():
+            raise ConfigError(f"party {self.name}: address_file {p} does not exist; start the party first "
+                              f"(`modelward party serve …` writes it when it listens)")
+        return p.read_text().strip()
+
+    def pin(self) -> str | None:
+        if self.cert is not None:
+            from modelward.governance.certs import read_pem
+            from modelward.governance.identity import cert_fingerprint
+
+            return cert_fingerprint(read_pem(self.cert, f"parties.{self.name}.cert"))
+        return self.fingerprint
 
 
 class SplitConfig(StrictModel):
     """``SPLIT.toml``: the parties in chain order, the driver's identity, and the training procedure."""
 
     parties: list[PartyRef]
-    tls: TLSConfig  # the driver's client certificate (usually the data owner's)
+    tls: TLSConfig  # the driver's client certificate (the identity the parties know as their `driver`)
     train: TrainConfig = Field(default_factory=TrainConfig)
     seed: int = 0  # data order (batch_order), as in core.train.train(seed=...)
     out_dir: str = "runs/split"
@@ -71,15 +107,10 @@ def load_split_config(path: str | Path, overrides: list[str] | None = None) -> S
     cfg.tls = TLSConfig(ca=_resolve(base, cfg.tls.ca), cert=_resolve(base, cfg.tls.cert),
                         key=_resolve(base, cfg.tls.key))
     cfg.out_dir = _resolve(base, cfg.out_dir)
+    for p in cfg.parties:
+        p.address_file = _resolve(base, p.address_file)
+        p.cert = _resolve(base, p.cert)
     return cfg
-
-
-@dataclass
-class LinkStats:
-    sent: int = 0
-    received: int = 0
-    raw: int = 0  # bytes of activation/gradient tensors alone (the physical floor)
-    seconds: float = 0.0
 
 
 @dataclass
@@ -89,46 +120,53 @@ class SplitTrainResult:
     seconds: float
     links: dict[str, dict[str, float]]
     resumes: int
-    audit_heads: dict[str, str]
+    audit_heads: dict[str, list]
     train_loss: list[tuple[int, float]] = field(default_factory=list)
 
 
-_ERRORS: dict[grpc.StatusCode, type[ModelwardError]] = {
-    grpc.StatusCode.PERMISSION_DENIED: ConsentDenied, grpc.StatusCode.INVALID_ARGUMENT: WireError,
-    grpc.StatusCode.FAILED_PRECONDITION: PartyError, grpc.StatusCode.UNAVAILABLE: PartyUnavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: PartyUnavailable, grpc.StatusCode.UNAUTHENTICATED: ConsentDenied,
-}
+Connect = Callable[[PartyRef, SplitConfig], PartyClient]
+
+
+def grpc_connect(ref: PartyRef, cfg: SplitConfig) -> PartyClient:
+    return GrpcPartyClient(ref.name, ref.resolved_address(), cfg.tls, ref.pin(), cfg.max_message_mb, cfg.timeout_s)
 
 
 class SplitDriver:
-    """Talks to the parties of one split, in chain order, over mutually authenticated TLS channels."""
+    """Coordinates the parties of one split (control to every party, batch indices to the first).
 
-    def __init__(self, cfg: SplitConfig, session: str | None = None) -> None:
+    Args:
+        cfg: the split configuration.
+        session: the session id (default: cfg.session or a fresh one).
+        connect: ``connect(ref, cfg) -> PartyClient`` (default gRPC + mTLS; tests pass in-process clients).
+    """
+
+    def __init__(self, cfg: SplitConfig, session: str | None = None, connect: Connect | None = None) -> None:
         self.cfg = cfg
         self.names = [p.name for p in cfg.parties]
         self.session = session or cfg.session or uuid.uuid4().hex
-        creds = grpc.ssl_channel_credentials(read_pem(cfg.tls.ca, "tls.ca"), read_pem(cfg.tls.key, "tls.key"),
-                                             read_pem(cfg.tls.cert, "tls.cert"))
-        limit = int(cfg.max_message_mb * 2**20) + 65536
-        self.channels, self.stubs = {}, {}
-        for p in cfg.parties:
-            # the server certificate must name this party: the driver pins whom it talks to
-            ch = grpc.secure_channel(p.address, creds, options=[("grpc.ssl_target_name_override", p.name),
-                                                                ("grpc.max_receive_message_length", limit),
-                                                                # a restarted party is found within a second
-                                                                ("grpc.initial_reconnect_backoff_ms", 200),
-                                                                ("grpc.min_reconnect_backoff_ms", 200),
-                                                                ("grpc.max_reconnect_backoff_ms", 1000),
-                                                                ("grpc.max_send_message_length", limit)])
-            self.channels[p.name] = ch
-            self.stubs[p.name] = ch.unary_unary(METHOD)
-        self.seq = dict.fromkeys(self.names, 0)
-        self.links = {n: LinkStats() for n in self.names}
+        self.clients: dict[str, PartyClient] = {}
+        try:
+            for p in cfg.parties:
+                self.clients[p.name] = (connect or grpc_connect)(p, cfg)
+        except BaseException:
+            self.close()
+            raise
+        self.seq = 0  # data operations go to the first party only
         self.status: dict[str, dict[str, Any]] = {}
+        self.received: list[tuple[str, str, list[str]]] = []  # (party, op, tensor names) of replies with tensors
+        self.heads: dict[str, list] = {}  # the latest audit head each party reported
+        self._pool = None
+        self.uncommitted: int | None = None  # a step prepared everywhere whose commit has not been sent
+
+    @property
+    def links(self) -> dict[str, LinkStats]:
+        return {n: c.stats for n, c in self.clients.items()}
 
     def close(self) -> None:
-        for ch in self.channels.values():
-            ch.close()
+        if self._pool is not None:
+            self._pool.shutdown()
+        for c in self.clients.values():
+            c.close()
 
     def __enter__(self) -> SplitDriver:
         return self
@@ -139,45 +177,37 @@ class SplitDriver:
     # ------------------------------------------------------------------ transport
     def call(self, party: str, op: str, step: int = 0, meta: dict | None = None,
              tensors: dict[str, torch.Tensor] | None = None, timeout: float | None = None) -> Message:
-        sequenced = op not in ("status", "open")
-        seq = self.seq[party] + 1 if sequenced else 0
-        req = encode(Message(op, self.session, step, seq, meta or {}, tensors or {}))
-        link = self.links[party]
-        t0 = time.perf_counter()
-        try:
-            resp = self.stubs[party](req, timeout=timeout or self.cfg.timeout_s)
-        except grpc.RpcError as e:
-            code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
-            kind = _ERRORS.get(code, PartyError)
-            detail = e.details() if hasattr(e, "details") else str(e)
-            if kind is PartyUnavailable:
-                detail = f"party {party} unreachable: {detail}"
-            raise kind(detail) from None
-        finally:
-            link.seconds += time.perf_counter() - t0
-        link.sent += len(req)
-        link.received += len(resp)
-        link.raw += sum(t.numel() * t.element_size() for k, t in (tensors or {}).items() if k in ("h", "g"))
-        out = decode(resp, max_bytes=int(self.cfg.max_message_mb * 2**20) + 65536)
-        link.raw += sum(t.numel() * t.element_size() for k, t in out.tensors.items() if k in ("h", "g"))
+        sequenced = op in ("step", "eval", "predict")
+        if sequenced and party != self.names[0]:
+            raise PartyError(f"data operations go to the first party ({self.names[0]}), not {party}")
+        seq = self.seq + 1 if sequenced else 0
+        out = self.clients[party].call(Message(op, self.session, step, seq, meta or {}, tensors or {}),
+                                       timeout or self.cfg.timeout_s)
+        if out.tensors:  # (only prediction logits, fetched from the label holder, ever arrive here)
+            self.received.append((party, op, sorted(out.tensors)))
+        for n, ref in (out.meta.get("anchors") or {}).items():
+            self.heads[n] = ref
         if sequenced:
-            self.seq[party] = seq
+            self.seq = seq
         return out
 
     def open(self, train: bool) -> dict[str, dict[str, Any]]:
-        """Open (or rejoin) the session on every party and check that they form the expected chain."""
+        """Open (or rejoin) the session on every party, tell each where its next neighbour listens, and check
+        that they form the expected chain."""
         meta = {"train_cfg": self.cfg.train.model_dump(mode="json")} if train else {}
-        for n in self.names:
-            st = self.call(n, "open", meta=meta).meta
+        for i, n in enumerate(self.names):
+            extra = {}
+            if i + 1 < len(self.names):
+                extra["next_address"] = self.cfg.parties[i + 1].resolved_address()
+            st = self.call(n, "open", meta={**meta, **extra}).meta
             if st.get("party") != n:
-                raise PartyError(f"party at {self._addr(n)} says it is {st.get('party')!r}, expected {n!r}")
+                raise PartyError(f"party at {n}'s address says it is {st.get('party')!r}, expected {n!r}")
             self.status[n] = st
-            self.seq[n] = int(st["last_seq"])
+            self.heads[n] = st["audit_head"]
+            if i == 0:
+                self.seq = int(st["last_seq"])
         self._check_chain()
         return self.status
-
-    def _addr(self, n: str) -> str:
-        return next(p.address for p in self.cfg.parties if p.name == n)
 
     def _check_chain(self) -> None:
         st = [self.status[n] for n in self.names]
@@ -189,6 +219,9 @@ class SplitDriver:
         if not st[0]["first"] or not st[-1]["last"]:
             raise PartyError("the first party must hold the inputs and the last one the labels")
         for a, b in zip(st[:-1], st[1:], strict=True):
+            if a["next"] != b["party"] or b["prev"] != a["party"]:
+                raise PartyError(f"{a['party']} says its next party is {a['next']!r} and {b['party']} says its "
+                                 f"previous one is {b['prev']!r}; the config's chain is {self.names}")
             if a["out_shape"] != b["in_shape"]:
                 raise PartyError(f"{a['party']} outputs {a['out_shape']} but {b['party']} expects {b['in_shape']}")
         if st[0]["n_train"] != st[-1]["n_train"] or st[0]["n_test"] != st[-1]["n_test"]:
@@ -196,49 +229,75 @@ class SplitDriver:
                              f"({st[-1]['n_train']}/{st[-1]['n_test']}) are not aligned")
 
     # ------------------------------------------------------------------ passes
-    def train_step(self, step: int, idx: torch.Tensor) -> float:
-        """One protocol step (seed 000 §1 steps 1–5) for all parties; returns the training loss."""
-        first, last, mids = self.names[0], self.names[-1], self.names[1:-1]
-        h = self.call(first, "forward", step, {"purpose": "train", "split": "train"}, {"idx": idx}).tensors["h"]
-        for n in mids:
-            h = self.call(n, "forward", step, {"purpose": "train"}, {"h": h}).tensors["h"]
-        r = self.call(last, "loss_backward", step, {"split": "train"}, {"h": h, "idx": idx})
-        loss, g = float(r.meta["loss"]), r.tensors["g"]
-        for n in reversed(self.names[:-1]):
-            r = self.call(n, "backward", step, {}, {"g": g})
-            g = r.tensors.get("g")
+    def train_step(self, step: int, idx: torch.Tensor, lazy: bool = False) -> float:
+        """One protocol step for all parties (phase 1 along the chain, then commit everywhere); returns the
+        training loss. On any error every party aborts step `step` (bit-identical state) and the error is raised.
+
+        With `lazy`, the commit of this step travels with the next step's request (one round trip less per step;
+        :meth:`flush` sends it explicitly)."""
+        meta = {} if self.uncommitted is None else {"commit": self.uncommitted}
+        try:
+            loss = float(self.call(self.names[0], "step", step, meta, {"idx": idx}).meta["loss"])
+        except ModelwardError:
+            try:
+                self.flush()  # the previous step succeeded everywhere: whoever did not get its commit gets it now
+            except ModelwardError:
+                self.uncommitted = None  # a party that is gone restores from its checkpoints anyway
+            self.abort_all(step)
+            raise
+        self.uncommitted = step
+        if not lazy:
+            self.flush()
         return loss
 
-    def _chain_forward(self, purpose: str, split: str, idx: torch.Tensor | None, x: torch.Tensor | None,
-                       meta: dict | None = None) -> Message:
-        first_in = {"idx": idx} if x is None else {"x": x}
-        h = self.call(self.names[0], "forward", 0, {"purpose": purpose, "split": split}, first_in).tensors["h"]
-        for n in self.names[1:-1]:
-            h = self.call(n, "forward", 0, {"purpose": purpose}, {"h": h}).tensors["h"]
-        extra = {"idx": idx} if (purpose == "eval" and idx is not None) else {}
-        return self.call(self.names[-1], "forward", 0, {"purpose": purpose, "split": split, **(meta or {})},
-                         {"h": h, **extra})
+    def flush(self) -> None:
+        """Commit the last prepared step on every party (idempotent where it is committed already)."""
+        if self.uncommitted is not None:
+            step, self.uncommitted = self.uncommitted, None
+            self._all("commit", step)
+
+    def _all(self, op: str, step: int) -> None:
+        """Send a control operation to every party at once (they are independent; errors are raised after all
+        replies are in)."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=min(8, len(self.names)), thread_name_prefix="driver")
+        futures = [self._pool.submit(self.call, n, op, step) for n in self.names]
+        errors = [f.exception() for f in futures]
+        for e in errors:
+            if e is not None:
+                raise e
+
+    def abort_all(self, step: int) -> None:
+        """Best effort: a party that cannot be reached aborts by itself (it never committed)."""
+        for n in self.names:
+            try:
+                self.call(n, "abort", step)
+            except ModelwardError:
+                pass
 
     def evaluate(self, metric: str = "error", batch_size: int = 1024) -> float:
-        """Test loss like core.train.evaluate, computed by split inference (the last party scores its labels)."""
+        """Test loss like core.train.evaluate, computed along the chain (the label holder scores its labels)."""
         n = int(self.status[self.names[0]]["n_test"])
         total = 0.0
         for i in range(0, n, batch_size):
             idx = torch.arange(i, min(n, i + batch_size))
-            total += float(self._chain_forward("eval", "test", idx, None, {"metric": metric}).meta["sum"])
+            total += float(self.call(self.names[0], "eval", 0, {"split": "test", "metric": metric},
+                                     {"idx": idx}).meta["sum"])
         return total / n
 
     def predict(self, split: str = "test", x: torch.Tensor | None = None, batch_size: int = 256) -> torch.Tensor:
-        """Logits for the data owner's `split` (or for inputs `x`) through the whole chain."""
+        """Logits for the data owner's `split` (or for inputs `x`) through the whole chain; every party consents
+        to inference, and the label holder hands the logits to the driver only."""
         outs = []
-        if x is not None:
-            for i in range(0, len(x), batch_size):
-                outs.append(self._chain_forward("predict", split, None, x[i : i + batch_size]).tensors["logits"])
-        else:
-            n = int(self.status[self.names[0]][f"n_{split}"])
-            for i in range(0, n, batch_size):
-                idx = torch.arange(i, min(n, i + batch_size))
-                outs.append(self._chain_forward("predict", split, idx, None).tensors["logits"])
+        first, last = self.names[0], self.names[-1]
+        n = len(x) if x is not None else int(self.status[first][f"n_{split}"])
+        for i in range(0, n, batch_size):
+            j = min(n, i + batch_size)
+            t = {"x": x[i:j]} if x is not None else {"idx": torch.arange(i, j)}
+            token = self.call(first, "predict", 0, {"split": split}, t).meta["token"]
+            outs.append(self.call(last, "fetch", 0, {"token": token}).tensors["logits"])
         return torch.cat(outs)
 
     # ------------------------------------------------------------------ recovery
@@ -255,8 +314,11 @@ class SplitDriver:
     def resume_point(self) -> int:
         """Continue where all parties are, if they agree and none is mid-step; otherwise restore every party to
         the latest checkpoint step they all hold."""
+        prepared = {s["prepared"] for s in self.status.values() if s["prepared"] is not None}
+        for p in prepared:
+            self.abort_all(p)
         steps = {int(s["step"]) for s in self.status.values()}
-        if len(steps) == 1 and not any(s["pending"] for s in self.status.values()):
+        if len(steps) == 1:
             return steps.pop()
         common = set.intersection(*(set(s["checkpoints"]) for s in self.status.values()))
         target = max(common)
@@ -298,7 +360,7 @@ class SplitDriver:
             before = {n: (s.sent, s.received, s.seconds) for n, s in self.links.items()}
             ts = time.perf_counter()
             try:
-                loss = self.train_step(step, idx)
+                loss = self.train_step(step, idx, lazy=True)
             except PartyUnavailable:
                 if cfg.retry_s <= 0:
                     raise
@@ -328,7 +390,9 @@ class SplitDriver:
                     on_eval(*curve[-1])
                 if out_dir is not None:
                     _write_progress(out_dir, curve, rows)
+        self.flush()
         heads = {n: self.call(n, "status").meta["audit_head"] for n in self.names}
+        self.heads.update(heads)
         result = SplitTrainResult(curve, step, time.perf_counter() - t0, self.link_summary(), resumes, heads,
                                   train_loss)
         if out_dir is not None:
@@ -336,9 +400,20 @@ class SplitDriver:
         return result
 
     def link_summary(self) -> dict[str, dict[str, float]]:
-        return {f"driver<->{n}": asdict(s) for n, s in self.links.items()}
+        """Bytes per link: the driver's links (indices, losses) and each party's link to its next neighbour
+        (activations and gradients), as the parties report them."""
+        out: dict[str, dict[str, float]] = {f"driver<->{n}": asdict(s) for n, s in self.links.items()}
+        for n in self.names[:-1]:
+            try:
+                link = self.call(n, "status").meta.get("link")
+            except ModelwardError:
+                continue
+            if link:
+                out[f"{n}<->{link.pop('to')}"] = link
+        return out
 
     def checkpoint_all(self, export: bool = False) -> dict[str, dict[str, Any]]:
+        self.flush()
         return {n: self.call(n, "checkpoint", 0, {"export": export}).meta for n in self.names}
 
 
@@ -353,12 +428,7 @@ def _write_progress(out_dir: Path, curve: list[tuple[int, float]], rows: list[di
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "curve.json").write_text(json.dumps(curve))
     if rows:
-        tmp = out_dir / "steps.csv.tmp"
-        with tmp.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        tmp.replace(out_dir / "steps.csv")
+        write_csv(out_dir / "steps.csv", rows, list(rows[0]))
 
 
 def run_training(cfg: SplitConfig, on_step=None, on_eval=None) -> SplitTrainResult:
@@ -375,6 +445,7 @@ def run_training(cfg: SplitConfig, on_step=None, on_eval=None) -> SplitTrainResu
     dump_config(cfg, out / "config.json")
     with SplitDriver(cfg, session) as drv:
         res = drv.train(on_step, on_eval, out)
+        drv.checkpoint_all()  # the trained state is durable on every party when `split train` returns
     summary = {"steps": res.steps_run, "seconds": res.seconds, "resumes": res.resumes,
                "final_loss": res.curve[-1][1], "links": res.links, "audit_heads": res.audit_heads}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

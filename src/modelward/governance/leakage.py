@@ -2,12 +2,12 @@
 
 In two-party split learning the non-label party (Alice) receives, for every example of every batch, the gradient
 ``g_i = dL/dh_i`` of the loss with respect to her own output. Li et al. ("Label Leakage and Protection in Two-party
-Split Learning", ICLR 2022, §3) show that it reveals the labels:
+Split Learning", ICLR 2022) show that it reveals the labels:
 
-- **norm attack** (§3.1): for a binary softmax / sigmoid head ``g_i = (p_i - y_i) ∇_h z_i``; the rare class is
+- **norm attack**: for a binary softmax / sigmoid head ``g_i = (p_i - y_i) ∇_h z_i``; the rare class is
   predicted with low confidence, so its ``|p_i - y_i|`` and hence ``||g_i||`` is larger. Score: ``||g_i||₂``,
   the minority class taken as positive.
-- **direction attack** (§3.2): examples of the same class get gradients pointing the same way (cosine > 0), of
+- **direction attack**: examples of the same class get gradients pointing the same way (cosine > 0), of
   different classes opposite ways. Knowing one positive example's gradient in the batch, score every other
   example by its cosine with it.
 
@@ -51,12 +51,12 @@ def auc(scores: np.ndarray, positive: np.ndarray) -> float:
 
 
 def norm_scores(grad: torch.Tensor) -> np.ndarray:
-    """Norm attack score per example: ``||g_i||₂`` (Li et al. 2022 §3.1)."""
+    """Norm attack score per example: ``||g_i||₂`` (Li et al. 2022, norm scoring)."""
     return grad.detach().reshape(grad.shape[0], -1).double().norm(dim=1).cpu().numpy()
 
 
 def cosine_scores(grad: torch.Tensor, reference: torch.Tensor) -> np.ndarray:
-    """Direction attack score per example: cosine between ``g_i`` and a known example's gradient (§3.2)."""
+    """Direction attack score per example: cosine between ``g_i`` and a known example's gradient (Li et al. 2022)."""
     g = grad.detach().reshape(grad.shape[0], -1).double()
     r = reference.detach().reshape(-1).double()
     return torch.nn.functional.cosine_similarity(g, r[None, :], dim=1, eps=1e-30).cpu().numpy()

@@ -135,26 +135,41 @@ def _positive(data: DataSplit, spec: Literal["minority"] | int) -> int:
     return int(spec)
 
 
-def execute_run(run_id: str, spec: dict, deps: dict) -> dict:
-    """One (method, scale, seed) run of the sweep (module level: the runner may call it in a worker process)."""
+Transport = Literal["inprocess", "parties"]
+
+
+def execute_run(run_id: str, spec: dict, deps: dict, root: str | None = None) -> dict:
+    """One (method, scale, seed) run of the sweep (module level: the runner may call it in a worker process).
+
+    ``spec["transport"] == "parties"`` runs it over real party processes (``governance.leakage_parties``) in
+    ``root/<run id>``; otherwise in process (:func:`simulate_split`).
+    """
     cfg = LeakageAuditConfig.model_validate(spec["config"])
-    data = load_data(cfg.data)
-    protection = LabelProtectionConfig(method=spec["method"], scale=spec["scale"])
     t0 = time.perf_counter()
-    res = simulate_split(data, cfg.model, cfg.cut, cfg.train, protection, spec["seed"], spec["positive"],
-                         cfg.audit.init)
+    if spec.get("transport", "inprocess") == "parties":
+        from modelward.governance.leakage_parties import audit_over_parties
+
+        folder = Path(root or ".") / run_id.replace("|", "_")
+        res = audit_over_parties(cfg, folder, spec["method"], spec["scale"], spec["seed"], spec["positive"])
+    else:
+        data = load_data(cfg.data)
+        protection = LabelProtectionConfig(method=spec["method"], scale=spec["scale"])
+        res = simulate_split(data, cfg.model, cfg.cut, cfg.train, protection, spec["seed"], spec["positive"],
+                             cfg.audit.init)
     return {"method": spec["method"], "scale": spec["scale"], "seed": spec["seed"], **res,
             "seconds": time.perf_counter() - t0}
 
 
-def plan_runs(cfg: LeakageAuditConfig, positive: int) -> list[RunSpec]:
-    """The sweep: no protection once (scale 0), then every method × positive scale; each for every seed."""
-    settings: list[tuple[str, float]] = [("none", 0.0)]
+def plan_runs(cfg: LeakageAuditConfig, positive: int, transport: Transport = "inprocess") -> list[RunSpec]:
+    """The sweep: no protection once (if 0 is among the scales), then every method × positive scale; each for
+    every seed."""
+    settings: list[tuple[str, float]] = [("none", 0.0)] if 0 in cfg.audit.scales or not cfg.audit.methods else []
     settings += [(m, float(s)) for m in dict.fromkeys(cfg.audit.methods) if m != "none"
                  for s in dict.fromkeys(cfg.audit.scales) if s > 0]
     conf = cfg.model_dump(mode="json")
-    return [RunSpec(f"{m}|{s:g}|{seed}", {"config": conf, "method": m, "scale": s, "seed": seed,
-                                          "positive": positive})
+    prefix = "parties|" if transport == "parties" else ""
+    return [RunSpec(f"{prefix}{m}|{s:g}|{seed}", {"config": conf, "method": m, "scale": s, "seed": seed,
+                                                   "positive": positive, "transport": transport})
             for m, s in settings for seed in dict.fromkeys(cfg.audit.seeds)]
 
 
@@ -196,7 +211,7 @@ def audit_notes(cfg: LeakageAuditConfig, data: DataSplit, positive: int) -> list
 
 
 def run_audit(cfg: LeakageAuditConfig, out_dir: str | Path, *, workers: int = 1,
-              progress: ProgressSink | None = None) -> list[dict]:
+              progress: ProgressSink | None = None, transport: Transport = "inprocess") -> list[dict]:
     """Run (or resume) the sweep in `out_dir`; write results.csv/md/json, runs.json and tradeoff.png.
 
     Args:
@@ -204,18 +219,25 @@ def run_audit(cfg: LeakageAuditConfig, out_dir: str | Path, *, workers: int = 1,
         out_dir: output folder; its ledger (``ledger.sqlite``) makes a re-run resume.
         workers: parallel runs (processes).
         progress: receives one unit per run.
+        transport: ``inprocess`` (the split simulated in this process, fast) or ``parties`` (every run trains
+            over two real ``party serve`` processes with mutual TLS on 127.0.0.1; Alice's server records what it
+            receives). The parties results go to ``results_parties.*``, ``runs_parties.json`` and
+            ``tradeoff_parties.png``.
     Returns:
         One row per (method, scale) with means (and SDs over seeds) of accuracy and attack AUCs.
     """
-    out = Path(out_dir)
+    import functools
+
+    out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     data = load_data(cfg.data)
     positive = _positive(data, cfg.audit.positive)
     ledger = RunLedger(out / "ledger.sqlite")
     ledger.bind_config(cfg)
-    plan = plan_runs(cfg, positive)
-    outcome = run_plan(ledger, plan, execute_run, workers=workers, progress=progress,
-                       description="leakage audit")
+    plan = plan_runs(cfg, positive, transport)
+    execute = functools.partial(execute_run, root=str(out / "parties")) if transport == "parties" else execute_run
+    outcome = run_plan(ledger, plan, execute, workers=workers, progress=progress,
+                       description="leakage audit" + (" (party processes)" if transport == "parties" else ""))
     if outcome.failed:
         first = next(iter(outcome.failed.items()))
         raise ModelwardError(f"{len(outcome.failed)} of {len(plan)} runs failed (re-run to retry); first: "
@@ -223,10 +245,15 @@ def run_audit(cfg: LeakageAuditConfig, out_dir: str | Path, *, workers: int = 1,
     results = ledger.results()
     runs = [results[r.run_id] for r in plan]
     rows = aggregate(runs)
-    write_table(out, "results", rows, COLUMNS, title=f"Label leakage audit: {data.name}",
-                notes=audit_notes(cfg, data, positive))
-    atomic_write_json(out / "runs.json", runs)
-    tradeoff_plot(out / "tradeoff.png", rows, f"label leakage vs accuracy: {data.name}")
+    suffix = "_parties" if transport == "parties" else ""
+    notes = audit_notes(cfg, data, positive)
+    if transport == "parties":
+        notes.append("- over real party processes (mutual TLS, 127.0.0.1): each party drew its own initial "
+                     "parameters and Bob his own noise from the OS CSPRNG; Alice's server recorded the gradients.")
+    write_table(out, f"results{suffix}", rows, COLUMNS, title=f"Label leakage audit: {data.name}"
+                + (" (party processes)" if suffix else ""), notes=notes)
+    atomic_write_json(out / f"runs{suffix}.json", runs)
+    tradeoff_plot(out / f"tradeoff{suffix}.png", rows, f"label leakage vs accuracy: {data.name}")
     return rows
 
 
@@ -237,23 +264,25 @@ def tradeoff_plot(path: Path, rows: list[dict], title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    panels = [("direction_auc", "direction attack (per batch)"),
+              ("direction_auc_acc", "direction attack, averaged over epochs"), ("norm_auc", "norm attack")]
+    panels = [(k, n) for k, n in panels if any(k in r for r in rows)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), sharey=True, squeeze=False)
     base = [r for r in rows if r["method"] == "none"]
-    for ax, key, name in ((axes[0], "direction_auc", "direction (cosine) attack"), (axes[1], "norm_auc",
-                                                                                   "norm attack")):
+    for ax, (key, name) in zip(axes[0], panels, strict=True):
         for method in dict.fromkeys(r["method"] for r in rows if r["method"] != "none"):
             pts = base + [r for r in rows if r["method"] == method]
-            xs, ys = [r[key] for r in pts], [r["test_accuracy"] for r in pts]
+            xs, ys = [r.get(key, float("nan")) for r in pts], [r["test_accuracy"] for r in pts]
             ax.plot(xs, ys, marker="o", label=method)
             for r, x, y in zip(pts, xs, ys, strict=True):
                 ax.annotate(f"{r['scale']:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
         if base and not any(r["method"] != "none" for r in rows):
             ax.plot([base[0][key]], [base[0]["test_accuracy"]], marker="o", label="none")
         ax.axvline(0.5, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel(f"label-recovery AUC, {name}")
+        ax.set_xlabel(f"label-recovery AUC: {name}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    axes[0].set_ylabel("test accuracy")
+    axes[0][0].set_ylabel("test accuracy")
     fig.suptitle(f"{title} (labels: noise scale)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -1,171 +1,77 @@
-"""A party of a split model: holds one contiguous segment, its optimizer state and its own data column.
+"""A party of a split model: the transport-free state machine (issue 10; seed 000 §1).
 
-The paper's protocol (seed 000 §1): the first party (Alice) holds the inputs and the first layers; the last (Bob)
-holds the remaining layers and the labels. One training step s is
+A party holds one contiguous segment of the model, its optimizer state and its own data column (inputs for the
+first party, labels for the last). Tensors travel only between neighbours, peer to peer:
 
-    forward(s)  P0 → … → P[n-2]     each returns its activation h (kept with its autograd graph)
-    loss_backward(s)  P[n-1]        loss from its labels, backward, optimizer step, returns dL/dh
-    backward(s)  P[n-2] → … → P0    backward through the kept graph, optimizer step, returns dL/dh_in
+    driver --step(s, idx)--> P0 --step(s, h0, idx)--> P1 … --> P[n-1]  (loss from its labels, backward)
+    driver <---- loss ------ P0 <-------- g0 -------- P1 … <-- g[n-2]
 
-Every pass goes through consent (deny by default) and into the hash-chained audit log before any compute. The
-party process never holds another party's parameters: it builds the model's structure, initialises it (from a
-seed or from the safetensors entries of its own layers) and keeps only its segment.
+Each party consents to step s (forward *and* backward) when the step reaches it, before computing; it then
+computes its gradients, applies its optimizer step *tentatively* (the state before the step is kept) and checks
+the result. Only when the whole chain succeeded does the driver send ``commit(s)`` to every party; any refusal or
+failure anywhere leads to ``abort(s)``, which restores parameters, optimizer state and BatchNorm statistics bit for
+bit (two-phase commit with the driver as coordinator). Evaluation and prediction travel the same chain, so every
+party, the label holder included, consents to every pass; prediction logits stay with the label holder until the
+driver fetches them. The driver thus sees batch indices, losses and metrics — never an activation or a gradient.
 
-:class:`Party` is the transport-free state machine; :class:`PartyServer` exposes it over gRPC with mutual TLS
-(one generic bytes-in/bytes-out method; framing in :mod:`modelward.governance.wire`).
+Consent is decided from the operation the party executes (:data:`consent.OP_PURPOSE`), never from a field the
+caller sends. Who may ask for what is fixed by the chain: data operations (step, eval, predict) come from the
+previous party (the driver for the first party), control operations from the driver. Every decision goes into the
+hash-chained audit log together with the other parties' latest heads (cross-anchoring).
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
-import os
-import re
+import math
+import secrets
 import threading
-import time
-from concurrent import futures
+from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import grpc
 import torch
 import torch.nn.functional as F
-from pydantic import Field, field_validator, model_validator
 
-from modelward.core.config import StrictModel, load_config, validate
-from modelward.core.data import DataConfig, load_data
-from modelward.core.init import INIT_SCHEMES, init_model_
+from modelward.core.config import validate
+from modelward.core.data import load_data
+from modelward.core.init import init_model_
 from modelward.core.io import load_tensors, optimizer_from_tensors, optimizer_to_tensors, save_tensors
 from modelward.core.train import TrainConfig, make_optimizer
-from modelward.core.zoo import ModelConfig, build_model
+from modelward.core.zoo import build_model
 from modelward.errors import ConfigError, ModelwardError
 from modelward.governance.audit import AuditLog
-from modelward.governance.certs import check_name, read_pem
-from modelward.governance.consent import ConsentChecker, PassRequest, Policy
+from modelward.governance.checkpoints import Checkpoints, state_digest
+from modelward.governance.client import (
+    ConsentDenied,
+    GrpcPartyClient,
+    NumericError,
+    PartyClient,
+    PartyError,
+    PartyUnavailable,
+)
+from modelward.governance.config import (  # noqa: F401 - re-exported for callers of the old single module
+    PartyConfig,
+    TLSConfig,
+    _resolve,
+    load_party_config,
+    pins,
+    resolve_paths,
+)
+from modelward.governance.consent import ConsentChecker, PassRequest, purpose_of
 from modelward.governance.plan import check_segment, model_layers, run_ops, segment_of
 from modelward.governance.wire import Message, SequenceGuard, WireError, decode, encode, expect
 
-SERVICE = "modelward.Party"
-METHOD = f"/{SERVICE}/Call"
-CKPT_RE = re.compile(r"^step_(\d{8})\.safetensors$")
-
-
-class PartyError(ModelwardError):
-    """A request cannot be served in the party's current state (wrong step, no pending forward, ...)."""
-
-
-class ConsentDenied(ModelwardError):
-    """The party's consent policy refused the pass."""
-
-
-class TLSConfig(StrictModel):
-    ca: str  # CA certificate(s) that sign the peers' certificates (PEM; may be a bundle)
-    cert: str  # this party's certificate
-    key: str  # this party's private key
-
-
-class InitConfig(StrictModel):
-    scheme: str = "glorot_uniform"
-    seed: int = 0
-    checkpoint: str | None = None  # safetensors with (at least) this party's parameters; overrides scheme/seed
-
-    @field_validator("scheme")
-    @classmethod
-    def _scheme(cls, v: str) -> str:
-        if v not in INIT_SCHEMES:
-            raise ValueError(f"got {v!r}; valid choices: {list(INIT_SCHEMES)}")
-        return v
-
-
-class PartyData(StrictModel):
-    """This party's own data: the inputs (first party) or the labels (last party), aligned by sample index."""
-
-    file: str | None = None  # safetensors with x_train/x_test (inputs) or y_train/y_test (labels)
-    dataset: DataConfig | None = None  # or a modelward data source; the party keeps only its column
-
-    @model_validator(mode="after")
-    def _one(self) -> PartyData:
-        if (self.file is None) == (self.dataset is None):
-            raise ValueError("give exactly one of data.file (safetensors) or [data.dataset] (a data source)")
-        return self
-
-
-class PartyConfig(StrictModel):
-    """``PARTY.toml``: who this party is, where it listens, what it holds, and whom it trusts."""
-
-    name: str
-    host: str = "127.0.0.1"
-    port: int = Field(50051, ge=0, le=65535)  # 0 = pick a free port (printed at startup)
-    layers: list[str]
-    input_shape: list[int]  # the whole model's input shape (without batch), e.g. [1, 8, 8]
-    num_classes: int = Field(ge=2)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    init: InitConfig = Field(default_factory=InitConfig)
-    data: PartyData | None = None
-    tls: TLSConfig
-    policy: Policy = Field(default_factory=Policy)
-    policy_file: str | None = None  # a TOML file with the policy table's keys (instead of [policy])
-    checkpoint_dir: str
-    checkpoint_every: int = Field(10, ge=1)
-    keep_checkpoints: int = Field(3, ge=2)
-    audit_db: str
-    max_message_mb: float = Field(64.0, gt=0)
-    max_batch: int = Field(4096, ge=1)  # hard limit on rows per message, independent of the policy
-    threads: int = Field(0, ge=0)  # torch threads (0 = torch default)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return check_name(v)
-
-
-def _resolve(base: Path, p: str | None) -> str | None:
-    if p is None:
-        return None
-    q = Path(p).expanduser()
-    return str(q if q.is_absolute() else (base / q))
-
-
-def load_party_config(path: str | Path, overrides: list[str] | None = None) -> PartyConfig:
-    """Load PARTY.toml; relative paths are relative to the file's folder."""
-    cfg = load_config(path, PartyConfig, overrides)
-    return resolve_paths(cfg, Path(path).resolve().parent)
-
-
-def resolve_paths(cfg: PartyConfig, base: Path) -> PartyConfig:
-    cfg = cfg.model_copy(deep=True)
-    cfg.tls = TLSConfig(ca=_resolve(base, cfg.tls.ca), cert=_resolve(base, cfg.tls.cert),
-                        key=_resolve(base, cfg.tls.key))
-    cfg.checkpoint_dir = _resolve(base, cfg.checkpoint_dir)
-    cfg.audit_db = _resolve(base, cfg.audit_db)
-    if cfg.init.checkpoint:
-        cfg.init.checkpoint = _resolve(base, cfg.init.checkpoint)
-    if cfg.data and cfg.data.file:
-        cfg.data.file = _resolve(base, cfg.data.file)
-    if cfg.policy_file:
-        if cfg.policy != Policy():
-            raise ConfigError("give the consent policy either as [policy] or as policy_file, not both")
-        cfg.policy_file = _resolve(base, cfg.policy_file)
-        cfg.policy = load_config(cfg.policy_file, Policy)
-    return cfg
-
-
-def _digest(tensors: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for k in sorted(tensors):
-        t = tensors[k].detach().contiguous().cpu()
-        h.update(k.encode())
-        h.update(str(t.dtype).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+DATA_OPS = ("step", "eval", "predict")  # sequenced; from the previous party (the driver for the first)
+CONTROL_OPS = ("open", "status", "commit", "abort", "restore", "checkpoint", "fetch")  # from the driver
+OPS = DATA_OPS + CONTROL_OPS
+MAX_RESULTS = 16  # prediction results kept for the driver to fetch (oldest dropped)
 
 
 def _layout(x: torch.Tensor) -> torch.Tensor:
     """A private copy of an input in the layout the CPU convolution kernels are fastest with: channels-last for
-    image batches (what a monolithic run gets from torch's own stride choice, e.g. for 1-channel digits), as is
-    for anything else. Values are unchanged; only the memory order differs."""
+    image batches, as is for anything else. Values are unchanged; only the memory order differs."""
     if x.dim() == 4 and x.is_floating_point():
         return x.clone(memory_format=torch.channels_last)
     return x.clone()
@@ -182,28 +88,47 @@ def _opt_fields(tc: TrainConfig) -> dict[str, Any]:
     return tc.model_dump(mode="json", include={"optimizer", "lr", "momentum", "weight_decay", "lr_schedule"})
 
 
+def _max_abs(t: torch.Tensor) -> float:
+    """max |t| (NaN if any element is NaN, inf if any is infinite) in one pass."""
+    if t.numel() == 0:
+        return 0.0
+    m = t.detach().abs().max()
+    return float(m) if not torch.isnan(m) else float("nan")
+
+
 @dataclass
-class _Pending:
+class _Prepared:
+    """A step applied tentatively: the state before it, to restore bit for bit on abort."""
+
     step: int
-    inp: torch.Tensor | None  # None for the first party (no gradient to return)
-    out: torch.Tensor
-    x: torch.Tensor  # the input it was computed from: a retried forward must carry the same input
+    model: dict[str, torch.Tensor]
+    opt: dict[str, Any]
 
 
 class Party:
-    """The state machine of one party (no transport). All public methods take the caller's identity."""
+    """The state machine of one party (no transport). ``handle(caller, bytes) -> bytes`` is the only entry point;
+    `caller` is the pinned peer name the transport identified (before anything was decoded).
 
-    def __init__(self, cfg: PartyConfig) -> None:
+    Args:
+        cfg: the party's configuration (paths resolved).
+        connect: how to reach the next party: ``connect(name, address) -> PartyClient`` (default: gRPC + mTLS
+            with this party's certificate, the next party pinned by its fingerprint).
+    """
+
+    def __init__(self, cfg: PartyConfig, connect: Any = None) -> None:
+        from modelward.governance.identity import normalize_pins
+
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        self.pins = normalize_pins(pins(cfg), f"party {cfg.name}: peers")
         full = build_model(cfg.model, tuple(cfg.input_shape), cfg.num_classes)
         layers = model_layers(full)
         names = [lay.name for lay in layers]
         start, end = check_segment(names, cfg.layers, f"party {cfg.name}: layers")
         self.all_layers, self.is_first, self.is_last = names, start == 0, end == len(names)
-        # activation shapes at every cut, from a dry run of the structure (no data involved)
-        with torch.no_grad():
+        self._check_roles()
+        with torch.no_grad():  # activation shapes at every cut, from a dry run of the structure (no data)
             full.eval()
             x = torch.zeros(2, *cfg.input_shape)
             shapes = [tuple(x.shape[1:])]
@@ -211,10 +136,15 @@ class Party:
                 x = run_ops(full, lay.ops, x)
                 shapes.append(tuple(x.shape[1:]))
         self.in_shape, self.out_shape = shapes[start], shapes[end]
+        self._protect = self._label_protection()
         if cfg.init.checkpoint is None:
-            init_model_(full, cfg.init.scheme, cfg.init.seed)
+            # the party's own secret randomness: a 64-bit seed from the OS CSPRNG, used once and never stored
+            # (init.test_seed, refused off loopback, is the test-only way to make it reproducible)
+            seed = cfg.init.test_seed if cfg.init.test_seed is not None else secrets.randbits(63)
+            init_model_(full, cfg.init.scheme, seed)
+            del seed
         self.segment = segment_of(full, cfg.layers, f"party {cfg.name}")
-        del full  # the other parties' layers go out of scope here
+        del full  # the other layers (random, never used) go out of scope here
         if cfg.init.checkpoint is not None:
             self._load_own(cfg.init.checkpoint)
         self.segment.train()
@@ -222,26 +152,67 @@ class Party:
         self._load_data()
         self.audit = AuditLog(cfg.audit_db, cfg.name)
         self.consent = ConsentChecker(cfg.policy, self.audit)
-        self.guard = SequenceGuard()
+        self.guard = SequenceGuard(cfg.max_sessions_per_peer,
+                                   lambda caller, session: self.audit.last_seq(session, caller, DATA_OPS))
         self.lock = threading.RLock()
-        self._ckpt_thread: threading.Thread | None = None
-        self._ckpt_error: str | None = None
-        self._warm: set[int] = set()  # batch sizes whose kernels have run once in this process
-        self.ckpt_dir = Path(cfg.checkpoint_dir)
-        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        self._warm: set[int] = set()
+        self.ckpt = Checkpoints(cfg.checkpoint_dir, cfg.keep_checkpoints)
         self.step = 0
         self.train_cfg: TrainConfig | None = None
         self.opt: torch.optim.Optimizer | None = None
-        self.pending: _Pending | None = None
+        self.prepared: _Prepared | None = None
+        self._backup: dict[str, torch.Tensor] | None = None  # reused rollback buffers (one step at a time)
+        self._opt_backup: dict[tuple[int, str], torch.Tensor] = {}
+        self.results: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._connect = connect or self._grpc_connect
+        self.next_address = cfg.peers[cfg.next].address if cfg.next else None
+        self.next_client: PartyClient | None = None
+        self.link_seq: dict[str, int] = {}  # session -> last sequence number used towards the next party
         # the first optimizer in a process imports a lot of torch; pay that before READY, not on the first request
         make_optimizer([torch.nn.Parameter(torch.zeros(1))], TrainConfig()).step()
-        latest = self.checkpoints()
+        latest = self.ckpt.list()
         if latest:
             self._restore(latest[-1])
         else:
             self._save_checkpoint()
 
     # ----------------------------------------------------------------- setup
+    def _check_roles(self) -> None:
+        c = self.cfg
+        if c.driver is None:
+            raise ConfigError(f"party {c.name}: set driver = \"<name>\" (the pinned identity the driver uses)")
+        if not self.is_first and c.prev is None:
+            raise ConfigError(f"party {c.name}: holds {c.layers}, not the first layers; set prev = \"<name>\" (the "
+                              "party that sends it activations)")
+        if self.is_first and c.prev is not None:
+            raise ConfigError(f"party {c.name}: holds the first layers (and the inputs); it has no prev")
+        if not self.is_last and c.next is None:
+            raise ConfigError(f"party {c.name}: holds {c.layers}, not the last layers; set next = \"<name>\"")
+        if self.is_last and c.next is not None:
+            raise ConfigError(f"party {c.name}: holds the last layers (and the labels); it has no next")
+
+    def _label_protection(self) -> Any:
+        """The label holder's gradient perturbation hook, ``governance.leakage.protect_gradient`` (lazy)."""
+        if self.cfg.label_protection is None:
+            return None
+        if not self.is_last:
+            raise ConfigError(f"party {self.cfg.name}: [label_protection] is for the label holder (the last party)")
+        try:
+            from modelward.governance.leakage import protect_gradient
+        except ImportError as e:
+            raise ConfigError(f"[label_protection] needs modelward.governance.leakage.protect_gradient ({e})") \
+                from None
+        try:  # a bad table fails at start-up, not at the first step
+            g = torch.randn(8, *self.in_shape, generator=torch.Generator().manual_seed(0))
+            protect_gradient(g, torch.arange(8) % 2, self.cfg.label_protection)
+        except ModelwardError as e:
+            raise ConfigError(f"party {self.cfg.name}: [label_protection]: {e}") from None
+        return protect_gradient
+
+    def _grpc_connect(self, name: str, address: str) -> PartyClient:
+        return GrpcPartyClient(name, address, self.cfg.tls, self.pins[name], self.cfg.max_message_mb,
+                               self.cfg.timeout_s)
+
     def _load_own(self, path: str) -> None:
         from safetensors import safe_open
 
@@ -291,15 +262,10 @@ class Party:
 
     # ----------------------------------------------------------------- checkpoints
     def checkpoints(self) -> list[int]:
-        self._ckpt_join()
-        return self._list_checkpoints()
+        return self.ckpt.list()
 
-    def _list_checkpoints(self) -> list[int]:
-        return sorted(int(m.group(1)) for p in self.ckpt_dir.glob("step_*.safetensors")
-                      if (m := CKPT_RE.match(p.name)))
-
-    def _ckpt_path(self, step: int) -> Path:
-        return self.ckpt_dir / f"step_{step:08d}.safetensors"
+    def _ckpt_path(self, step: int):
+        return self.ckpt.path(step)
 
     def _state_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors = {f"model.{k}": v for k, v in self.segment.state_dict().items()}
@@ -309,67 +275,20 @@ class Party:
             tensors.update(ot)
             meta["opt"] = skel
             meta["train_cfg"] = self.train_cfg.model_dump(mode="json")
-            meta["opt_params"] = list(self.params)
         return tensors, meta
 
-    def _save_checkpoint(self, background: bool = False) -> Path:
-        """Checkpoint the current state. In the background, the state is snapshotted (copied) now and written
-        by a thread while training goes on: a checkpoint file appears atomically (temp file + rename) or not at
-        all, and the driver only ever restores to a step every party holds, so a crash during the write costs
-        nothing but a few steps of recomputation. One write at a time; listing checkpoints waits for it."""
-        self._ckpt_join()
+    def _save_checkpoint(self, background: bool = False):
         tensors, meta = self._state_tensors()
-        path = self._ckpt_path(self.step)
-        md = {"modelward": json.dumps(meta)}
-        if not background:
-            save_tensors(path, tensors, md)
-            self._prune()
-            return path
-        snap = {k: v.detach().clone(memory_format=torch.contiguous_format) for k, v in tensors.items()}
-        self._ckpt_thread = threading.Thread(target=self._write_snapshot, args=(path, snap, md),
-                                             name=f"checkpoint-{self.step}", daemon=True)
-        self._ckpt_thread.start()
-        return path
-
-    def _write_snapshot(self, path: Path, snap: dict[str, torch.Tensor], md: dict[str, str]) -> None:
-        from safetensors.torch import save_file
-
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            save_file(snap, str(tmp), metadata=md)
-            os.replace(tmp, path)
-            self._prune()
-        except Exception as e:  # surfaced to the next request (before it computes anything)
-            self._ckpt_error = f"checkpoint {path.name} could not be written: {type(e).__name__}: {e}"
-
-    def _ckpt_join(self) -> None:
-        t = self._ckpt_thread
-        if t is not None:
-            t.join()
-            self._ckpt_thread = None
-
-    def _raise_ckpt_error(self) -> None:
-        err, self._ckpt_error = self._ckpt_error, None
-        if err:
-            raise PartyError(f"party {self.cfg.name}: {err}")
-
-    def _prune(self) -> None:
-        for old in self._list_checkpoints()[: -self.cfg.keep_checkpoints]:
-            if old != 0:  # step 0 stays: a full restart is always possible
-                self._ckpt_path(old).unlink(missing_ok=True)
+        return self.ckpt.save(self.step, tensors, meta, background)
 
     def _restore(self, step: int) -> None:
-        from modelward.core.io import load_metadata
-
-        self._ckpt_join()
-        path = self._ckpt_path(step)
-        if not path.is_file():
+        got = self.ckpt.load(step)
+        if got is None:
             raise PartyError(f"party {self.cfg.name} has no checkpoint at step {step} (has {self.checkpoints()})")
-        tensors = load_tensors(path)
-        meta = json.loads(load_metadata(path).get("modelward", "{}"))
+        tensors, meta = got
         self.segment.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         self.step = int(meta["step"])
-        self.pending = None
+        self.prepared = None
         if "train_cfg" in meta:
             self.train_cfg = TrainConfig.model_validate(meta["train_cfg"])
             self.opt = make_optimizer(list(self.params.values()), self.train_cfg)
@@ -379,79 +298,145 @@ class Party:
 
     def state_digest(self) -> str:
         """sha256 over parameters, buffers and optimizer state: equal digests = bit-identical state."""
-        tensors, _ = self._state_tensors()
-        return _digest(tensors)
+        return state_digest(self._state_tensors()[0])
 
     # ----------------------------------------------------------------- request handling
+    def _role_ok(self, caller: str, op: str) -> bool:
+        if op in DATA_OPS:
+            return caller == (self.cfg.prev if self.cfg.prev is not None else self.cfg.driver)
+        if op in ("open", "status"):
+            return caller in (self.cfg.driver, self.cfg.prev)
+        return caller == self.cfg.driver
+
     def handle(self, caller: str, data: bytes) -> bytes:
-        """Decode, check sequence and consent, dispatch, audit. Raises ModelwardError subclasses on refusal."""
-        msg = decode(data, max_bytes=int(self.cfg.max_message_mb * 2**20))
+        """Peer check, decode, role, sequence and consent checks, dispatch, audit. Raises ModelwardError
+        subclasses on refusal (the transport maps them to status codes)."""
+        every = self.cfg.audit_refusals_every_s
+        peer = self.consent.check_peer(caller)
+        if not peer.allowed:  # before a single byte of the body is interpreted
+            self.audit.refusal(caller, "(undecoded)", peer.reason, every, batch=len(data))
+            raise ConsentDenied(f"party {self.cfg.name}: {peer.reason}")
+        try:
+            # non-finite values are caught by the magnitude bound below (one pass instead of two)
+            msg = decode(data, max_bytes=int(self.cfg.max_message_mb * 2**20), allow_nonfinite=True)
+        except WireError as e:
+            self.audit.refusal(caller, "(malformed)", str(e), every, batch=len(data))
+            raise
+        op = msg.op
         shapes = {k: list(v.shape) for k, v in msg.tensors.items()}
-        purpose = str(msg.meta.get("purpose", ""))
         batch = max((v.shape[0] for v in msg.tensors.values() if v.dim()), default=0)
+        purpose = purpose_of("open_train" if op == "open" and msg.meta.get("train_cfg") is not None else op)
+        rec = {"session": msg.session, "step": msg.step, "seq": msg.seq, "batch": batch, "shapes": shapes,
+               "purpose": purpose, "anchors": self._anchors_in(msg)}
+        if op not in OPS:
+            self.audit.refusal(caller, "(unknown)", f"unknown operation {op[:64]!r}", every)
+            raise WireError(f"unknown operation {op!r}; valid: {', '.join(OPS)}")
         with self.lock:
-            peer = self.consent.check_peer(caller)
-            if not peer.allowed:
-                self.audit.append(caller, msg.op, msg.session, msg.step, msg.seq, batch, shapes, "deny", peer.reason)
-                raise ConsentDenied(f"party {self.cfg.name}: {peer.reason}")
-            if msg.op in ("status", "open"):
-                out = self._status() if msg.op == "status" else self._open(msg)
-                self.audit.append(caller, msg.op, msg.session, msg.step, msg.seq, 0, {}, "allow", "")
-                return encode(Message(msg.op, msg.session, self.step, msg.seq, out))
-            # the request itself is the retry key: an identical retry is recognised by comparing bytes, so the
-            # normal path hashes nothing (the guard keeps only the last request per session)
+            if not self._role_ok(caller, op):
+                reason = (f"{caller!r} may not call {op} on {self.cfg.name} (data operations come from "
+                          f"{self.cfg.prev or self.cfg.driver!r}, control operations from the driver "
+                          f"{self.cfg.driver!r})")
+                self.audit.append(caller, op, **rec, decision="deny", reason=reason)
+                raise ConsentDenied(f"party {self.cfg.name}: {reason}")
+            sequenced = op in DATA_OPS
             key = bytes(data)
-            try:
-                cached = self.guard.check(msg.session, msg.seq, key)
-            except WireError as e:
-                self.audit.append(caller, msg.op, msg.session, msg.step, msg.seq, batch, shapes, "deny", str(e))
-                raise
-            if cached is not None:
-                self.audit.append(caller, msg.op, msg.session, msg.step, msg.seq, batch, shapes, "retry",
-                                  "answered from cache")
-                return cached
-            if msg.op not in ("forward", "backward", "loss_backward", "restore", "checkpoint"):
-                raise WireError(f"unknown operation {msg.op!r}; valid: status, open, forward, backward, "
-                                "loss_backward, restore, checkpoint")
-            if msg.op in ("restore", "checkpoint"):
-                purpose, batch = "train", 0  # state changes of a training session: need training consent
-            req = PassRequest(self.cfg.name, caller, msg.op, purpose or "train", msg.session, msg.step, batch)
-            decision = self.consent.check(req)
+            if sequenced:
+                try:
+                    cached = self.guard.check(caller, msg.session, msg.seq, key)
+                except WireError as e:
+                    self.audit.append(caller, op, **rec, decision="deny", reason=str(e))
+                    raise
+                if cached is not None:
+                    self.audit.append(caller, op, **rec, decision="retry", reason="answered from cache")
+                    return cached
+            decision = self.consent.check(PassRequest(self.cfg.name, caller, op, purpose, msg.session, msg.step,
+                                                      batch))
             if not decision.allowed:
-                self.audit.append(caller, msg.op, msg.session, msg.step, msg.seq, batch, shapes, "deny",
-                                  decision.reason)
-                raise ConsentDenied(f"party {self.cfg.name} refused {msg.op} (step {msg.step}): {decision.reason}")
+                self.audit.append(caller, op, **rec, decision="deny", reason=decision.reason)
+                raise ConsentDenied(f"party {self.cfg.name} refused {op} (step {msg.step}): {decision.reason}")
             try:
-                self._raise_ckpt_error()
-                reply = getattr(self, f"_op_{msg.op}")(msg)
+                err = self.ckpt.take_error()
+                if err:
+                    raise PartyError(f"party {self.cfg.name}: {err}")
+                reply = getattr(self, f"_op_{op}")(msg, caller)
             except (ModelwardError, RuntimeError, ValueError) as e:
                 reason = str(e) if isinstance(e, ModelwardError) else f"{type(e).__name__}: {e}"
-                self.audit.append(caller, msg.op, msg.session, msg.step, msg.seq, batch, shapes, "error", reason)
+                self.audit.append(caller, op, **rec, decision="error", reason=reason)
                 if isinstance(e, ModelwardError):
                     raise
-                raise PartyError(f"party {self.cfg.name}: {msg.op} failed: {reason}") from None
+                raise PartyError(f"party {self.cfg.name}: {op} failed: {reason}") from None
+            down = reply.meta.pop("_anchors", {})
+            if down:
+                rec["anchors"] = {**rec["anchors"], **down}
+            self.audit.append(caller, op, **rec, decision="allow", reason=decision.reason)
+            if op in DATA_OPS:  # our head (including this record) travels back along the chain
+                reply.meta["anchors"] = {**down, self.cfg.name: self.audit.head_ref}
             reply.session, reply.seq = msg.session, msg.seq
-            out_bytes = encode(reply)
-            self.audit.append(caller, msg.op, msg.session, msg.step, msg.seq, batch, shapes, "allow",
-                              decision.reason)
-            self.guard.commit(msg.session, msg.seq, key, out_bytes)
-            return out_bytes
+            out = encode(reply)
+            if sequenced:
+                self.guard.commit(caller, msg.session, msg.seq, key, out)
+            return out
 
-    def _status(self) -> dict[str, Any]:
+    def _anchors_in(self, msg: Message) -> dict[str, list]:
+        """The other parties' heads carried by a data message ({party: [record id, hash]}), validated."""
+        a = msg.meta.get("anchors")
+        if not isinstance(a, dict) or len(a) > 64:
+            return {}
+        return {str(k)[:32]: [int(v[0]), str(v[1])[:64]] for k, v in a.items()
+                if k != self.cfg.name and isinstance(v, list) and len(v) == 2 and isinstance(v[0], int)
+                and not isinstance(v[0], bool) and isinstance(v[1], str)}
+
+    def _status(self, digest: bool = False) -> dict[str, Any]:
+        link = self.next_client.stats if self.next_client is not None else None
         return {"party": self.cfg.name, "layers": self.cfg.layers, "all_layers": self.all_layers,
-                "first": self.is_first, "last": self.is_last, "step": self.step,
-                "in_shape": list(self.in_shape), "out_shape": list(self.out_shape),
+                "first": self.is_first, "last": self.is_last, "prev": self.cfg.prev, "next": self.cfg.next,
+                "step": self.step, "in_shape": list(self.in_shape), "out_shape": list(self.out_shape),
                 "n_train": self._n("train"), "n_test": self._n("test"),
-                "pending": self.pending is not None, "checkpoints": self.checkpoints(), "digest": self.state_digest(), "audit_head": self.audit.head,
+                "prepared": self.prepared.step if self.prepared is not None else None,
+                "checkpoints": self.checkpoints(), "audit_head": self.audit.head_ref,
+                "digest": self.state_digest() if digest else None,
                 "params": {k: list(v.shape) for k, v in self.params.items()},
+                "link": None if link is None else {"to": self.cfg.next, "sent": link.sent,
+                                                   "received": link.received, "raw": link.raw,
+                                                   "seconds": link.seconds, "calls": link.calls},
                 "train_cfg": self.train_cfg.model_dump(mode="json") if self.train_cfg else None}
 
     def _n(self, split: str) -> int | None:
         src = getattr(self, f"x_{split}") if self.is_first else getattr(self, f"y_{split}")
         return None if src is None else len(src)
 
-    def _open(self, msg: Message) -> dict[str, Any]:
-        """Start or rejoin a session; a training session fixes the optimizer configuration."""
+    # ----------------------------------------------------------------- the next party
+    def _next_call(self, msg: Message, meta: dict, tensors: dict[str, torch.Tensor]) -> Message:
+        """The data operation `msg` continued to the next party (sequenced per session; the link re-opens after a
+        failure). The heads of the parties before us, and ours, travel with it."""
+        op, session, step = msg.op, msg.session, msg.step
+        if self.next_address is None:
+            raise PartyError(f"party {self.cfg.name}: the address of the next party {self.cfg.next!r} is unknown "
+                             f"(set [peers.{self.cfg.next}] address, or open the session through the driver)")
+        try:
+            if self.next_client is None:
+                self.next_client = self._connect(self.cfg.next, self.next_address)
+            if session not in self.link_seq:
+                st = self.next_client.call(Message("open", session))
+                if len(self.link_seq) > 4 * self.cfg.max_sessions_per_peer:
+                    self.link_seq.clear()
+                self.link_seq[session] = int(st.meta["last_seq"])
+            seq = self.link_seq[session] + 1
+            meta = {**meta, "anchors": {**self._anchors_in(msg), self.cfg.name: self.audit.head_ref}}
+            out = self.next_client.call(Message(op, session, step, seq, meta, tensors))
+            self.link_seq[session] = seq
+            return out
+        except PartyUnavailable:
+            self.link_seq.pop(session, None)
+            raise
+
+    # ----------------------------------------------------------------- operations
+    def _op_status(self, msg: Message, caller: str) -> Message:
+        return Message("status", step=self.step, meta=self._status(bool(msg.meta.get("digest"))))
+
+    def _op_open(self, msg: Message, caller: str) -> Message:
+        """Start or rejoin a session; a training session fixes the optimizer configuration. The driver may tell
+        the party where its next neighbour listens (the neighbour is still pinned by fingerprint)."""
         tc = msg.meta.get("train_cfg")
         if tc is not None:
             cfg = validate(TrainConfig, tc, "train_cfg")
@@ -465,13 +450,20 @@ class Party:
             n_test = self._n("test")
             ev = min(cfg.eval_batch_size, n_test) if n_test else cfg.eval_batch_size
             self._warm_up([cfg.batch_size, ev] + ([n_test % ev] if n_test and n_test % ev else []))
-        self.guard.restore(msg.session, self.audit.last_seq(msg.session))
-        return {**self._status(), "last_seq": self.guard.last_seq(msg.session)}
+        addr = msg.meta.get("next_address")
+        if addr is not None and caller == self.cfg.driver and self.cfg.next is not None \
+                and self.cfg.peers[self.cfg.next].address is None and isinstance(addr, str) and len(addr) < 256:
+            if addr != self.next_address and self.next_client is not None:
+                self.next_client.close()
+                self.next_client = None
+            self.next_address = addr
+        return Message("open", step=self.step,
+                       meta={**self._status(), "last_seq": self.guard.last_seq(caller, msg.session)})
 
     def _warm_up(self, batch_sizes: list[int]) -> None:
         """Run forward and backward once per batch size on a throw-away copy of the segment (zeros in, RNG state
-        kept), so that torch's one-time kernel set-up for these shapes happens when a session opens rather than
-        inside the first training steps. The party's parameters, buffers and optimizer state are not touched."""
+        kept), so that torch's one-time kernel set-up happens when a session opens rather than inside the first
+        training steps. The party's parameters, buffers and optimizer state are not touched."""
         sizes = sorted({min(b, self.cfg.max_batch) for b in batch_sizes} - self._warm)
         if not sizes:
             return
@@ -487,68 +479,204 @@ class Party:
                     seg(_layout(x))
                 self._warm.add(b)
 
-    def _check_step(self, msg: Message) -> None:
+    def _bounded(self, t: torch.Tensor, what: str) -> torch.Tensor:
+        """Refuse an incoming float tensor with a non-finite value or a magnitude beyond max_abs_input."""
+        m = _max_abs(t)
+        if not m <= self.cfg.max_abs_input:  # also true for NaN
+            raise NumericError(f"party {self.cfg.name}: incoming {what} has max |value| {m:.3g}, beyond "
+                               f"max_abs_input = {self.cfg.max_abs_input:g} (or non-finite); refused, nothing "
+                               "computed")
+        return t
+
+    def _idx(self, msg: Message, split: str, limit: int) -> torch.Tensor:
+        idx = expect(msg, "idx", torch.int64, (None,), limit)
+        n = None  # a middle party holds no data: the indices only travel on to the label holder
+        if self.is_first:
+            n = len(self.x_train if split == "train" else self.x_test)
+        elif self.is_last:
+            n = len(self.y_train if split == "train" else self.y_test)
+        if len(idx) == 0:
+            raise WireError("empty batch")
+        if n is not None and (int(idx.min()) < 0 or int(idx.max()) >= n):
+            raise WireError(f"indices out of range [0, {n}) for split {split!r}")
+        return idx
+
+    def _split(self, msg: Message) -> str:
+        split = msg.meta.get("split", "train")
+        if split not in ("train", "test"):
+            raise WireError(f"meta.split {split!r}: valid choices: train, test")
+        return split
+
+    def _input(self, msg: Message, split: str, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(indices, this party's input): its own samples for the first party, the activation otherwise."""
+        idx = self._idx(msg, split, limit)
+        if self.is_first:
+            return idx, (self.x_train if split == "train" else self.x_test)[idx]
+        h = self._bounded(expect(msg, "h", torch.float32, (len(idx), *self.in_shape), limit), "activation h")
+        return idx, h
+
+    def _limit(self) -> int:
+        return min(self.cfg.max_batch, self.cfg.policy.max_batch or self.cfg.max_batch)
+
+    def _set_lr(self) -> None:
+        assert self.opt is not None and self.train_cfg is not None
+        for g in self.opt.param_groups:
+            g["lr"] = self.train_cfg.lr_at(self.step)
+
+    def _snapshot(self) -> _Prepared:
+        """The state before a step, copied into buffers reused from step to step (one fused copy): parameters,
+        buffers (BatchNorm statistics) and the optimizer's per-parameter state and hyper-parameters."""
+        assert self.opt is not None
+        live = self.segment.state_dict()
+        bk = self._backup
+        if bk is None or list(bk) != list(live) or any(bk[k].shape != v.shape for k, v in live.items()):
+            bk = self._backup = {k: torch.empty_like(v) for k, v in live.items()}
+        torch._foreach_copy_(list(bk.values()), list(live.values()))
+        opt_state: dict[int, dict[str, Any]] = {}
+        for i, p in enumerate(self.params.values()):
+            st = self.opt.state.get(p)
+            if not st:
+                continue
+            saved: dict[str, Any] = {}
+            for k, v in st.items():
+                if torch.is_tensor(v):
+                    key = (i, k)
+                    buf = self._opt_backup.get(key)
+                    if buf is None or buf.shape != v.shape or buf.dtype != v.dtype:
+                        buf = self._opt_backup[key] = torch.empty_like(v)
+                    buf.copy_(v)
+                    saved[k] = buf
+                else:
+                    saved[k] = copy.deepcopy(v)
+            opt_state[i] = saved
+        groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
+        return _Prepared(self.step, bk, {"state": opt_state, "groups": groups})
+
+    def _rollback(self, snap: _Prepared) -> None:
+        """Back to the state before the step: parameters, buffers (BatchNorm statistics) and optimizer state."""
+        assert self.opt is not None
+        live = self.segment.state_dict()
+        with torch.no_grad():
+            torch._foreach_copy_(list(live.values()), [snap.model[k] for k in live])
+        params = list(self.params.values())
+        self.opt.state.clear()
+        for i, saved in snap.opt["state"].items():
+            self.opt.state[params[i]] = {k: (v.clone() if torch.is_tensor(v) else copy.deepcopy(v))
+                                         for k, v in saved.items()}
+        for g, saved in zip(self.opt.param_groups, snap.opt["groups"], strict=True):
+            g.update(copy.deepcopy(saved))
+        self.opt.zero_grad(set_to_none=True)
+
+    def _check_update(self) -> None:
+        """After the tentative update: every parameter and buffer finite and within max_abs_param. One fused
+        L2 norm per tensor bounds its largest entry (max |x| <= ||x||_2) and is non-finite iff an entry is; only
+        when that bound is exceeded does the exact per-tensor search run (to decide, and to name the culprit)."""
+        floats = [v for v in self.segment.state_dict().values() if v.is_floating_point() and v.numel()]
+        if not floats:
+            return
+        m = float(torch.stack(torch._foreach_norm(floats)).max())
+        if m <= self.cfg.max_abs_param:
+            return
+        for k, v in self.segment.state_dict().items():
+            if v.is_floating_point():
+                mk = _max_abs(v)
+                if not mk <= self.cfg.max_abs_param:
+                    raise NumericError(f"party {self.cfg.name}: the update of step {self.step} leaves {k} with max "
+                                       f"|value| {mk:.3g} (limit max_abs_param = {self.cfg.max_abs_param:g}, or "
+                                       "non-finite); the step is rolled back and refused")
+        if not math.isfinite(m):
+            raise NumericError(f"party {self.cfg.name}: the update of step {self.step} is not finite; rolled back")
+
+    def _op_step(self, msg: Message, caller: str) -> Message:
+        """Phase 1 of training step s: forward, (the rest of the chain), backward, tentative optimizer step,
+        check. The state before the step is kept until commit(s) or abort(s)."""
+        if self.opt is None:
+            raise PartyError(f"party {self.cfg.name}: open a training session first")
+        carried = msg.meta.get("commit")  # phase 2 of the previous step, carried by this one (saves a round trip)
+        if carried is not None:
+            if not isinstance(carried, int) or isinstance(carried, bool):
+                raise WireError(f"meta.commit must be a step number, got {carried!r}")
+            self._commit(carried)
+            self.audit.append(caller, "commit", msg.session, carried, purpose="train",
+                              reason=f"carried by step {msg.step}")
         if msg.step != self.step:
             raise PartyError(f"party {self.cfg.name} is at step {self.step}, request is for step {msg.step} "
                              "(resume from a common checkpoint with restore)")
-
-    def _input(self, msg: Message, purpose: str) -> torch.Tensor:
-        limit = min(self.cfg.max_batch, self.cfg.policy.max_batch or self.cfg.max_batch)
-        if self.is_first:
-            if "x" in msg.tensors and purpose == "predict":
-                return expect(msg, "x", torch.float32, (None, *self.in_shape), limit)
-            idx = expect(msg, "idx", torch.int64, (None,), limit)
-            split = msg.meta.get("split", "train")
-            src = {"train": self.x_train, "test": self.x_test}.get(split)
-            if src is None:
-                raise WireError(f"meta.split {split!r}: valid choices: train, test")
-            if len(idx) == 0 or int(idx.min()) < 0 or int(idx.max()) >= len(src):
-                raise WireError(f"indices out of range [0, {len(src)}) for split {split!r}")
-            return src[idx]
-        return expect(msg, "h", torch.float32, (None, *self.in_shape), limit)
-
-    def _labels(self, msg: Message, n: int) -> torch.Tensor:
-        idx = expect(msg, "idx", torch.int64, (n,))
-        split = msg.meta.get("split", "train")
-        src = {"train": self.y_train, "test": self.y_test}.get(split)
-        if src is None:
-            raise WireError(f"meta.split {split!r}: valid choices: train, test")
-        if int(idx.min()) < 0 or int(idx.max()) >= len(src):
-            raise WireError(f"label indices out of range [0, {len(src)}) for split {split!r}")
-        return src[idx]
-
-    def _op_forward(self, msg: Message) -> Message:
-        purpose = msg.meta.get("purpose", "train")
-        x = self._input(msg, purpose)
-        if purpose == "train":
-            if self.is_last:
-                raise PartyError("the last party trains through loss_backward, not forward")
-            if self.opt is None:
-                raise PartyError(f"party {self.cfg.name}: open a training session first")
-            self._check_step(msg)
-            if self.pending is not None and self.pending.step == self.step and torch.equal(self.pending.x, x):
-                return Message("forward", step=self.step, tensors={"h": self.pending.out.detach()})
-            if self.pending is not None and self.pending.step == self.step:
-                raise PartyError(f"party {self.cfg.name}: a different forward for step {self.step} is pending "
-                                 "(restore to a checkpoint to start the step over)")
-            inp = None if self.is_first else _layout(x).requires_grad_(True)
+        if self.prepared is not None:
+            raise PartyError(f"party {self.cfg.name}: step {self.prepared.step} is prepared and neither committed "
+                             "nor aborted")
+        idx, x = self._input(msg, "train", self._limit())
+        snap = self._snapshot()
+        try:
             self.segment.train()
+            inp = None if self.is_first else _layout(x).requires_grad_(True)
             out = self.segment(_layout(x) if inp is None else inp)
-            self.pending = _Pending(self.step, inp, out, x)
-            return Message("forward", step=self.step, tensors={"h": out.detach()})
-        if purpose not in ("eval", "predict"):
-            raise WireError(f"meta.purpose {purpose!r}: valid choices: train, eval, predict")
+            self._set_lr()
+            self.opt.zero_grad(set_to_none=True)
+            if self.is_last:
+                y = self.y_train[idx]
+                loss_t = F.cross_entropy(out, y)
+                loss_t.backward()
+                loss, down = float(loss_t.item()), {}
+            else:
+                r = self._next_call(msg, {} if carried is None else {"commit": carried},
+                                    {"h": out.detach(), "idx": idx})
+                g = self._bounded(expect(r, "g", torch.float32, tuple(out.shape)), "gradient g")
+                out.backward(g.contiguous(memory_format=_format_of(out)))
+                loss, down = float(r.meta["loss"]), self._anchors_in(r)
+            grad = inp.grad if inp is not None else None
+            if grad is not None and self._protect is not None:
+                grad = self._protect(grad, self.y_train[idx], self.cfg.label_protection, step=msg.step, index=idx)
+            self.opt.step()
+            self._check_update()
+        except BaseException:
+            self._rollback(snap)
+            raise
+        self.prepared = snap
+        return Message("step", step=msg.step, meta={"loss": loss, "_anchors": down},
+                       tensors={"g": grad} if grad is not None else {})
+
+    def _op_commit(self, msg: Message, caller: str) -> Message:
+        """Phase 2: keep the prepared step s (idempotent: a repeated commit of the last step is a no-op)."""
+        self._commit(msg.step)
+        return Message("commit", step=self.step, meta={"step": self.step})
+
+    def _commit(self, s: int) -> None:
+        if self.prepared is not None and self.prepared.step == s:
+            self.prepared = None
+            self.step = s + 1
+            if self.step % self.cfg.checkpoint_every == 0:
+                self._save_checkpoint(background=True)
+        elif not (self.prepared is None and self.step == s + 1):
+            raise PartyError(f"party {self.cfg.name}: nothing prepared for step {s} (at step {self.step}, "
+                             f"prepared {self.prepared.step if self.prepared else None})")
+
+    def _op_abort(self, msg: Message, caller: str) -> Message:
+        """Phase 2 on a refusal: restore the state before the prepared step s (no-op if nothing is prepared)."""
+        if self.prepared is not None and self.prepared.step == msg.step:
+            self._rollback(self.prepared)
+            self.prepared = None
+        return Message("abort", step=self.step, meta={"step": self.step})
+
+    def _forward_eval(self, x: torch.Tensor) -> torch.Tensor:
         self.segment.eval()
         try:
             with torch.no_grad():
-                out = self.segment(_layout(x))
+                return self.segment(_layout(x))
         finally:
             self.segment.train()
+
+    def _op_eval(self, msg: Message, caller: str) -> Message:
+        """A metric (sum over the batch) on the label holder's labels; only the number travels back."""
+        split = self._split(msg)
+        idx, x = self._input(msg, split, self._limit())
+        out = self._forward_eval(x)
         if not self.is_last:
-            return Message("forward", step=self.step, tensors={"h": out})
-        if purpose == "predict":
-            return Message("forward", step=self.step, tensors={"logits": out})
-        y = self._labels(msg, len(out))
+            r = self._next_call(msg, {"split": split, "metric": msg.meta.get("metric", "error")},
+                                {"h": out, "idx": idx})
+            return Message("eval", meta={"sum": float(r.meta["sum"]), "n": int(r.meta["n"]),
+                                         "_anchors": self._anchors_in(r)})
+        y = (self.y_train if split == "train" else self.y_test)[idx]
         metric = msg.meta.get("metric", "error")
         if metric == "error":
             total = float((out.argmax(1) != y).sum().item())
@@ -556,177 +684,60 @@ class Party:
             total = float(F.cross_entropy(out, y, reduction="sum").item())
         else:
             raise WireError(f"meta.metric {metric!r}: valid choices: error, cross_entropy")
-        return Message("forward", step=self.step, meta={"sum": total, "n": len(y)})
+        return Message("eval", meta={"sum": total, "n": len(y)})
 
-    def _set_lr(self) -> None:
-        assert self.opt is not None and self.train_cfg is not None
-        for g in self.opt.param_groups:
-            g["lr"] = self.train_cfg.lr_at(self.step)
-
-    def _commit_step(self) -> None:
-        self.step += 1
-        self.pending = None
-        if self.step % self.cfg.checkpoint_every == 0:
-            self._save_checkpoint(background=True)
-
-    def _op_loss_backward(self, msg: Message) -> Message:
+    def _op_predict(self, msg: Message, caller: str) -> Message:
+        """Prediction through the chain. The first party takes indices of its samples (or, from the driver of
+        its own organisation, inputs x); the label holder keeps the logits for the driver to fetch."""
+        limit = self._limit()
+        if self.is_first and "x" in msg.tensors:
+            x = self._bounded(expect(msg, "x", torch.float32, (None, *self.in_shape), limit), "input x")
+            idx = torch.arange(len(x))
+        else:
+            idx, x = self._input(msg, self._split(msg), limit)
+        out = self._forward_eval(x)
         if not self.is_last:
-            raise PartyError(f"party {self.cfg.name} does not hold the labels; only the last party computes the loss")
-        if self.opt is None:
-            raise PartyError(f"party {self.cfg.name}: open a training session first")
-        self._check_step(msg)
-        h = self._input(msg, "train")
-        y = self._labels(msg, len(h))
-        inp = _layout(h).requires_grad_(not self.is_first)
-        self.segment.train()
-        loss = F.cross_entropy(self.segment(inp), y)
-        self._set_lr()
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        grad = inp.grad
-        self._commit_step()
-        return Message("loss_backward", step=msg.step, meta={"loss": float(loss.item())},
-                       tensors={"g": grad} if grad is not None else {})
+            r = self._next_call(msg, {"split": msg.meta.get("split", "test")}, {"h": out, "idx": idx})
+            return Message("predict", meta={"token": r.meta["token"], "n": int(r.meta["n"]),
+                                            "_anchors": self._anchors_in(r)})
+        token = secrets.token_hex(16)
+        self.results[token] = out
+        while len(self.results) > MAX_RESULTS:
+            self.results.popitem(last=False)
+        return Message("predict", meta={"token": token, "n": len(out)})
 
-    def _op_backward(self, msg: Message) -> Message:
-        if self.is_last:
-            raise PartyError("the last party trains through loss_backward")
-        self._check_step(msg)
-        p = self.pending
-        if p is None or p.step != self.step:
-            raise PartyError(f"party {self.cfg.name}: no forward pending for step {self.step}")
-        g = expect(msg, "g", torch.float32, tuple(p.out.shape))
-        assert self.opt is not None
-        self._set_lr()
-        self.opt.zero_grad(set_to_none=True)
-        p.out.backward(g.contiguous(memory_format=_format_of(p.out)))
-        self.opt.step()
-        grad = p.inp.grad if p.inp is not None else None
-        self._commit_step()
-        return Message("backward", step=msg.step, tensors={"g": grad} if grad is not None else {})
+    def _op_fetch(self, msg: Message, caller: str) -> Message:
+        """The driver collects prediction logits (once)."""
+        out = self.results.pop(str(msg.meta.get("token", "")), None)
+        if out is None:
+            raise PartyError(f"party {self.cfg.name}: no prediction result with that token (fetched already, or "
+                             f"dropped: at most {MAX_RESULTS} are kept)")
+        return Message("fetch", tensors={"logits": out})
 
-    def _op_restore(self, msg: Message) -> Message:
+    def _op_restore(self, msg: Message, caller: str) -> Message:
+        if self.prepared is not None:
+            self._rollback(self.prepared)
+            self.prepared = None
         self._restore(int(msg.meta.get("to_step", -1)))
         return Message("restore", step=self.step, meta={"step": self.step})
 
-    def _op_checkpoint(self, msg: Message) -> Message:
+    def _op_checkpoint(self, msg: Message, caller: str) -> Message:
         """Save a checkpoint now; with meta.export also write export.safetensors (parameters + buffers only) into
         this party's own checkpoint folder — nothing but the path leaves the party."""
+        if self.prepared is not None:
+            raise PartyError(f"party {self.cfg.name}: step {self.prepared.step} is prepared; commit or abort first")
         path = self._save_checkpoint()
         meta: dict[str, Any] = {"step": self.step, "path": str(path)}
         if msg.meta.get("export"):
-            exp = self.ckpt_dir / "export.safetensors"
+            exp = self.ckpt.dir / "export.safetensors"
             save_tensors(exp, self.segment.state_dict(), {"modelward": json.dumps({"step": self.step,
                                                                                     "party": self.cfg.name})})
             meta["export"] = str(exp)
         return Message("checkpoint", step=self.step, meta=meta)
 
-
-# --------------------------------------------------------------------- gRPC transport
-_CODES = {ConsentDenied: grpc.StatusCode.PERMISSION_DENIED, WireError: grpc.StatusCode.INVALID_ARGUMENT,
-          PartyError: grpc.StatusCode.FAILED_PRECONDITION}
-
-
-def caller_identity(context: grpc.ServicerContext) -> str | None:
-    names = context.auth_context().get("x509_common_name") or []
-    return names[0].decode("utf-8", "replace") if names else None
-
-
-class PartyServer:
-    """gRPC server for one Party with mutual TLS: clients without a certificate from the configured CA never get
-    past the handshake; clients with one are identified by the certificate's common name."""
-
-    def __init__(self, party: Party, workers: int = 4) -> None:
-        self.party = party
-        cfg = party.cfg
-        limit = int(cfg.max_message_mb * 2**20) + 65536
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
-                                  options=[("grpc.max_receive_message_length", limit),
-                                           ("grpc.max_send_message_length", limit),
-                                           ("grpc.so_reuseport", 0)])
-        handler = grpc.method_handlers_generic_handler(SERVICE, {"Call": grpc.unary_unary_rpc_method_handler(
-            self._call)})
-        self.server.add_generic_rpc_handlers((handler,))
-        creds = grpc.ssl_server_credentials(
-            [(read_pem(cfg.tls.key, "tls.key"), read_pem(cfg.tls.cert, "tls.cert"))],
-            root_certificates=read_pem(cfg.tls.ca, "tls.ca"), require_client_auth=True)
-        try:
-            self.port = self.server.add_secure_port(f"{cfg.host}:{cfg.port}", creds)
-        except RuntimeError:  # grpcio >= 1.60 raises instead of returning 0
-            self.port = 0
-        if self.port == 0:
-            raise ConfigError(f"party {cfg.name}: cannot listen on {cfg.host}:{cfg.port}: the address is in use "
-                              "(another party server?) or not local; set `port` (0 = any free port) or `host`")
-
-    def _call(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        caller = caller_identity(context)
-        if caller is None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "no client certificate")
-        try:
-            return self.party.handle(caller, request)
-        except ModelwardError as e:
-            code = next((c for t, c in _CODES.items() if isinstance(e, t)), grpc.StatusCode.INVALID_ARGUMENT)
-            context.abort(code, str(e))
-        except Exception as e:  # a bug must not take the party down; the state lock guarantees consistency
-            context.abort(grpc.StatusCode.INTERNAL, f"party {self.party.cfg.name}: internal error "
-                                                    f"{type(e).__name__}: {e}")
-        raise AssertionError("unreachable")
-
-    def start(self) -> int:
-        self.server.start()
-        return self.port
-
-    def stop(self, grace: float = 5.0) -> None:
-        self.server.stop(grace).wait()
-        with self.party.lock:
-            self.party.audit.close()
-
-
-def describe(party: Party, port: int) -> str:
-    c = party.cfg
-    role = "first (inputs)" if party.is_first else "last (labels, loss)" if party.is_last else "middle"
-    n = sum(p.numel() for p in party.params.values())
-    pol = c.policy
-    return (f"party {c.name}: listening on {c.host}:{port} (mutual TLS)\n"
-            f"  layers {c.layers} of {party.all_layers} — role {role}, {n} parameters\n"
-            f"  step {party.step}, checkpoints every {c.checkpoint_every} steps in {c.checkpoint_dir}\n"
-            f"  audit log {c.audit_db} (head {party.audit.head[:16]}…)\n"
-            f"  policy: peers {pol.allow_peers}, training={pol.training}, inference={pol.inference}, "
-            f"max_batch={pol.max_batch}, max_steps_per_session={pol.max_steps_per_session}, "
-            f"max_passes_per_day={pol.max_passes_per_day}, window={pol.window_utc}, "
-            f"approval={pol.approval or pol.approval_command}")
-
-
-def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None) -> None:
-    """Run a party until SIGTERM/SIGINT (or `stop_event`); shut down gracefully, saving a checkpoint."""
-    import signal
-
-    party = Party(cfg)
-    try:
-        server = PartyServer(party)
-    except BaseException:
-        with party.lock:
-            party.audit.close()
-        raise
-    port = server.start()
-    log(describe(party, port))
-    log(f"READY {cfg.name} {cfg.host}:{port}")
-    stop = stop_event or threading.Event()
-
-    def _handler(signum, _frame):
-        log(f"party {cfg.name}: received {signal.Signals(signum).name}, shutting down")
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _handler)
-        signal.signal(signal.SIGINT, _handler)
-    while not stop.wait(0.2):
-        pass
-    server.server.stop(1.0).wait()
-    with party.lock:
-        if party.pending is None and party.step not in party.checkpoints():
-            party._save_checkpoint()
-        party.audit.close()
-    log(f"party {cfg.name}: stopped at step {party.step}")
-    time.sleep(0)
+    def close(self) -> None:
+        with self.lock:
+            self.ckpt.join()
+            if self.next_client is not None:
+                self.next_client.close()
+            self.audit.close()

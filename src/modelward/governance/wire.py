@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,17 +161,36 @@ def expect(msg: Message, name: str, dtype: torch.dtype | None = None, shape: tup
 
 
 class SequenceGuard:
-    """Per-session sequence numbers. A request must carry last+1. An exact repeat of the last successful request
-    (same number, same bytes) is a retry and gets the cached response; anything else at or below the last number
-    is a replay and anything above last+1 is out of order. Only successful requests advance the counter."""
+    """Per-(peer, session) sequence numbers. A request must carry last+1. An exact repeat of the last successful
+    request (same number, same bytes) is a retry and gets the cached response; anything else at or below the last
+    number is a replay and anything above last+1 is out of order. Only successful requests advance the counter.
 
-    def __init__(self) -> None:
-        self.last: dict[str, tuple[int, bytes, bytes]] = {}  # session -> (seq, request digest, response)
+    Bounded: at most `max_sessions` sessions per peer are kept in memory (least recently used first out, with
+    their one cached reply); a session that comes back is restored from `restore(peer, session)` (the audit log),
+    so eviction never lets an old number be replayed.
+    """
 
-    def check(self, session: str, seq: int, digest: bytes) -> bytes | None:
+    def __init__(self, max_sessions: int = 8,
+                 restore: Callable[[str, str], int] | None = None) -> None:
+        self.max_sessions = max_sessions
+        self.restore_fn = restore or (lambda peer, session: 0)
+        self.last: dict[str, OrderedDict[str, tuple[int, bytes, bytes]]] = {}
+
+    def _entry(self, peer: str, session: str) -> tuple[int, bytes, bytes]:
+        sessions = self.last.setdefault(peer, OrderedDict())
+        if session in sessions:
+            sessions.move_to_end(session)
+            return sessions[session]
+        entry = (int(self.restore_fn(peer, session)), b"", b"")
+        sessions[session] = entry
+        while len(sessions) > self.max_sessions:
+            sessions.popitem(last=False)
+        return entry
+
+    def check(self, peer: str, session: str, seq: int, request: bytes) -> bytes | None:
         """The cached response if this is a retry, else None; raises WireError on replay or a gap."""
-        seen, d, resp = self.last.get(session, (0, b"", b""))
-        if seen and seq == seen and digest == d:
+        seen, d, resp = self._entry(peer, session)
+        if seen and seq == seen and request == d and resp:
             return resp
         if seq <= seen:
             raise WireError(f"replayed message: sequence number {seq} already used in session {session!r} "
@@ -179,12 +200,9 @@ class SequenceGuard:
                             f"expected {seen + 1}")
         return None
 
-    def commit(self, session: str, seq: int, digest: bytes, response: bytes) -> None:
-        self.last[session] = (seq, digest, response)
+    def commit(self, peer: str, session: str, seq: int, request: bytes, response: bytes) -> None:
+        self._entry(peer, session)
+        self.last[peer][session] = (seq, request, response)
 
-    def last_seq(self, session: str) -> int:
-        return self.last.get(session, (0, b"", b""))[0]
-
-    def restore(self, session: str, seq: int) -> None:
-        if seq > self.last_seq(session):
-            self.last[session] = (seq, b"", b"")
+    def last_seq(self, peer: str, session: str) -> int:
+        return self._entry(peer, session)[0]

@@ -34,6 +34,12 @@ def _no_buffers(model: nn.Module) -> bool:
     return not any(True for _ in model.buffers())
 
 
+def _stackable(model: nn.Module) -> bool:
+    """No buffers (batch norm) and no forward hooks (e.g. dropout hooks): the stacked math is then exact."""
+    hooked = any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+    return _no_buffers(model) and not hooked
+
+
 def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig, seed: int,
         trainable: set[str] | None = None) -> nn.Module:
     """Train ``model`` in place with core.train's procedure T (no periodic test evaluation) and return it in eval."""
@@ -66,7 +72,7 @@ class ModelTrainer:
                    stacked: bool = True) -> list[nn.Module]:
         """K models, model k on ``x[index_sets[k]]`` with seed ``seeds[k]`` (stacked when exact, else a loop)."""
         models = [self.build(s) for s in seeds]
-        if stacked and models and _no_buffers(models[0]):
+        if stacked and models and _stackable(models[0]):
             return train_stacked(models, x, y, index_sets, self.cfg, seeds)
         return [fit(m, x[torch.as_tensor(ix)], y[torch.as_tensor(ix)], self.cfg, s)
                 for m, ix, s in zip(models, index_sets, seeds, strict=True)]

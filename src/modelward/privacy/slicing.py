@@ -26,7 +26,7 @@ Side = Literal["input", "output"]
 
 def layer_names(model: nn.Module) -> list[str]:
     """Names of the leaf modules that hold parameters (the slicable layers), in registration order."""
-    return [n for n, m in model.named_modules() if n and not list(m.children()) and
+    return [n for n, m in model.named_modules() if not list(m.children()) and
             any(True for _ in m.parameters(recurse=False))]
 
 
@@ -41,7 +41,7 @@ def last_linear(model: nn.Module) -> str:
 
 def get_layer(model: nn.Module, name: str) -> nn.Module:
     mods = dict(model.named_modules())
-    if name not in mods or not name:
+    if name not in mods or (not name and list(model.children())):
         raise ConfigError(f"layer {name!r} not in {type(model).__name__}; valid choices: {layer_names(model)}")
     return mods[name]
 
@@ -144,7 +144,7 @@ class Top(nn.Module):
         later = set(names[start:])
         if self.side == "output":  # a child of the sliced layer is still part of h
             later = {n for n in later if not n.startswith(self.layer + ".")}
-        return [(n, p) for n, p in self.model.named_parameters() if n.rsplit(".", 1)[0] in later]
+        return [(n, p) for n, p in self.model.named_parameters() if (n.rsplit(".", 1)[0] if "." in n else "") in later]
 
     def fresh_copy(self, generator: torch.Generator) -> Top:
         """A copy of g with the same architecture and freshly initialised parameters (a proxy top, Alg. 8.3)."""

@@ -17,7 +17,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelward.robustness.attacks import EvasionAttack, attack_mode, make_attack, predict
+from modelward.errors import ConfigError
+from modelward.robustness.attacks import (
+    EvasionAttack,
+    ThreatModel,
+    attack_mode,
+    attack_params,
+    make_attack,
+    predict,
+    threat_model,
+)
 
 AttackFactory = str | Callable[[nn.Module, float], EvasionAttack]
 
@@ -40,17 +49,52 @@ def _build(factory: AttackFactory, model: nn.Module, eps: float, params: dict[st
     return factory(model, eps)
 
 
+def prepare_params(name: str, params: dict[str, Any] | None, norm: str | None) -> tuple[dict[str, Any], ThreatModel]:
+    """The attack's parameters for a sweep in ``norm`` (None: any) and its threat model; ConfigError if the attack
+    cannot be compared in that norm. An attack with a ``norm`` parameter that was not set follows the sweep's norm
+    (FGSM in an ℓ2 table is the L2 fast-gradient method, not the L∞ default)."""
+    params = dict(params or {})
+    if norm is not None and "norm" not in params and "norm" in attack_params(name):
+        params["norm"] = norm
+    tm = threat_model(name, params)
+    if norm is not None and tm.norm != norm:
+        raise ConfigError(f"attack {name!r} attacks in {tm.norm}, the sweep is in {norm}: its robust accuracy is not "
+                          f"comparable (set the attack's norm, or evaluate it in a {tm.norm} sweep)")
+    if not tm.takes_eps and tm.norm != "l2":
+        raise ConfigError(f"attack {name!r} takes no ε (its budget is its own parameter, in {tm.norm}); run it "
+                          "directly with make_attack instead of an ε sweep")
+    return params, tm
+
+
 def robust_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attack_factory: AttackFactory,
-                    eps_list: Sequence[float], attack_params: dict[str, Any] | None = None) -> list[RobustPoint]:
-    """One RobustPoint per ε in ``eps_list`` (untargeted attacks)."""
+                    eps_list: Sequence[float], attack_params: dict[str, Any] | None = None,
+                    norm: str | None = None) -> list[RobustPoint]:
+    """One RobustPoint per ε in ``eps_list`` (untargeted attacks).
+
+    ε-ball attacks run once per ε. Minimum-norm ℓ2 attacks (C&W, L-BFGS; ``takes_eps = False``) run once, and a
+    point counts as broken at ε when the attack succeeded with ‖δ‖₂ ≤ ε — the same threat model as an ℓ2 ε-ball
+    attack. ``norm`` (optional) is the sweep's norm: attacks of another norm are refused, and attacks with a
+    ``norm`` parameter not given in ``attack_params`` use it.
+    """
     params = dict(attack_params or {})
+    tm = None
+    if isinstance(attack_factory, str):
+        params, tm = prepare_params(attack_factory, params, norm)
     with attack_mode(model):
         correct = predict(model, x) == y
     clean = float(correct.float().mean())
+    broken_at: torch.Tensor | None = None
+    if tm is not None and not tm.takes_eps:  # minimum-norm attack: one run, thresholded per ε
+        assert isinstance(attack_factory, str)
+        res = make_attack(attack_factory, model, **params)(x, y)
+        dist = (res.x_adv - x).flatten(1).norm(dim=1)
+        broken_at = torch.where(res.success, dist, torch.full_like(dist, float("inf")))
     out = []
     for eps in eps_list:
         if eps == 0:
             still = correct
+        elif broken_at is not None:
+            still = correct & ~(broken_at <= float(eps) * (1 + 1e-6))
         else:
             res = _build(attack_factory, model, float(eps), params)(x, y)
             still = ~res.success

@@ -7,16 +7,17 @@ clean weights. After each phase we measure train/test clean accuracy, train/test
 evaluation PGD attack, and the attack success rate (among test points correct before the attack). Hypothesis 1
 predicts that the deep model loses less clean accuracy under adversarial training than the shallow one.
 
-Each model × seed × phase is one ledger run; the clean phase leaves a safetensors checkpoint that the adversarial
-phase starts from, so an interrupted study resumes where it stopped.
+Each model × seed × phase is one run of :func:`modelward.core.runner.run_plan` (the adversarial phase depends on
+the clean one and starts from its safetensors checkpoint), so an interrupted study resumes where it stopped. The
+library writes the report (``results.csv``/``.md``/``.json``, ``plasticity.png``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,12 @@ from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.ledger import RunLedger
+from modelward.core.plots import grouped_bars
+from modelward.core.progress import ProgressSink, as_sink
+from modelward.core.records import write_table
+from modelward.core.runner import RunSpec, run_plan
+from modelward.core.seed import seeded
+from modelward.core.stats import summarize
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError
@@ -146,67 +153,107 @@ def measure(model: nn.Module, data: DataSplit, ev: EvalAttackConfig, seed: int) 
 
 
 def run_ids(cfg: PlasticityConfig) -> list[tuple[str, dict[str, Any]]]:
+    """(run id, spec) of every model × seed × phase, in plan order."""
     return [(f"{m.name}/s{seed}/{phase}", {"model": m.name, "seed": seed, "phase": phase})
             for seed in cfg.seeds for m in cfg.models for phase in PHASES]
+
+
+def plan(cfg: PlasticityConfig) -> list[RunSpec]:
+    """The study's runs: each adversarial phase depends on the clean phase it starts from."""
+    return [RunSpec(rid, spec, () if spec["phase"] == "clean" else (rid.rsplit("/", 1)[0] + "/clean",))
+            for rid, spec in run_ids(cfg)]
 
 
 def _steps(epochs: int, n: int, batch_size: int) -> int:
     return epochs * max(1, n // batch_size)
 
 
-def run_study(cfg: PlasticityConfig, out: str | Path,
-              on_progress: Callable[[str, int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Run (or resume) every model × seed × phase; returns the result rows (one per run)."""
-    torch.set_num_threads(cfg.threads)
+_SETUP: dict[str, tuple[PlasticityConfig, DataSplit, dict[str, ModelConfig]]] = {}
+
+
+def _setup(cfg_json: str) -> tuple[PlasticityConfig, DataSplit, dict[str, ModelConfig]]:
+    """Config, data and resolved model configs, once per process."""
+    if cfg_json not in _SETUP:
+        cfg = PlasticityConfig.model_validate_json(cfg_json)
+        data = load_data(cfg.data)
+        if not data.is_image and any(m.model.arch != "mlp" for m in cfg.models):
+            raise ConfigError(f"data.source={cfg.data.source!r} is not an image set; use model.arch='mlp'")
+        _SETUP[cfg_json] = (cfg, data, resolve_models(cfg, data))
+    return _SETUP[cfg_json]
+
+
+def execute_run(cfg_json: str, out_dir: str, progress: ProgressSink | None, run_id: str, spec: dict[str, Any],
+                dep_results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One model × seed × phase (the ``execute`` of :func:`~modelward.core.runner.run_plan`); returns its row.
+
+    The clean phase trains from scratch and leaves ``checkpoints/<model>_s<seed>_clean.safetensors``; the
+    adversarial phase starts from it. Training steps are reported to `progress` under the run id.
+    """
+    cfg, data, models = _setup(cfg_json)
+    out = Path(out_dir)
+    name, seed, phase = spec["model"], spec["seed"], spec["phase"]
+    ckpt = out / "checkpoints" / f"{name}_s{seed}_clean.safetensors"
+    n = len(data.x_train)
+    total = _steps(cfg.clean_epochs if phase == "clean" else cfg.adv_epochs, n, cfg.optim.batch_size)
+    sink = as_sink(progress)
+    sink.start(run_id, total, run_id)
+    last = [0]
+
+    def tick(step: int, _loss: float) -> None:
+        sink.advance(run_id, step - last[0])
+        last[0] = step
+
+    with seeded(seed):  # the model's default initialisation draws from the global RNG
+        model = build_model(models[name], data.input_shape, data.num_classes)
+        adv_acc = None
+        if phase == "clean":
+            tcfg = cfg.optim.model_copy(update={"steps": total})
+            train(model, data.x_train, data.y_train, data.x_test, data.y_test, tcfg, seed,
+                  on_eval=lambda s, _v: tick(s, 0.0))
+            save_state_dict(ckpt, model.state_dict())
+        else:
+            if not ckpt.exists():
+                raise ConfigError(f"{ckpt}: clean checkpoint missing; delete {out} and rerun")
+            state, _ = load_state_dict(ckpt)
+            model.load_state_dict(state)
+            tcfg = cfg.optim.model_copy(update={"steps": total})
+            res = pgd_adversarial_training(model, data.x_train, data.y_train, tcfg, cfg.adversarial, seed,
+                                           on_step=tick)
+            adv_acc = res.adv_train_accuracy
+        m = measure(model, data, cfg.eval_attack, seed)
+    sink.done(run_id)
+    return {"model": name, "seed": seed, "phase": phase, "params": count_params(model),
+            "n_conv": len(models[name].channels) if models[name].arch == "cnn" else None,
+            "width": models[name].width, **m.__dict__, "adv_train_batches_acc": adv_acc}
+
+
+def run_study(cfg: PlasticityConfig, out: str | Path, progress: ProgressSink | None = None) -> list[dict[str, Any]]:
+    """Run (or resume) every model × seed × phase and write the report; returns the result rows (one per run).
+
+    Args:
+        cfg: the study.
+        out: the study folder (``ledger.sqlite``, ``checkpoints/``, ``results.{csv,md,json}``, ``plasticity.png``).
+        progress: one unit per run under ``"plasticity"``, and each run's training steps under its run id.
+    """
     out = Path(out)
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     ledger = RunLedger(out / "ledger.sqlite")
-    ledger.check_meta("config", json.dumps(cfg.model_dump(mode="json"), sort_keys=True))
-    ledger.recover()
-    data = load_data(cfg.data)
-    if not data.is_image and any(m.model.arch != "mlp" for m in cfg.models):
-        raise ConfigError(f"data.source={cfg.data.source!r} is not an image set; use model.arch='mlp'")
-    models = resolve_models(cfg, data)
-    for rid, spec in run_ids(cfg):
-        ledger.add(rid, spec)
-    n = len(data.x_train)
-    clean_steps = _steps(cfg.clean_epochs, n, cfg.optim.batch_size)
-    adv_steps = _steps(cfg.adv_epochs, n, cfg.optim.batch_size)
-    for rid, spec in run_ids(cfg):
-        if ledger.status(rid) == "done" or not ledger.start(rid):
-            continue
-        name, seed, phase = spec["model"], spec["seed"], spec["phase"]
-        ckpt = out / "checkpoints" / f"{name}_s{seed}_clean.safetensors"
-        total = clean_steps if phase == "clean" else adv_steps
-        tick = (lambda s, _loss, _rid=rid, _t=total: on_progress(_rid, s, _t)) if on_progress else None
-        try:
-            torch.manual_seed(seed)
-            model = build_model(models[name], data.input_shape, data.num_classes)
-            adv_acc = None
-            if phase == "clean":
-                tcfg = cfg.optim.model_copy(update={"steps": clean_steps})
-                train(model, data.x_train, data.y_train, data.x_test, data.y_test, tcfg, seed,
-                      on_eval=(lambda s, _v, _tick=tick: _tick(s, 0.0)) if tick else None)
-                save_state_dict(ckpt, model.state_dict())
-            else:
-                if not ckpt.exists():
-                    raise ConfigError(f"{ckpt}: clean checkpoint missing; delete {out} and rerun")
-                state, _ = load_state_dict(ckpt)
-                model.load_state_dict(state)
-                tcfg = cfg.optim.model_copy(update={"steps": adv_steps})
-                res = pgd_adversarial_training(model, data.x_train, data.y_train, tcfg, cfg.adversarial, seed,
-                                               on_step=tick)
-                adv_acc = res.adv_train_accuracy
-            m = measure(model, data, cfg.eval_attack, seed)
-            row = {"model": name, "seed": seed, "phase": phase, "params": count_params(model),
-                   "n_conv": len(models[name].channels) if models[name].arch == "cnn" else None,
-                   "width": models[name].width, **m.__dict__, "adv_train_batches_acc": adv_acc}
-            ledger.finish(rid, row)
-        except BaseException as e:
-            ledger.fail(rid, repr(e))
-            raise
+    ledger.bind_config(cfg, exclude={"threads"},
+                       legacy=(json.dumps(cfg.model_dump(mode="json"), sort_keys=True),))  # folders from before
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    cfg_json = cfg.model_dump_json()
+    try:
+        _setup(cfg_json)  # config errors (data vs architecture) before any run starts
+        run_plan(ledger, plan(cfg), partial(execute_run, cfg_json, str(out), progress), progress=progress,
+                 description="plasticity", fail_fast=True)
+    finally:
+        _SETUP.pop(cfg_json, None)
+        torch.set_num_threads(prev_threads)
     results = ledger.results()
-    return [results[rid] for rid, _ in run_ids(cfg) if rid in results]
+    rows = [results[rid] for rid, _ in run_ids(cfg) if rid in results]
+    write_report(cfg, rows, out)
+    return rows
 
 
 METRICS = [("train_clean", "Train accuracy"), ("test_clean", "Test accuracy"),
@@ -215,16 +262,15 @@ METRICS = [("train_clean", "Train accuracy"), ("test_clean", "Test accuracy"),
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str], tuple[float, float]]:
-    """(model, phase, metric) -> (mean, sample SD over seeds) in percent."""
+    """(model, phase, metric) -> (mean, sample SD over seeds; 0 for one seed) in percent."""
     groups: dict[tuple[str, str, str], list[float]] = {}
     for r in rows:
         for key, _ in METRICS:
             groups.setdefault((r["model"], r["phase"], key), []).append(100.0 * r[key])
     out = {}
     for k, v in groups.items():
-        mean = sum(v) / len(v)
-        sd = math.sqrt(sum((a - mean) ** 2 for a in v) / (len(v) - 1)) if len(v) > 1 else 0.0
-        out[k] = (mean, sd)
+        st = summarize(v)
+        out[k] = (st.mean, st.sd if st.n > 1 else 0.0)  # 0 for one seed: no error bar (the table hides it)
     return out
 
 
@@ -258,3 +304,19 @@ def table_markdown(rows: list[dict[str, Any]], cfg: PlasticityConfig) -> str:
               f"ε={cfg.adversarial.eps}; {cfg.clean_epochs} clean + {cfg.adv_epochs} adversarial epochs; "
               f"seeds {cfg.seeds}. Attack success counts among test points correct before the attack."]
     return "\n".join(lines) + "\n"
+
+
+def write_report(cfg: PlasticityConfig, rows: list[dict[str, Any]], out: str | Path) -> dict[str, Path]:
+    """``results.csv`` / ``results.json`` (one row per run), ``results.md`` (Table 5.1 layout) and
+    ``plasticity.png`` (bars per model × phase) in `out`; returns the paths."""
+    out = Path(out)
+    md = "# Plasticity study (seed 004 §5.4, Table 5.1 layout)\n\n" + table_markdown(rows, cfg)
+    paths = write_table(out, "results", rows, markdown=md)
+    s = summarise(rows)
+    groups = [(m.name, p) for m in cfg.models for p in PHASES]
+    series = {title: ([s.get((g[0], g[1], key), (0.0, 0.0))[0] for g in groups],
+                      [s.get((g[0], g[1], key), (0.0, 0.0))[1] for g in groups])
+              for key, title in METRICS}
+    grouped_bars(out / "plasticity.png", [f"{n}\n{p}" for n, p in groups], series,
+                 "Plasticity study: before / after PGD training", "%", (0.0, 100.0))
+    return {**paths, "png": out / "plasticity.png"}

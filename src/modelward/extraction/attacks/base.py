@@ -29,6 +29,7 @@ from pydantic import Field
 from torch import nn
 
 from modelward.core.config import StrictModel
+from modelward.core.seed import seeded
 from modelward.errors import ModelwardError
 
 
@@ -126,8 +127,7 @@ class ExtractionResult:
 # --------------------------------------------------------------------------------------------------------------
 def seeded_model(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
     """Build a fresh model whose initialisation depends only on `seed` (global RNG state is restored)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         return factory()
 
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modelward.core.seed import seeded
 from modelward.extraction.attacks.base import (
     AttackError,
     AttackStrategy,
@@ -54,8 +55,7 @@ def train_restorer(perturbed: torch.Tensor, clean: torch.Tensor, epochs: int, ba
     c = clean.shape[1]
     if max_steps is not None:
         epochs = max(1, min(epochs, max_steps // max(1, -(-len(clean) // batch_size))))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         net = make_restorer(c, hidden)
     opt = torch.optim.SGD(net.parameters(), lr=1e-2, momentum=0.9, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=max(1, epochs // 2), gamma=0.5)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modelward.core.seed import seeded
 from modelward.extraction.attacks.base import (
     AttackError,
     AttackStrategy,
@@ -42,8 +43,7 @@ class S4L(AttackStrategy):
         if x.dim() != 4 or x.shape[-1] != x.shape[-2]:
             raise AttackError(f"s4l: needs square images (N, C, H, H), got shape {tuple(x.shape)}")
         lin = last_linear(model)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded(seed):
             head = nn.Linear(lin.in_features, 4)
         feats: list[torch.Tensor] = []
         hook = lin.register_forward_pre_hook(lambda _m, inp: feats.append(inp[0]))

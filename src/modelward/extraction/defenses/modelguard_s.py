@@ -102,7 +102,9 @@ class ModelGuardS(PredictionDefense):
     """Algorithm 1 with ℓ1 radius ``epsilon``; stateful (centroids), deterministic for repeated queries.
 
     Queries inside a batch are processed in arrival order, exactly as if sent one by one. ``defend_frozen`` answers
-    without adding centroids (the attacker's offline copy; an uncovered y is answered with itself). The state
+    without adding centroids (the attacker's offline copy, the official ``frozen`` quantizer: an uncovered y is
+    answered with the class's nearest centroid, possibly farther than ε, so the Partial Bayes attacker's
+    "drop entries above ε" filter removes it; an empty class answers y itself). The state
     (centroids in global insertion order with their classes) round-trips through :meth:`state_dict` /
     :meth:`load_state_dict` and :meth:`save` / :meth:`load` (safetensors).
     """
@@ -254,7 +256,10 @@ class ModelGuardS(PredictionDefense):
                     out[r] = cls.centroid(j)  # an existing centroid precedes anything this batch appends
                     continue
                 if frozen:
-                    out[r] = cls.centroid(j) if j >= 0 else ys[r]
+                    # the official frozen quantizer: the first centroid within ε, else the NEAREST centroid of the
+                    # class (whatever its distance; an empty class answers y itself). The attacker's table then
+                    # drops entries whose distortion exceeds ε (pbayes' max_distortion filter).
+                    out[r] = cls.centroid(j) if j >= 0 else self._nearest(cls, ys[r])
                     continue
                 # uncovered by the pre-batch centroids (or non-ordered: a newer centroid may be nearer):
                 # look at the centroids this batch has appended so far, then append if still uncovered
@@ -278,6 +283,19 @@ class ModelGuardS(PredictionDefense):
         if not frozen:
             self.queries_seen += b
         return torch.from_numpy(out)
+
+    @staticmethod
+    def _nearest(cls: _ClassCentroids, y: np.ndarray) -> np.ndarray:
+        """The class's ℓ1-nearest centroid (earliest on ties), or ``y`` when the class has none."""
+        if cls.n == 0:
+            return y
+        best, best_d = 0, np.inf
+        for s in range(0, cls.n, _EXACT_BLOCK * 16):
+            d = np.abs(cls.buf[s:min(cls.n, s + _EXACT_BLOCK * 16)] - y).sum(1)
+            j = int(d.argmin())
+            if d[j] < best_d:
+                best, best_d = s + j, float(d[j])
+        return cls.centroid(best)
 
     def _defend(self, y: Tensor, x: Tensor | None) -> Tensor:
         return self._run(y, frozen=False)

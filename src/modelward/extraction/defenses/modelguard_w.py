@@ -44,7 +44,10 @@ Two exact solvers:
   forms (y is sorted along both orders), so an evaluation has no Python loop over classes.
 
 Infeasible queries (only possible when y has no top-1 margin ≥ m and ε is too small to create one) are answered
-with y itself by both solvers. The LP is degenerate where many y_k ≈ 0 share the cost log(1e-6): the two solvers
+with y itself by both solvers. The margin m must be strictly positive (m = 0 would let the optimum tie the top
+class with another, so argmax could name a different label), and every answer is checked: a row whose top class
+is not strictly first after normalisation is answered with y unchanged, so ModelGuard-W never returns a tie at the
+top that y did not already have. The LP is degenerate where many y_k ≈ 0 share the cost log(1e-6): the two solvers
 then return different optimal ŷ with the same objective.
 """
 
@@ -386,8 +389,9 @@ class ModelGuardW(PredictionDefense):
             raise ConfigError(f"defense modelguard_w: epsilon must be in [0, 2] (ℓ1 on the simplex), got {epsilon!r}")
         if solver not in ("fast", "lp"):
             raise ConfigError(f"defense modelguard_w: solver must be 'fast' or 'lp', got {solver!r}")
-        if not 0.0 <= margin < 0.5:
-            raise ConfigError(f"defense modelguard_w: margin must be in [0, 0.5), got {margin!r}")
+        if not 0.0 < margin < 0.5:
+            raise ConfigError(f"defense modelguard_w: margin must be in (0, 0.5), got {margin!r}: with margin 0 the "
+                              "optimum ties the top class with another one (Eq. 9's strict top-1 constraint)")
         self.epsilon = float(epsilon)
         self.solver = solver
         self.margin = float(margin)
@@ -412,6 +416,16 @@ class ModelGuardW(PredictionDefense):
         # numpy: torch's intra-op threads make these two passes cost milliseconds on a busy CPU
         res = np.maximum(out, 0.0)
         res /= res.sum(1, keepdims=True)
+        # never a tie at the top: a row whose answer does not keep y's top class strictly first (rounding, or an
+        # infeasible LP) is answered with y unchanged
+        yn = y.numpy()
+        rows = np.arange(len(res))
+        t = yn.argmax(1)
+        others = res.copy()
+        others[rows, t] = -np.inf
+        bad = res[rows, t] <= others.max(1)
+        if bad.any():
+            res[bad] = yn[bad]
         return torch.from_numpy(res)
 
     def params(self) -> dict[str, float | int | str | bool | None]:

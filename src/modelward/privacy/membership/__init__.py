@@ -6,14 +6,13 @@ parameters are :class:`~modelward.errors.ConfigError` naming the valid choices).
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from typing import Any
 
-from modelward.errors import ConfigError
+from modelward.core.registry import Registry
 from modelward.privacy.membership.base import AttackData, MembershipAttack, MembershipResult
 
-ATTACKS: dict[str, str] = {
+ATTACKS = Registry("membership attack")
+for _name, _target in {
     "naive": "modelward.privacy.membership.naive:NaiveAttack",
     "loss": "modelward.privacy.membership.loss:LossAttack",
     "shadow": "modelward.privacy.membership.shadow:ShadowAttack",
@@ -22,27 +21,20 @@ ATTACKS: dict[str, str] = {
     "deep_wb": "modelward.privacy.membership.deep_wb:DeepWB",
     "lira": "modelward.privacy.membership.lira:LiRA",
     "rmia": "modelward.privacy.membership.rmia:RMIA",
-}
+}.items():
+    ATTACKS.add(_name, _target)
 # attacks whose fit needs a shadow pool / the training algorithm A
 NEEDS_SHADOWS = {"shadow", "lira", "rmia"}
 NEEDS_TRAINER = {"bayesian_wb", "nn_wb", "deep_wb"}
 
 
 def attack_class(name: str) -> type[MembershipAttack]:
-    if name not in ATTACKS:
-        raise ConfigError(f"unknown membership attack {name!r}; valid choices: {sorted(ATTACKS)}")
-    mod, attr = ATTACKS[name].split(":")
-    return getattr(importlib.import_module(mod), attr)
+    return ATTACKS.get(name)
 
 
 def make_attack(name: str, calibrate: float | None = None, **params: Any) -> MembershipAttack:
     """Build attack ``name`` with ``params``; ``calibrate=α`` wraps it in App. C's hold-out calibration."""
-    cls = attack_class(name)
-    valid = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        raise ConfigError(f"attack {name!r}: unknown parameter(s) {unknown}; valid: {valid or 'none'}")
-    attack = cls(**params)
+    attack = ATTACKS.create(name, **params)
     if calibrate is not None:
         from modelward.privacy.membership.calibration import Calibrated
 

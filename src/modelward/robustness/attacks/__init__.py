@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -42,6 +43,30 @@ def attack_params(name: str) -> list[str]:
     return [p for p in sig.parameters if p not in ("self", "model")]
 
 
+@dataclass(frozen=True)
+class ThreatModel:
+    """What an attack's result means: the norm of its perturbations and whether it searches an ε-ball."""
+
+    norm: str  # "linf" | "l2" | "l0"
+    takes_eps: bool
+
+
+def threat_model(name: str, params: dict[str, Any] | None = None) -> ThreatModel:
+    """The threat model of attack ``name`` built with ``params`` (its ``norm`` if it has one, else its own).
+
+    ε-ball attacks (FGSM, BIM, ILCM, PGD, transfer) take ε; minimum-norm attacks (C&W and L-BFGS in ℓ2, JSMA in ℓ0
+    with its own feature budget ``gamma``) do not, so an ε sweep must not treat them as ε-attacks.
+    """
+    cls = attack_class(name)
+    norm = cls.default_norm
+    if params and "norm" in params:
+        norm = params["norm"]
+        if "norm" not in attack_params(name) or norm not in cls.norms:
+            raise ConfigError(f"attack {name!r}: norm {norm!r} is not available; it attacks in "
+                              f"{', '.join(cls.norms)}")
+    return ThreatModel(str(norm), bool(cls.takes_eps))
+
+
 def make_attack(name: str, model: nn.Module, **params: Any) -> EvasionAttack:
     """Build attack ``name`` on ``model``; unknown parameters raise ConfigError naming the valid ones."""
     cls = attack_class(name)
@@ -54,5 +79,5 @@ def make_attack(name: str, model: nn.Module, **params: Any) -> EvasionAttack:
     return cls(model, **params)
 
 
-__all__ = ["ATTACK_NAMES", "AttackResult", "EvasionAttack", "attack_class", "attack_mode", "attack_params",
-           "make_attack", "predict"]
+__all__ = ["ATTACK_NAMES", "AttackResult", "EvasionAttack", "ThreatModel", "attack_class", "attack_mode",
+           "attack_params", "make_attack", "predict", "threat_model"]

@@ -85,10 +85,18 @@ class EvasionAttack:
 
     ``norm``/``eps`` describe the budget the final projection enforces (``norm="none"`` = unbounded attacks such as
     C&W and L-BFGS, which minimise the perturbation instead; ``"l0"`` = JSMA, which enforces its own pixel budget).
+    The class attributes ``takes_eps`` / ``default_norm`` / ``norms`` declare the threat model (see
+    :func:`modelward.robustness.attacks.threat_model`), so ε sweeps only compare attacks of the same norm.
     """
 
     name: ClassVar[str] = "attack"
     supports_targeted: ClassVar[bool] = True
+    # threat model: does the attack search inside an ε-ball (``takes_eps``), and in which norm — for norm-selectable
+    # attacks ``default_norm`` is the constructor's default and the instance's ``norm`` the one in use; minimum-norm
+    # attacks (C&W, L-BFGS: ℓ2; JSMA: ℓ0 with its own feature budget) take no ε and report the perturbation instead
+    takes_eps: ClassVar[bool] = True
+    default_norm: ClassVar[Norm] = "linf"
+    norms: ClassVar[tuple[Norm, ...]] = ("linf",)
 
     def __init__(self, model: nn.Module, eps: float | None = None, norm: Norm = "none",
                  clip: tuple[float, float] = (0.0, 1.0), targeted: bool = False, seed: int = 0,

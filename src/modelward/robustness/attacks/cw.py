@@ -17,11 +17,13 @@ from modelward.robustness.attacks.base import EvasionAttack
 
 class CarliniWagnerL2(EvasionAttack):
     name = "cw"
+    takes_eps = False  # a minimum-norm attack: it minimises ‖δ‖₂ instead of searching an ε-ball
+    default_norm = "l2"
+    norms = ("l2",)
 
     def __init__(self, model: nn.Module, c: float = 1.0, kappa: float = 0.0, steps: int = 100, lr: float = 0.01,
                  binary_steps: int = 6, clip: tuple[float, float] = (0.0, 1.0), targeted: bool = False,
-                 seed: int = 0, batch_size: int | None = None, eps: float | None = None) -> None:
-        # eps is accepted (and ignored) so that ε sweeps can pass it uniformly; C&W minimises the norm instead.
+                 seed: int = 0, batch_size: int | None = None) -> None:
         if c <= 0 or steps < 1 or binary_steps < 1 or lr <= 0:
             raise ConfigError("cw: need c > 0, lr > 0, steps >= 1 and binary_steps >= 1")
         super().__init__(model, None, "none", clip, targeted, seed, batch_size)

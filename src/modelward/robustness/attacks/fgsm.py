@@ -15,6 +15,7 @@ from modelward.robustness.attacks.base import EvasionAttack, Norm, l2_norms
 
 class FGSM(EvasionAttack):
     name = "fgsm"
+    norms = ("linf", "l2")
 
     def __init__(self, model: nn.Module, eps: float = 0.1, norm: Norm = "linf",
                  clip: tuple[float, float] = (0.0, 1.0), targeted: bool = False, seed: int = 0,

@@ -18,12 +18,13 @@ from modelward.robustness.attacks.base import EvasionAttack
 
 class JSMA(EvasionAttack):
     name = "jsma"
+    takes_eps = False  # its budget is gamma, a fraction of the features (ℓ0), never an ε-ball
+    default_norm = "l0"
+    norms = ("l0",)
 
     def __init__(self, model: nn.Module, gamma: float = 0.1, theta: float = 1.0,
                  clip: tuple[float, float] = (0.0, 1.0), targeted: bool = False, seed: int = 0,
-                 batch_size: int | None = None, eps: float | None = None) -> None:
-        # eps, when given (ε sweeps), is read as the L0 budget fraction, i.e. it replaces gamma.
-        gamma = eps if eps is not None else gamma
+                 batch_size: int | None = None) -> None:
         if not 0 < gamma <= 1:
             raise ConfigError(f"jsma: gamma (fraction of features to change) must be in (0, 1], got {gamma}")
         if theta == 0:

@@ -22,10 +22,13 @@ from modelward.robustness.attacks.base import EvasionAttack
 
 class LBFGS(EvasionAttack):
     name = "lbfgs"
+    takes_eps = False  # a minimum-norm attack: it minimises ‖δ‖₂ instead of searching an ε-ball
+    default_norm = "l2"
+    norms = ("l2",)
 
     def __init__(self, model: nn.Module, c: float = 0.1, binary_steps: int = 6, max_iter: int = 50,
                  clip: tuple[float, float] = (0.0, 1.0), targeted: bool = False, seed: int = 0,
-                 batch_size: int | None = None, eps: float | None = None) -> None:
+                 batch_size: int | None = None) -> None:
         if c <= 0 or binary_steps < 1 or max_iter < 1:
             raise ConfigError("lbfgs: need c > 0, binary_steps >= 1 and max_iter >= 1")
         super().__init__(model, None, "none", clip, targeted, seed, batch_size)

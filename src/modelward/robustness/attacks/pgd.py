@@ -2,8 +2,9 @@
 
 The thesis prints ``x^{n+1} = Π_ε(x^n + α ∇ℓ(f(x_i), y_i))`` with the gradient at the clean point and no sign;
 we implement Madry's form (digest §3): the gradient at the iterate, a sign step for L∞ (a normalised step for L2),
-projection onto the ε-ball and the input box after every step, optional uniform random start, and restarts that
-keep, per example, the first successful restart (else the last).
+projection onto the ε-ball and the input box after every step, an optional random start (L∞: uniform in the box
+[−ε, ε]^d; L2: a uniform direction at a radius uniform in [0, ε], as torchattacks), and restarts that keep, per
+example, the first successful restart (else the last).
 """
 
 from __future__ import annotations
@@ -17,13 +18,18 @@ from modelward.robustness.attacks.base import EvasionAttack, Norm, l2_norms, pre
 
 class PGD(EvasionAttack):
     name = "pgd"
+    norms = ("linf", "l2")
 
     def __init__(self, model: nn.Module, eps: float = 0.1, alpha: float | None = None, steps: int = 10,
                  norm: Norm = "linf", random_start: bool = True, restarts: int = 1,
                  clip: tuple[float, float] = (0.0, 1.0), targeted: bool = False, seed: int = 0,
-                 batch_size: int | None = None) -> None:
+                 batch_size: int | None = None, start_radius: str = "uniform") -> None:
         if norm not in ("linf", "l2"):
             raise ConfigError(f"pgd: norm must be 'linf' or 'l2', got {norm!r}")
+        if start_radius not in ("uniform", "volume"):
+            raise ConfigError(f"pgd: start_radius must be 'uniform' (radius ~ U(0, ε), torchattacks) or 'volume' "
+                              f"(uniform in the ball's volume), got {start_radius!r}")
+        self.start_radius = start_radius
         if steps < 1 or restarts < 1:
             raise ConfigError(f"pgd: steps and restarts must be >= 1, got steps={steps}, restarts={restarts}")
         super().__init__(model, eps, norm, clip, targeted, seed, batch_size)
@@ -40,11 +46,16 @@ class PGD(EvasionAttack):
         if self.norm == "linf":
             noise = torch.rand(x.shape, generator=gen, device=x.device, dtype=x.dtype).mul_(2 * eps).sub_(eps)
             return (x + noise).clamp_(*self.clip)
-        # uniform in the L2 ball: Gaussian direction, radius eps * U^(1/d)
-        d = x[0].numel()
+        # a uniformly random direction (normalised Gaussian) at radius ε·U, U ~ U(0, 1) (torchattacks' PGDL2):
+        # the start covers the ball from its centre to its surface. (Uniform in the ball's *volume*,
+        # start_radius="volume", puts the radius at ε·U^(1/d): in d = 64 dimensions 95% of the starts lie within
+        # 5% of the sphere, and 20-step PGD-L2 was 4–8 points weaker than torchattacks on digits.)
         direction = torch.randn(x.shape, generator=gen, device=x.device, dtype=x.dtype)
         direction /= l2_norms(direction).clamp_min(1e-12)
-        r = torch.rand(len(x), generator=gen, device=x.device, dtype=x.dtype).pow_(1.0 / d) * eps
+        r = torch.rand(len(x), generator=gen, device=x.device, dtype=x.dtype)
+        if self.start_radius == "volume":
+            r = r.pow_(1.0 / x[0].numel())
+        r = r * eps
         return project_l2(x + direction * r.view(-1, *([1] * (x.dim() - 1))), x, eps, self.clip)
 
     def _run(self, x: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None,

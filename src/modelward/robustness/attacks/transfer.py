@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from modelward.core.seed import seeded
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.robustness.attacks.base import EvasionAttack, Norm, attack_mode, predict
@@ -20,6 +21,7 @@ from modelward.robustness.attacks.base import EvasionAttack, Norm, attack_mode, 
 
 class TransferAttack(EvasionAttack):
     name = "transfer"
+    norms = ("linf", "l2")
 
     def __init__(self, model: nn.Module, eps: float = 0.1, norm: Norm = "linf", proxy: nn.Module | None = None,
                  proxy_arch: str = "mlp", proxy_hidden: list[int] | None = None, proxy_steps: int = 600,
@@ -43,11 +45,12 @@ class TransferAttack(EvasionAttack):
         num_classes = int(self.model(x_query[:1]).shape[1]) if len(x_query) else 2
         if self.proxy is None:
             cfg = ModelConfig(arch=self.proxy_arch, hidden=self.proxy_hidden)  # type: ignore[arg-type]
-            self.proxy = build_model(cfg, tuple(x_query.shape[1:]), num_classes)
+            with seeded(self.seed):  # the base class's contract: the attack's randomness depends on seed only
+                self.proxy = build_model(cfg, tuple(x_query.shape[1:]), num_classes)
         tcfg = TrainConfig(optimizer="adam", lr=1e-3, weight_decay=0.0, steps=self.proxy_steps,
                            batch_size=min(64, len(x_query)), eval_every=self.proxy_steps)
-        torch.manual_seed(self.seed)
-        train(self.proxy, x_query, labels, x_query, labels, tcfg, self.seed)
+        with seeded(self.seed):  # ... and leaves the caller's global RNG untouched
+            train(self.proxy, x_query, labels, x_query, labels, tcfg, self.seed)
         self._fitted = True
         return self.proxy
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modelward.core.seed import seeded
 from modelward.core.train import TrainConfig, batch_order, make_optimizer
 from modelward.errors import ConfigError
 
@@ -55,12 +56,12 @@ def defensive_distillation(build: Callable[[], nn.Module], x: torch.Tensor, y: t
     """Train teacher and student at temperature T; the returned student is used at T = 1."""
     if temperature <= 0:
         raise ConfigError(f"distillation: temperature must be > 0, got {temperature}")
-    torch.manual_seed(seed)
-    teacher = build()
-    t_loss = train_at_temperature(teacher, x, y, cfg, temperature, seed)
+    with seeded(seed):  # build() draws the initial weights from the global RNG
+        teacher = build()
+        t_loss = train_at_temperature(teacher, x, y, cfg, temperature, seed)
     with torch.no_grad():
         soft = F.softmax(teacher(x) / temperature, dim=1)
-    torch.manual_seed(seed + 1)
-    student = build()
-    s_loss = train_at_temperature(student, x, soft, cfg, temperature, seed + 1)
+    with seeded(seed + 1):
+        student = build()
+        s_loss = train_at_temperature(student, x, soft, cfg, temperature, seed + 1)
     return DistillationResult(teacher, student, temperature, t_loss, s_loss)

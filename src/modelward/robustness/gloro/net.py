@@ -9,11 +9,21 @@ A :class:`GloroNet` wraps an ``nn.Sequential`` logit model ``f`` whose last laye
 If ``argmax f̄ ≠ ⊥`` then F is ε-locally-robust at x (Theorem A.1). In training mode the bound is recomputed every
 step from the persistent power iterates (``num_iterations`` per step); :meth:`GloroNet.freeze` computes the
 certified float64 bound once and inference reuses it, so certification costs one forward pass.
+
+A certificate never rests on a stale or low bound: the frozen bound is keyed on the model's *contents* — a copy of
+every parameter and buffer and the identity of every layer taken at :meth:`~GloroNet.freeze` — so edits through
+``.data`` (which bump no version counter) and swapped layers invalidate it, and a swapped layer also rebuilds the
+per-layer bounds. An eval-mode forward without a valid frozen bound freezes first (a sound upper bound), instead of
+using the power iterates, which estimate the norms from below.
+
+RTK / affinity ⊥ logit: ``g_⊥ = max_i f_i − m(x)`` with the gradient flowing through both terms
+(``bottom_gradient="full"``, the reference gloro library's later code); the thesis' footnote variant
+``stop_gradient(max_i f_i) − m(x)`` (``bottom_gradient="stop"``) is kept for comparison but does not train:
+with the top logit frozen, lowering every logit is free and the loss saturates (VRA 0 on digits, docs/robustness.md).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -24,6 +34,7 @@ from torch import nn
 from modelward.robustness.gloro.lipschitz import GloroError, LayerNorm, LipschitzBound
 
 Variant = Literal["margin", "basic"]
+BottomGradient = Literal["full", "stop"]
 
 
 @dataclass(frozen=True)
@@ -65,12 +76,15 @@ class GloroNet(nn.Module):
             raise GloroError(f"variant {variant!r}: valid choices are 'margin', 'basic'")
         self.f = model
         self.input_shape = tuple(input_shape)
+        self._seed = seed
         self.sub = LipschitzBound(children[:-1], self.input_shape, seed)
         self.epsilon = float(epsilon)
         self.num_iterations = int(num_iterations)
         self.variant = variant
         self.register_buffer("frozen_K", torch.zeros(0), persistent=False)
-        self._frozen_versions: tuple[int, ...] = ()
+        self._frozen_snapshot: list[torch.Tensor] = []
+        self._frozen_structure: tuple = ()
+        self._sub_structure = self._structure()
 
     @property
     def last(self) -> nn.Linear:
@@ -91,44 +105,69 @@ class GloroNet(nn.Module):
         # +eye keeps sqrt differentiable on the (masked) diagonal
         return lsub * torch.sqrt(sq + eye) * (1 - eye)
 
+    def _structure(self) -> tuple:
+        """Which module objects make up the model (a swapped layer changes it), with their tensors' shapes."""
+        return tuple((name, id(m), type(m)) for name, m in self.f.named_modules()) + tuple(
+            (name, id(t), tuple(t.shape)) for name, t in self._tensors())
+
+    def _tensors(self) -> list[tuple[str, torch.Tensor]]:
+        return list(self.f.named_parameters()) + list(self.f.named_buffers())
+
+    def _sync_bound(self) -> None:
+        """Rebuild the per-layer bounds if a layer was swapped since they were built (they hold the old layers)."""
+        structure = self._structure()
+        if structure == self._sub_structure:
+            return
+        children = list(self.f.named_children())
+        if not children or not isinstance(children[-1][1], nn.Linear):
+            raise GloroError("GloRo needs the last layer to be nn.Linear (the margin bound uses its rows)")
+        ref = next(iter(self.f.parameters()), None)
+        sub = LipschitzBound(children[:-1], self.input_shape, self._seed)
+        self.sub = sub.to(ref.device) if ref is not None else sub
+        self._sub_structure = structure
+
     def margin_lipschitz(self, n_iter: int = 0) -> torch.Tensor:
         """(m, m) matrix K*_ij from the stored iterates (after ``n_iter`` more power iterations); differentiable."""
+        self._sync_bound()
         return self._pairwise(self.sub(n_iter), self.last.weight)
-
-    def _versions(self) -> tuple[int, ...]:
-        # in-place updates (optimizer steps, load_state_dict) bump a tensor's version counter
-        return tuple(t._version for t in itertools.chain(self.f.parameters(), self.f.buffers()))
 
     @property
     def frozen(self) -> bool:
-        """True while a frozen bound exists and no parameter/buffer of the model changed since :meth:`freeze`."""
-        return self.frozen_K.numel() > 0 and self._frozen_versions == self._versions()
+        """True while a frozen bound exists and the model is the one it was computed for: same layers, and every
+        parameter/buffer equal to its value at :meth:`freeze` (a content check, so ``.data`` edits count)."""
+        if self.frozen_K.numel() == 0 or self._frozen_structure != self._structure():
+            return False
+        return all(t.device == snap.device and torch.equal(t.detach(), snap)
+                   for (_, t), snap in zip(self._tensors(), self._frozen_snapshot, strict=True))
 
     def freeze(self, tol: float = 1e-9, max_iter: int = 5000, exact_limit: int = 4_000_000) -> FreezeReport:
-        """Converge every operator norm (float64; exact SVD where affordable) and fix K* for inference."""
+        """Certified float64 bound (exact SVD where affordable, else a proven upper bound) fixed for inference."""
+        self._sync_bound()
         lsub, layers = self.sub.certified(tol, max_iter, exact_limit)
         with torch.no_grad():
             k64 = self._pairwise(torch.tensor(lsub, dtype=torch.float64), self.last.weight.detach().double())
-            self.frozen_K = _round_up_float32(k64)
-        self._frozen_versions = self._versions()
+            self.frozen_K = _round_up_float32(k64).to(self.last.weight.device)
+        self._frozen_snapshot = [t.detach().clone() for _, t in self._tensors()]
+        self._frozen_structure = self._structure()
         return FreezeReport(lsub, float(k64.max()), tuple(layers))
 
     def unfreeze(self) -> None:
         self.frozen_K = torch.zeros(0, device=self.frozen_K.device)
+        self._frozen_snapshot, self._frozen_structure = [], ()
 
     def lipschitz_constant(self) -> torch.Tensor:
-        """The K* in use: the frozen one if frozen, else from the current iterates (no further iterations)."""
-        if self.frozen:
-            return self.frozen_K
-        with torch.no_grad():
-            return self.margin_lipschitz(0)
+        """The certified K* (frozen; freezes first if the frozen bound is missing or stale)."""
+        if not self.frozen:
+            self.freeze()
+        return self.frozen_K
 
     def _current_K(self) -> torch.Tensor:
         if self.training:
             return self.margin_lipschitz(self.num_iterations)
-        if self.frozen:
-            return self.frozen_K
-        return self.margin_lipschitz(0)
+        # evaluation: only a certified bound (the power iterates are lower estimates of the norms)
+        if not self.frozen:
+            self.freeze()
+        return self.frozen_K
 
     # -- outputs ----------------------------------------------------------------------------------------------
     def bottom(self, logits: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
@@ -167,26 +206,41 @@ def _margins_by_k(logits: torch.Tensor, K: torch.Tensor, eps: float, k_max: int)
     return torch.stack(out, dim=1)
 
 
+def _check_bottom_gradient(value: str) -> str:
+    if value not in ("full", "stop"):
+        raise GloroError(f"bottom_gradient {value!r}: valid choices are 'full' (reference library, trains) and "
+                         "'stop' (thesis footnote, does not train)")
+    return value
+
+
+def _relaxed_bottom(logits: torch.Tensor, margins: torch.Tensor, gradient: str) -> torch.Tensor:
+    """g_⊥ = max_i f_i − max_k m^k (Eq. 7.1 / 7.3); ``gradient="stop"`` detaches max f (thesis footnote)."""
+    top = logits.max(1).values
+    return (top.detach() if gradient == "stop" else top) - margins.max(1).values
+
+
 class RtkGloroNet(GloroNet):
     """Relaxed top-K GloRo net (Algorithm 7.1, Eq. 7.1): ⊥ unless some top-k set, k ≤ K, is certified.
 
-    ``g_⊥ = stop_gradient(max_i f_i) − m(x)``, m(x) = max_k m^k(x) (footnote 2 of ch. 7). ``k`` is capped at
-    m − 1: the set of all classes is trivially invariant and certifies nothing.
+    ``g_⊥ = max_i f_i − m(x)``, m(x) = max_k m^k(x). ``bottom_gradient="full"`` (default, the reference gloro
+    library's later code) lets the gradient flow through max f; ``"stop"`` is the thesis' footnote 2 of ch. 7,
+    ``stop_gradient(max_i f_i) − m(x)``, which is unstable: the loss saturates and VRA stays 0 (docs). ``k`` is
+    capped at m − 1: the set of all classes is trivially invariant and certifies nothing.
     """
 
     def __init__(self, model: nn.Module, input_shape: Sequence[int], epsilon: float, k: int, num_iterations: int = 5,
-                 variant: Variant = "margin", seed: int = 0) -> None:
+                 variant: Variant = "margin", seed: int = 0, bottom_gradient: BottomGradient = "full") -> None:
         super().__init__(model, input_shape, epsilon, num_iterations, variant, seed)
         if k < 1:
             raise GloroError(f"rtk k must be >= 1, got {k}")
         self.k = min(int(k), self.num_classes - 1)
+        self.bottom_gradient = _check_bottom_gradient(bottom_gradient)
 
     def top_k_margins(self, logits: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
         return _margins_by_k(logits, K, self.epsilon, self.k)
 
     def bottom(self, logits: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
-        m = self.top_k_margins(logits, K).max(1).values
-        return logits.max(1).values.detach() - m
+        return _relaxed_bottom(logits, self.top_k_margins(logits, K), self.bottom_gradient)
 
 
 class AffinityGloroNet(GloroNet):
@@ -197,8 +251,9 @@ class AffinityGloroNet(GloroNet):
 
     def __init__(self, model: nn.Module, input_shape: Sequence[int], epsilon: float,
                  affinity_sets: Sequence[Sequence[int]], num_iterations: int = 5, variant: Variant = "margin",
-                 seed: int = 0) -> None:
+                 seed: int = 0, bottom_gradient: BottomGradient = "full") -> None:
         super().__init__(model, input_shape, epsilon, num_iterations, variant, seed)
+        self.bottom_gradient = _check_bottom_gradient(bottom_gradient)
         m = self.num_classes
         if not affinity_sets:
             raise GloroError("affinity_sets: need at least one set of class indices, e.g. [[0], [1, 7], [3, 5, 8]]")
@@ -225,5 +280,4 @@ class AffinityGloroNet(GloroNet):
         return mk.masked_fill(~torch.stack(valid, 1), float("-inf"))
 
     def bottom(self, logits: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
-        m = self.top_k_margins(logits, K).max(1).values
-        return logits.max(1).values.detach() - m
+        return _relaxed_bottom(logits, self.top_k_margins(logits, K), self.bottom_gradient)

@@ -1,15 +1,20 @@
-"""Config-driven robust training / certification / attack evaluation behind ``modelward robust ...``.
+"""The ``modelward robust`` pipeline: config-driven robust training, GloRo certification and attack evaluation.
 
 One TOML file (:class:`RobustConfig`) names the data, the architecture (App. A.4 notation), the training mode —
 ``standard`` | ``pgd`` | ``trades`` (adversarial training, :mod:`modelward.robustness.training`) | ``gloro`` |
-``rtk`` | ``affinity`` — and the evaluation (ε list, attacks). Trained models are safetensors files whose metadata
-carries the config, so ``certify`` / ``attack`` rebuild the exact architecture from the file alone.
+``rtk`` | ``affinity`` (:mod:`modelward.robustness.gloro`) — and the evaluation (ε list, attacks). Trained models
+are safetensors files whose metadata carries the config, so ``certify`` / ``attack`` rebuild the exact
+architecture from the file alone.
+
+The three jobs write their own reports into a run directory (the CLI only parses and prints):
+:func:`train_experiment` (``model.safetensors``, ``metrics.json``, ``history.{csv,md,json}``),
+:func:`certify_experiment` (``certify.{csv,md,json,png}``, ``lipschitz.json``) and :func:`attack_experiment`
+(``attack.{csv,md,json,png}``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +26,9 @@ from torch import nn
 from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig, DataSplit
 from modelward.core.io import load_state_dict, optimizer_from_tensors, optimizer_to_tensors, save_state_dict
+from modelward.core.progress import ProgressSink, as_sink
+from modelward.core.records import atomic_write_json, write_table
+from modelward.core.seed import seeded
 from modelward.core.train import TrainConfig
 from modelward.errors import ConfigError, DataError
 from modelward.robustness.gloro.certify import certify
@@ -42,6 +50,9 @@ class GloroModelConfig(StrictModel):
 class RobustTrainConfig(GloroTrainConfig):
     mode: Mode = "gloro"
     rtk_k: int = Field(2, ge=1)  # mode = rtk
+    # rtk / affinity ⊥ logit: "full" = gradient through max f (reference library, trains); "stop" = the thesis'
+    # footnote stop_gradient(max f) − m(x), which does not train (kept for comparison, docs/robustness.md)
+    bottom_gradient: Literal["full", "stop"] = "full"
     affinity_sets: list[list[int]] = Field(default_factory=list)  # mode = affinity
     adversarial: AdversarialConfig = Field(default_factory=lambda: AdversarialConfig(eps=0.3, norm="l2"))
     checkpoint_every: int = Field(10, ge=1)  # epochs (gloro/standard modes resume from the last checkpoint)
@@ -55,12 +66,13 @@ class RobustTrainConfig(GloroTrainConfig):
 
 class AttackSpec(StrictModel):
     name: str = "pgd"
-    params: dict[str, Any] = Field(default_factory=lambda: {"norm": "l2", "steps": 40, "restarts": 1})
+    params: dict[str, Any] = Field(default_factory=dict)  # empty: the attack's own defaults (norm: evaluate.norm)
 
 
 class EvalConfig(StrictModel):
     epsilons: list[float] = Field(default_factory=lambda: [0.1, 0.3, 0.5])
-    attacks: list[AttackSpec] = Field(default_factory=lambda: [AttackSpec()])
+    norm: Literal["l2", "linf"] = "l2"  # the sweep's threat model (GloRo certifies ℓ2); every attack must match it
+    attacks: list[AttackSpec] = Field(default_factory=lambda: [AttackSpec(params={"steps": 40})])
     max_points: int | None = Field(None, ge=1)  # evaluate on the first N test points only
     batch_size: int = Field(1024, ge=1)
 
@@ -84,9 +96,10 @@ def build_net(model: nn.Sequential, input_shape: tuple[int, ...], train: RobustT
     """The GloRo wrapper for the training mode (rtk / affinity relaxations, plain GloRo otherwise)."""
     kw = {"num_iterations": train.power_iterations, "seed": seed}
     if train.mode == "rtk":
-        return RtkGloroNet(model, input_shape, epsilon, train.rtk_k, **kw)
+        return RtkGloroNet(model, input_shape, epsilon, train.rtk_k, bottom_gradient=train.bottom_gradient, **kw)
     if train.mode == "affinity":
-        return AffinityGloroNet(model, input_shape, epsilon, train.affinity_sets, **kw)
+        return AffinityGloroNet(model, input_shape, epsilon, train.affinity_sets,
+                                bottom_gradient=train.bottom_gradient, **kw)
     return GloroNet(model, input_shape, epsilon, **kw)
 
 
@@ -98,10 +111,24 @@ class TrainOutcome:
     seconds: float
 
 
-def train_robust(cfg: RobustConfig, data: DataSplit, out: Path,
-                 on_progress: Callable[[int, int, str], None] | None = None) -> TrainOutcome:
-    """Train per ``cfg.train.mode``; checkpoints to ``out/checkpoint.safetensors`` and resumes from it."""
-    torch.manual_seed(cfg.seed)
+def train_robust(cfg: RobustConfig, data: DataSplit, out: Path, progress: ProgressSink | None = None) -> TrainOutcome:
+    """Train per ``cfg.train.mode``; checkpoints to ``out/checkpoint.safetensors`` and resumes from it.
+
+    Epochs are reported to `progress` under the key ``"train"``.
+    """
+    with seeded(cfg.seed):  # the layers' default initialisation and dropout draw from the global RNG
+        return _train_robust(cfg, data, Path(out), as_sink(progress))
+
+
+def _train_robust(cfg: RobustConfig, data: DataSplit, out: Path, sink: ProgressSink) -> TrainOutcome:
+    t = cfg.train
+    sink.start("train", t.epochs, f"train ({t.mode})")
+    shown = [0]
+
+    def on_progress(done: int, total: int, info: str) -> None:
+        sink.advance("train", done - shown[0], info)
+        shown[0] = done
+
     model = build_gloro_model(cfg.model.arch, data.input_shape, data.num_classes, cfg.model.activation,
                               cfg.model.init, cfg.seed)
     t = cfg.train
@@ -117,11 +144,12 @@ def train_robust(cfg: RobustConfig, data: DataSplit, out: Path,
         fn = pgd_adversarial_training if t.mode == "pgd" else trades_training
 
         def on_step(step: int, loss: float) -> None:
-            if on_progress and step % per_epoch == 0:
+            if step % per_epoch == 0:
                 on_progress(step // per_epoch, t.epochs, f"loss {loss:.3f}")
 
         res = fn(model, data.x_train, data.y_train, tc, t.adversarial, seed=cfg.seed, on_step=on_step)
         history = [{"epoch": s / per_epoch, "loss": v} for s, v in res.train_loss]
+        sink.done("train")
         return TrainOutcome(model, net, history, res.seconds)
 
     gcfg = GloroTrainConfig(**{k: getattr(t, k) for k in GloroTrainConfig.model_fields})
@@ -146,11 +174,11 @@ def train_robust(cfg: RobustConfig, data: DataSplit, out: Path,
             otensors, skel = optimizer_to_tensors(opt)
             tensors = {f"net.{k}": v for k, v in net.state_dict().items()} | otensors
             save_state_dict(ckpt, tensors, {"config": fingerprint, "optimizer": skel, "epoch": e, "history": history})
-        if on_progress:
-            on_progress(e, t.epochs, f"loss {row['loss']:.3f} ε {row['epsilon']:.3f}")
+        on_progress(e, t.epochs, f"loss {row['loss']:.3f} ε {row['epsilon']:.3f}")
 
     res = train_gloro(net, data.x_train, data.y_train, gcfg, cfg.seed, on_epoch, start_epoch=start, optimizer=opt)
     net.epsilon = t.epsilon
+    sink.done("train")
     return TrainOutcome(model, net, history, res.seconds)
 
 
@@ -205,24 +233,119 @@ def certify_table(net: GloroNet, x: torch.Tensor, y: torch.Tensor, epsilons: lis
     return rows, report.to_dict()
 
 
+def check_attacks(attacks: list[AttackSpec], norm: str) -> list[dict[str, Any]]:
+    """Validate every attack before any runs (names, parameters, threat model against the sweep's ``norm``);
+    returns each one's parameters for the sweep. ConfigError names the attack (``evaluate.attacks[i]``)."""
+    from modelward.robustness.attacks import attack_params
+    from modelward.robustness.metrics import prepare_params
+
+    out = []
+    for i, spec in enumerate(attacks):
+        try:
+            params, _ = prepare_params(spec.name, spec.params, norm)
+            bad = sorted(set(params) - set(attack_params(spec.name)) - {"seed"})
+            if bad:
+                raise ConfigError(f"unknown parameter(s) {bad}; valid: {', '.join(attack_params(spec.name))}")
+        except ConfigError as e:
+            raise ConfigError(f"evaluate.attacks[{i}] ({spec.name}): {e}") from None
+        out.append(params)
+    return out
+
+
 def attack_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epsilons: list[float],
                  attacks: list[AttackSpec], seed: int = 0,
-                 on_done: Callable[[str, float], None] | None = None) -> list[dict[str, Any]]:
-    """Robust accuracy per attack and ε (part A's :func:`modelward.robustness.metrics.robust_accuracy`)."""
+                 progress: ProgressSink | None = None, norm: str = "l2") -> list[dict[str, Any]]:
+    """Robust accuracy per attack and ε in one threat model (``norm``; part A's
+    :func:`modelward.robustness.metrics.robust_accuracy`). Every attack is checked before the first one runs;
+    minimum-norm ℓ2 attacks (C&W, L-BFGS) count a point as broken at ε when ‖δ‖₂ ≤ ε (``threat`` column).
+    One progress unit per (attack, ε) under the key ``"attacks"``."""
+    from modelward.robustness.attacks import threat_model
     from modelward.robustness.metrics import robust_accuracy
 
+    checked = check_attacks(attacks, norm)
+    sink = as_sink(progress)
+    sink.start("attacks", len(epsilons) * len(attacks), "attacks")
     rows: list[dict[str, Any]] = []
-    for spec in attacks:
-        params = dict(spec.params)
+    for spec, params in zip(attacks, checked, strict=True):
+        params = dict(params)
         params.setdefault("seed", seed)
-        for eps in epsilons:
-            pt = robust_accuracy(model, x, y, spec.name, [eps], params)[0]
-            rows.append({"attack": spec.name, **pt.as_dict()})
-            if on_done:
-                on_done(spec.name, eps)
+        tm = threat_model(spec.name, params)
+        threat = f"{norm} ball" if tm.takes_eps else f"{norm} min-norm, ‖δ‖ ≤ ε"
+        pts = robust_accuracy(model, x, y, spec.name, epsilons, params, norm=norm)
+        for pt in pts:
+            rows.append({"attack": spec.name, "threat": threat, **pt.as_dict()})
+            sink.advance("attacks", 1, f"{spec.name} ε={pt.eps}")
+    sink.done("attacks")
     return rows
 
 
-__all__ = ["AttackSpec", "EvalConfig", "GloroModelConfig", "RobustConfig", "RobustTrainConfig", "attack_table",
-           "build_net", "certify_table", "check_shapes", "eval_points", "load_model", "save_model",
-           "train_robust"]
+# -- the three jobs, each writing its report --------------------------------------------------------------------
+def train_experiment(cfg: RobustConfig, out: str | Path, progress: ProgressSink | None = None,
+                     data: DataSplit | None = None) -> dict[str, Any]:
+    """Train (resuming from ``out/checkpoint.safetensors``), save ``out/model.safetensors`` and write
+    ``metrics.json`` (clean accuracy and VRA at ε_train, Lipschitz constants, seconds) and ``history.*``.
+
+    Returns the metrics dict.
+    """
+    from modelward.core.data import load_data
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = data or load_data(cfg.data)
+    outcome = train_robust(cfg, data, out, progress)
+    save_model(out / "model.safetensors", outcome, cfg, data.input_shape, data.num_classes)
+    rows, bound = certify_table(outcome.net, data.x_test, data.y_test, [cfg.train.epsilon])
+    metrics = {"mode": cfg.train.mode, "seconds": outcome.seconds, "epsilon": cfg.train.epsilon, **rows[0],
+               "lipschitz_sub": bound["lipschitz_sub"], "max_margin_lipschitz": bound["max_margin_lipschitz"]}
+    atomic_write_json(out / "metrics.json", metrics)
+    if outcome.history:
+        write_table(out, "history", outcome.history, title="training history")
+    return metrics
+
+
+def certify_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: torch.Tensor, out: str | Path,
+                       attacks: bool = True, progress: ProgressSink | None = None) -> list[dict[str, Any]]:
+    """Clean accuracy, VRA and rejection per ε (plus robust accuracy under ``cfg.evaluate.attacks`` when
+    `attacks`); writes ``certify.{csv,md,json,png}`` and ``lipschitz.json``. Returns the rows."""
+    from modelward.core.plots import line_plot
+
+    out = Path(out)
+    eps = cfg.evaluate.epsilons
+    rows, bound = certify_table(net, x, y, eps, cfg.evaluate.batch_size)
+    if attacks and cfg.evaluate.attacks:
+        arows = attack_table(net.f, x, y, eps, cfg.evaluate.attacks, cfg.seed, progress, norm=cfg.evaluate.norm)
+        for r in rows:
+            for a in arows:
+                if a["eps"] == r["epsilon"]:
+                    r[f"robust_accuracy_{a['attack']}"] = a["robust_accuracy"]
+    write_table(out, "certify", rows, title=f"GloRo certification ({len(y)} test points)")
+    atomic_write_json(out / "lipschitz.json", bound)
+    series = {"VRA (certified)": (eps, [r["vra"] for r in rows]),
+              "clean accuracy": (eps, [r["clean_accuracy"] for r in rows])}
+    for key in rows[0]:
+        if key.startswith("robust_accuracy_"):
+            series[key.replace("robust_accuracy_", "robust acc. ")] = (eps, [r[key] for r in rows])
+    line_plot(out / "certify.png", series, "Certified (VRA) and empirical robustness",
+              f"ε ({cfg.evaluate.norm})", "accuracy")
+    return rows
+
+
+def attack_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: torch.Tensor, out: str | Path,
+                      progress: ProgressSink | None = None) -> list[dict[str, Any]]:
+    """Robust accuracy per ε for each attack of ``cfg.evaluate.attacks``; writes ``attack.{csv,md,json,png}``.
+    Returns the rows."""
+    from modelward.core.plots import line_plot
+
+    out = Path(out)
+    eps = cfg.evaluate.epsilons
+    rows = attack_table(net.f, x, y, eps, cfg.evaluate.attacks, cfg.seed, progress, norm=cfg.evaluate.norm)
+    write_table(out, "attack", rows, title=f"Robust accuracy ({len(y)} test points)")
+    series = {a.name: (eps, [r["robust_accuracy"] for r in rows if r["attack"] == a.name])
+              for a in cfg.evaluate.attacks}
+    line_plot(out / "attack.png", series, "Robust accuracy vs ε", f"ε ({cfg.evaluate.norm})", "robust accuracy")
+    return rows
+
+
+__all__ = ["AttackSpec", "EvalConfig", "GloroModelConfig", "RobustConfig", "RobustTrainConfig", "attack_experiment",
+           "attack_table", "build_net", "certify_experiment", "check_attacks", "certify_table", "check_shapes", "eval_points",
+           "load_model", "save_model", "train_experiment", "train_robust"]

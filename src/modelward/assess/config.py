@@ -1,0 +1,82 @@
+"""What `modelward assess` reads: the model, its data, the training recipe, a profile and optional split.
+
+A model is given as a safetensors checkpoint written by ``modelward train`` (its metadata carries ``[model]`` and
+``[data]``, so ``checkpoint = "model.safetensors"`` alone is enough), by ``modelward robust train`` (a GloRo net:
+certified accuracy is then reported), or by ``[model] arch = "entrypoint"`` (a factory of yours, with or without
+a checkpoint).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from modelward.core.config import StrictModel
+from modelward.core.data import DataConfig
+from modelward.core.train import TrainConfig
+from modelward.core.zoo import ModelConfig
+
+Profile = Literal["quick", "standard", "thorough"]
+SectionName = Literal["robustness", "privacy", "extraction", "completion", "explanations"]
+SECTIONS: tuple[SectionName, ...] = ("robustness", "privacy", "extraction", "completion", "explanations")
+
+
+class SplitConfig(StrictModel):
+    """The parts a split would hand to each party, e.g. ``alice = ["conv1"]``, ``bob = ["conv2", "fc1", "logits"]``
+    (names, globs and ``a+b`` unions as ``modelward parts`` prints them)."""
+
+    parties: dict[str, list[str]] = Field(min_length=2)
+
+    @field_validator("parties")
+    @classmethod
+    def _non_empty(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        empty = [p for p, parts in v.items() if not parts]
+        if empty:
+            raise ValueError(f"party/parties {empty} hold no part; give each party at least one part name")
+        return v
+
+
+class ExtractionOptions(StrictModel):
+    budget: int | None = Field(None, ge=10)  # queries; None = the profile's
+    epsilon: float = Field(1.0, gt=0.0, le=2.0)  # ℓ1 budget of ModelGuard-S/-W (the service's configured value)
+
+
+class RobustnessOptions(StrictModel):
+    linf_eps: list[float] | None = None  # None = the profile's (for inputs in [0, 1])
+    l2_eps: list[float] | None = None
+
+
+class AssessConfig(StrictModel):
+    """A `modelward assess` file (see examples/assess_digits.toml)."""
+
+    name: str = "model"
+    checkpoint: str | None = None
+    model: ModelConfig | None = None  # None: from the checkpoint's metadata
+    data: DataConfig | None = None  # None: from the checkpoint's metadata, else digits
+    train: TrainConfig = Field(default_factory=TrainConfig)  # recipe for shadow models and completion originals
+    profile: Profile = "quick"
+    seed: int = 0
+    device: str = "cpu"
+    sections: list[SectionName] = Field(default_factory=lambda: list(SECTIONS))
+    split: SplitConfig | None = None
+    extraction: ExtractionOptions = Field(default_factory=ExtractionOptions)
+    robustness: RobustnessOptions = Field(default_factory=RobustnessOptions)
+
+    @model_validator(mode="after")
+    def _needs_a_model(self) -> AssessConfig:
+        if self.checkpoint is None and (self.model is None or self.model.arch != "entrypoint"):
+            raise ValueError("give the model to assess: checkpoint = \"model.safetensors\" (from `modelward train` or "
+                             "`modelward robust train`), or [model] arch = \"entrypoint\" with entrypoint = "
+                             "\"package.module:factory\"")
+        if len(set(self.sections)) != len(self.sections):
+            raise ValueError(f"sections must be distinct, got {self.sections}")
+        return self
+
+    def resolve_paths(self, base: Path) -> AssessConfig:
+        """Checkpoint and data paths relative to the config file's folder (so a config works from any folder)."""
+        upd = {}
+        if self.checkpoint and not Path(self.checkpoint).is_absolute():
+            upd["checkpoint"] = str((base / self.checkpoint).resolve())
+        return self.model_copy(update=upd)

@@ -1,0 +1,124 @@
+"""`modelward assess`: every section as one run of the shared runner, then report.json and report.html.
+
+Each section is a run in the folder's ledger (``ledger.sqlite``): an interrupted assessment resumes with the
+sections that are not done, a finished one is never recomputed, and ``--executor`` / ``--workers`` spread sections
+over processes or a Ray cluster. A section that cannot be assessed (no split configured, an optional dependency
+missing, an architecture an attack cannot handle) is recorded as *not assessed, because …*; a section that crashes
+is recorded as *failed* with its error — the report shows both, it never drops a section.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from modelward.assess.config import AssessConfig
+from modelward.assess.sections.common import NotAssessed, SectionResult
+from modelward.core.ledger import RunLedger
+from modelward.core.progress import ProgressSink
+from modelward.core.records import atomic_write_json
+from modelward.core.runner import RunOutcome, RunSpec, run_plan
+
+TITLES = {
+    "robustness": "Robustness to evasion attacks",
+    "privacy": "Privacy: membership inference and model inversion",
+    "extraction": "Model extraction (KnockoffNets) and its defenses",
+    "completion": "Model completion (MC-hardness of a split)",
+    "explanations": "Explanations and bias amplification",
+}
+
+
+def execute_section(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One section, end to end (module level: executors may run it in another process)."""
+    import torch
+
+    from modelward.assess.profiles import PROFILES
+    from modelward.assess.target import load_target
+    from modelward.core.device import resolve_device
+    from modelward.core.seed import seeded
+
+    cfg = AssessConfig.model_validate_json(spec["config"])
+    name = spec["section"]
+    root = Path(spec["out"])
+    out = root / name
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    try:
+        module = importlib.import_module(f"modelward.assess.sections.{name}")
+        target = load_target(cfg)
+        device = resolve_device(cfg.device)
+        target.model.to(device)
+        with seeded(cfg.seed), torch.inference_mode(False):
+            result: SectionResult = module.run(cfg, target, PROFILES[cfg.profile], out, root)
+    except NotAssessed as e:
+        result = SectionResult(name, TITLES[name], status="not_assessed", verdict="none", reason=str(e))
+    except ImportError as e:  # an optional dependency of this section is missing
+        result = SectionResult(name, TITLES[name], status="not_assessed", verdict="none",
+                               reason=f"a dependency is not installed ({e}); install modelward's extras")
+    except Exception as e:  # noqa: BLE001 - recorded in the report (and the traceback next to it), not hidden
+        (out / "error.txt").write_text("".join(traceback.format_exception(e)))
+        result = SectionResult(name, TITLES[name], status="failed", verdict="none",
+                               reason=f"{type(e).__name__}: {e} (traceback in {name}/error.txt)")
+    result.seconds = time.perf_counter() - t0
+    data = result.to_dict()
+    atomic_write_json(out / "section.json", data)
+    return data
+
+
+def plan_sections(cfg: AssessConfig, out: Path) -> list[RunSpec]:
+    blob = cfg.model_dump_json()
+    return [RunSpec(f"section|{s}", {"section": s, "config": blob, "out": str(out)}) for s in cfg.sections]
+
+
+def run_assessment(cfg: AssessConfig, out: str | Path, *, workers: int = 1, executor: str = "local",
+                   address: str | None = None, progress: ProgressSink | None = None) -> RunOutcome:
+    """Run (or resume) every section of `cfg` in folder `out`, then write report.json and report.html.
+
+    Args:
+        cfg: the assessment (model, data, profile, sections, optional split).
+        out: the output folder (one assessment per folder: another config there is refused).
+        workers, executor, address: where sections run (see :func:`modelward.core.runner.run_plan`).
+        progress: receives one unit per section.
+
+    Returns:
+        The runner's :class:`~modelward.core.runner.RunOutcome` (failed sections are also in the report).
+
+    Example:
+        >>> from modelward.assess import AssessConfig, run_assessment
+        >>> run_assessment(AssessConfig(checkpoint="model.safetensors"), "assess-out")  # doctest: +SKIP
+    """
+    from modelward.assess.report import write_report
+
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    ledger = RunLedger(out / "ledger.sqlite")
+    ledger.bind_config(cfg, exclude={"device"})  # the same assessment may resume on another device
+    atomic_write_json(out / "assess.json", cfg.model_dump(mode="json"))
+    if not (out / "target.json").is_file():
+        from modelward.assess.target import load_target
+
+        target = load_target(cfg)  # fails fast on a bad checkpoint / data before any section runs
+        atomic_write_json(out / "target.json", {"description": target.description, "kind": target.kind})
+    outcome = run_plan(ledger, plan_sections(cfg, out), execute_section, workers=workers, executor=executor,
+                       address=address, progress=progress, description="assess",
+                       on_result=lambda rid, r: f"{r['section']}: {r['status']}")
+    write_report(out)
+    return outcome
+
+
+def load_sections(out: Path) -> list[dict[str, Any]]:
+    """The section results recorded in `out`, in the config's order (from the files, not from memory)."""
+    cfg = json.loads((out / "assess.json").read_text())
+    found = []
+    for name in cfg["sections"]:
+        f = out / name / "section.json"
+        if f.is_file():
+            found.append(json.loads(f.read_text()))
+        else:
+            found.append(SectionResult(name, TITLES[name], status="not_assessed", verdict="none",
+                                       reason="it has not run yet (the assessment was interrupted)").to_dict())
+    return found

@@ -1,0 +1,67 @@
+"""What a section returns, and the small helpers every section shares."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from modelward.core.records import write_table
+from modelward.errors import ModelwardError
+
+Verdict = Literal["green", "amber", "red", "info", "none"]
+
+
+class NotAssessed(ModelwardError):
+    """Raised by a section whose inputs are missing; the report shows "not assessed, because <message>"."""
+
+
+@dataclass
+class Headline:
+    """The one number that drives a section's verdict."""
+
+    label: str
+    value: float
+    text: str
+
+
+@dataclass
+class SectionResult:
+    """One section of the report (JSON-able: it is what the ledger records and report.json carries)."""
+
+    section: str
+    title: str
+    status: Literal["assessed", "not_assessed", "failed"] = "assessed"
+    verdict: Verdict = "info"
+    headline: Headline | None = None
+    rule: str = ""  # how the verdict follows from the headline, in words
+    summary: str = ""
+    reason: str = ""  # why not assessed / what failed
+    tables: list[dict[str, Any]] = field(default_factory=list)
+    figures: list[dict[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def add_table(self, out: Path, name: str, title: str, rows: list[dict[str, Any]], columns: list[str] | None = None,
+                  notes: list[str] | None = None) -> None:
+        """Write `rows` as <name>.csv/.md/.json in the section folder and list them in the report."""
+        cols = columns or (list(rows[0]) if rows else [])
+        write_table(out, name, rows, cols, title=title, notes=notes)
+        self.tables.append({"name": name, "title": title, "columns": cols, "rows": rows, "notes": notes or []})
+
+    def add_figure(self, path: Path, root: Path, title: str, caption: str = "") -> None:
+        self.figures.append({"path": str(path.relative_to(root)), "title": title, "caption": caption})
+
+
+def traffic_light(value: float, green: float, amber: float, higher_is_better: bool = True) -> Verdict:
+    """green/amber/red from a value and two thresholds (inclusive on the good side)."""
+    if higher_is_better:
+        return "green" if value >= green else "amber" if value >= amber else "red"
+    return "green" if value <= green else "amber" if value <= amber else "red"
+
+
+def pct(v: float) -> str:
+    return f"{100 * v:.1f} %"

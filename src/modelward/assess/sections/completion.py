@@ -1,0 +1,68 @@
+"""Completion section: MC-hardness (seed 000 Eq. 1) of the part of the model a split would hand to each party.
+
+For each party, the parts the *other* parties hold are what that party would have to complete if it wanted the
+whole model: a small completion study (the model's architecture and training recipe, retraining procedure T1 plus
+the from-scratch reference where the study has one) measures how much of the original training cost that takes.
+A party whose missing part is cheap to complete gains little from splitting.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from modelward.assess.config import AssessConfig
+from modelward.assess.profiles import ProfileSizes
+from modelward.assess.sections.common import Headline, NotAssessed, SectionResult, traffic_light
+from modelward.assess.target import Target
+
+ALPHA = 0.9  # the verdict's α: cost of reaching 90 % of the original's improvement
+
+
+def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
+    if cfg.split is None:
+        raise NotAssessed("no split is configured (add [split] parties = {alice = [...], bob = [...]} to assess "
+                          "what each party would need to complete the other parts)")
+    if target.model_cfg is None:
+        raise NotAssessed("completion studies rebuild the architecture from [model]; this model has no [model] "
+                          "table (a GloRo checkpoint)")
+    from modelward.completion.study import StudyConfig, run_study
+    from modelward.core.data import DataConfig
+
+    res = SectionResult("completion", "Model completion (MC-hardness of a split)")
+    parties = cfg.split.parties
+    missing = {p: "+".join(part for q, parts in parties.items() if q != p for part in parts) for p in parties}
+    train = cfg.train
+    if sizes.completion_steps is not None:
+        train = train.model_copy(update={"steps": min(train.steps, sizes.completion_steps),
+                                         "eval_every": max(1, min(train.eval_every, sizes.completion_steps // 20))})
+    data_cfg = cfg.data or DataConfig()
+    study = StudyConfig(name=f"{cfg.name}-split", seeds=list(range(cfg.seed, cfg.seed + sizes.completion_seeds)),
+                        alphas=sorted({0.5, ALPHA, 1.0}), parts=sorted(set(missing.values())),
+                        data=data_cfg, model=target.model_cfg, train=train)
+    run_study(study, out / "study")
+    with (out / "study" / "hardness.csv").open() as f:
+        table = list(csv.DictReader(f))
+    rows = []
+    for party, part in missing.items():
+        for r in table:
+            if r["part"] == part and abs(float(r["alpha"]) - ALPHA) < 1e-9:
+                rows.append({"party": party, "must complete": part, "procedure": r["procedure"],
+                             "alpha": ALPHA, "mc_hardness_mean": float(r["mean"]), "sd": r.get("sd", ""),
+                             "n": r.get("n", "")})
+    if not rows:
+        raise NotAssessed(f"the completion study produced no α = {ALPHA} rows for parts {sorted(missing.values())}")
+    res.add_table(out, "completion", f"MC-hardness at α = {ALPHA} of what each party lacks", rows)
+    for png in sorted((out / "study").glob("hardness_*.png")):
+        res.add_figure(png, root, f"MC-hardness by part ({png.stem.removeprefix('hardness_')})",
+                       "Retraining cost relative to the original training, per part and α (the study's own plot).")
+    weakest = min(rows, key=lambda r: r["mc_hardness_mean"])
+    value = weakest["mc_hardness_mean"]
+    res.headline = Headline(f"lowest MC-hardness at α = {ALPHA} ({weakest['party']} completing "
+                            f"{weakest['must complete']})", value, f"{value:.2f}")
+    res.verdict = traffic_light(value, 0.8, 0.5)
+    res.rule = ("green ≥ 0.8, amber ≥ 0.5, red below (1.0 = completing costs as much as training from scratch)")
+    res.summary = (f"The cheapest completion is {weakest['party']} rebuilding {weakest['must complete']}: "
+                   f"{value:.2f} of the original training cost to reach {int(ALPHA * 100)} % of its improvement "
+                   f"({sizes.completion_seeds} seed(s), {train.steps} steps).")
+    return res

@@ -1,0 +1,76 @@
+"""Extraction section: a KnockoffNets attacker against the model unguarded and behind ModelGuard-S / -W.
+
+The attacker queries `budget` natural inputs (the model's own training distribution: the worst case for the owner)
+and trains a substitute of the same architecture on the answers; the report gives the substitute's test accuracy
+and its fidelity (agreement with the model's clean top-1), and each defense's utility cost: the top-1 accuracy of
+the *defended* answers and their mean ℓ1 distortion.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from modelward.assess.config import AssessConfig
+from modelward.assess.profiles import ProfileSizes
+from modelward.assess.sections.common import Headline, SectionResult, pct, traffic_light
+from modelward.assess.target import Target
+
+DEFENSES = ("none", "modelguard_s", "modelguard_w")
+
+
+def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
+    from modelward.core.plots import grouped_bars
+    from modelward.extraction.attacks import EvalSet, SubstituteConfig, TransferSet, make_attack
+    from modelward.extraction.defenses import make_defense
+    from modelward.extraction.victim import LocalVictim
+
+    res = SectionResult("extraction", "Model extraction (KnockoffNets) and its defenses")
+    data, model = target.data, target.model
+    budget = cfg.extraction.budget or sizes.query_budget
+    k = data.num_classes
+    with torch.no_grad():
+        clean_probs = torch.softmax(model(data.x_test), 1)
+    victim_acc = float((clean_probs.argmax(1) == data.y_test).float().mean())
+    ev = EvalSet(data.x_test, data.y_test, clean_probs.argmax(1))
+    transfer = TransferSet(data.x_train, data.y_train)
+    attack = make_attack("knockoff", "naive", substitute=SubstituteConfig(epochs=sizes.substitute_epochs))
+    rows = []
+    for name in DEFENSES:
+        params = {} if name == "none" else {"epsilon": cfg.extraction.epsilon}
+        defense = make_defense(name, **params)
+        victim = LocalVictim(model, defense, num_classes=k)
+        outcome = attack.run(victim, transfer, budget, target.factory, seed=cfg.seed, eval_set=ev)
+        attack_l1 = victim.mean_l1
+        # the defense's utility cost, measured on the test set with a fresh copy of its state
+        probe = LocalVictim(model, make_defense(name, **params), num_classes=k)
+        answers = probe.query(data.x_test)
+        rows.append({"defense": name, "epsilon": params.get("epsilon", 0.0), "budget": budget,
+                     "substitute_accuracy": outcome.accuracy, "fidelity": outcome.fidelity,
+                     "defended_top1_accuracy": float((answers.argmax(1) == data.y_test).float().mean()),
+                     "mean_l1_distortion": float((answers - clean_probs).abs().sum(1).mean()),
+                     "attack_mean_l1": attack_l1})
+    res.add_table(out, "extraction", "KnockoffNets substitute vs defense", rows,
+                  notes=[f"victim clean test accuracy {victim_acc:.4f}; substitute = the model's architecture, "
+                         f"{sizes.substitute_epochs} epochs; queries drawn from the training distribution"])
+    groups = [r["defense"] for r in rows]
+    p = grouped_bars(out / "extraction.png", groups, {
+        "substitute accuracy": ([r["substitute_accuracy"] for r in rows], [0.0] * len(rows)),
+        "fidelity": ([r["fidelity"] for r in rows], [0.0] * len(rows)),
+        "defended answers' accuracy (utility)": ([r["defended_top1_accuracy"] for r in rows], [0.0] * len(rows)),
+    }, f"KnockoffNets, {budget} queries", "fraction", (0.0, 1.05))
+    res.add_figure(p, root, "Extraction vs defense", "What an attacker's substitute achieves, and what each defense "
+                   "costs honest users (accuracy of the answers they receive).")
+    unguarded = rows[0]["substitute_accuracy"] / max(victim_acc, 1e-9)
+    best = min(rows[1:], key=lambda r: r["substitute_accuracy"])
+    res.headline = Headline(f"substitute accuracy / victim accuracy, unguarded, {budget} queries", unguarded,
+                            pct(unguarded))
+    res.verdict = traffic_light(unguarded, 0.7, 0.9, higher_is_better=False)
+    res.rule = "green ≤ 70 %, amber ≤ 90 %, red above (how much of the model's accuracy a thief recovers)"
+    res.summary = (f"With {budget} queries a KnockoffNets substitute reaches {pct(rows[0]['substitute_accuracy'])} "
+                   f"test accuracy ({pct(unguarded)} of the model's {pct(victim_acc)}); behind {best['defense']} "
+                   f"(ε = {best['epsilon']}) it reaches {pct(best['substitute_accuracy'])}, at a utility cost of "
+                   f"{pct(victim_acc - best['defended_top1_accuracy'])} accuracy and mean ℓ1 distortion "
+                   f"{best['mean_l1_distortion']:.3f}.")
+    return res

@@ -1,0 +1,95 @@
+"""``modelward privacy``: membership-inference audits, model inversion, property inference (seed 002 ch. 8, App.
+C–D). Thin: parse the TOML config, call :mod:`modelward.privacy`, print a table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from modelward.cli._outdir import check_out_dir
+from modelward.core.config import load_config
+
+app = typer.Typer(no_args_is_help=True, help="Membership inference, model inversion and property inference audits.")
+console = Console()
+SET_HELP = "Override a config value, e.g. --set repetitions=3 (repeatable)."
+
+
+@app.command("audit")
+def audit(
+    config: Path = typer.Argument(..., help="Audit TOML (see examples/privacy_bcw.toml)."),
+    out: Path = typer.Option(..., "--out", help="Study folder (resumable: re-run to finish missing runs)."),
+    set_: list[str] = typer.Option(None, "--set", help=SET_HELP),
+    workers: int = typer.Option(1, "--workers", min=1, help="Parallel runs (processes)."),
+    executor: str = typer.Option("local", "--executor", help="Runner executor: local, sequential, process, ray."),
+) -> None:
+    """Membership-inference audit: results.csv/md/json, targets.*, roc.png (log FPR), score arrays."""
+    from modelward.core.progress import RichProgress
+    from modelward.privacy.audit import AuditConfig, run_audit
+
+    cfg = load_config(config, AuditConfig, set_)
+    check_out_dir(out)
+    with RichProgress(console) as progress:
+        rows = run_audit(cfg, out, workers=workers, executor=executor, progress=progress)
+    table = Table(title=f"{cfg.name}: membership inference ({cfg.repetitions} repetition(s))")
+    for col in ("attack", "accuracy", "advantage", "precision", "AUC", "TPR@0.1%FPR", "TPR@1%FPR"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["attack"], f"{r['accuracy']:.3f}", f"{r['advantage']:.3f}", f"{r['precision']:.3f}",
+                      f"{r['auc']:.3f}", f"{r['tpr_at_0_1pct_fpr']:.3f}", f"{r['tpr_at_1pct_fpr']:.3f}")
+    console.print(table)
+    console.print(f"wrote {out}/results.md, results.csv, results.json, targets.md, roc.png, scores/")
+
+
+@app.command("invert")
+def invert_cmd(
+    config: Path = typer.Argument(..., help="Inversion TOML (see examples/privacy_invert.toml)."),
+    out: Path = typer.Option(..., "--out", help="Output folder for the image grids and tables."),
+    set_: list[str] = typer.Option(None, "--set", help=SET_HELP),
+) -> None:
+    """Model inversion (Eq. 8.1) and overt-encoding grids for standard / PGD / GloRo models."""
+    from modelward.core.progress import RichProgress
+    from modelward.privacy.inspect_models import InvertConfig, run_invert
+
+    cfg = load_config(config, InvertConfig, set_)
+    check_out_dir(out)
+    with RichProgress(console) as progress:
+        rows = run_invert(cfg, out, progress)
+    for r in rows:
+        console.print(", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+    console.print(f"wrote {out}/inversions_*.png, columns_*.png, results.md")
+
+
+@app.command("property")
+def property_cmd(
+    config: Path = typer.Argument(..., help="Property-inference TOML (see examples/privacy_property.toml)."),
+    out: Path = typer.Option(..., "--out", help="Output folder."),
+    set_: list[str] = typer.Option(None, "--set", help=SET_HELP),
+) -> None:
+    """Reconstruction-based watermark property inference (Alg. 8.4): F1 per trainer, reconstruction grids."""
+    from modelward.core.progress import RichProgress
+    from modelward.privacy.property import PropertyConfig, run_property
+
+    cfg = load_config(config, PropertyConfig, set_)
+    check_out_dir(out)
+    with RichProgress(console) as progress:
+        res = run_property(cfg, out, progress)
+    table = Table(title=f"{cfg.name}: property inference ({cfg.properties} watermarks)")
+    for col in ("trainer", "F1 (micro)", "top-1", "chance", "train F1", "model acc."):
+        table.add_column(col)
+    for r in res:
+        table.add_row(r.trainer, f"{r.f1_micro:.3f}", f"{r.top1_accuracy:.3f}", f"{r.chance_top1:.3f}",
+                      f"{r.train_f1_micro:.3f}", f"{r.mean_model_accuracy:.3f}")
+    console.print(table)
+    console.print(f"wrote {out}/results.md, watermarks.png, reconstructions_*.png")
+
+
+@app.command("attacks")
+def attacks() -> None:
+    """List the membership-inference attacks and their parameters."""
+    from modelward.privacy.membership import ATTACKS
+
+    for name in ATTACKS.names():
+        console.print(f"{name}: {', '.join(ATTACKS.parameters(name)) or '(no parameters)'}")

@@ -1,0 +1,112 @@
+"""A party's checkpoints: parameters, buffers and optimizer state per step, written atomically, pruned.
+
+Files are ``step_<8 digits>.safetensors`` in the party's own folder (never unpickled). A background write snapshots
+(copies) the tensors first, so training goes on while a thread writes a temp file and renames it: a checkpoint
+appears atomically or not at all, and a crash during the write only loses that checkpoint. Step 0 is always kept,
+plus the last ``keep`` checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from modelward.core.io import load_metadata, load_tensors, save_tensors
+
+CKPT_RE = re.compile(r"^step_(\d{8})\.safetensors$")
+
+
+def state_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over named tensors (name, dtype, bytes): equal digests = bit-identical state."""
+    h = hashlib.sha256()
+    for k in sorted(tensors):
+        t = tensors[k].detach().contiguous().cpu()
+        h.update(k.encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class Checkpoints:
+    """The checkpoint folder of one party.
+
+    Args:
+        folder: the party's checkpoint_dir (created).
+        keep: how many of the latest checkpoints to keep (step 0 is kept in addition).
+    Example:
+        >>> ck = Checkpoints("runs/bob/checkpoints", keep=3)  # doctest: +SKIP
+        >>> ck.save(5, {"model.w": w}, {"step": 5}, background=True); ck.list()  # doctest: +SKIP
+        [0, 5]
+    """
+
+    def __init__(self, folder: str | Path, keep: int) -> None:
+        self.dir = Path(folder)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.keep = keep
+        self._thread: threading.Thread | None = None
+        self._error: str | None = None
+
+    def path(self, step: int) -> Path:
+        return self.dir / f"step_{step:08d}.safetensors"
+
+    def list(self) -> list[int]:
+        """Steps with a complete checkpoint (waits for a background write in flight)."""
+        self.join()
+        return self._list()
+
+    def _list(self) -> list[int]:
+        return sorted(int(m.group(1)) for p in self.dir.glob("step_*.safetensors") if (m := CKPT_RE.match(p.name)))
+
+    def save(self, step: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any], background: bool = False) -> Path:
+        self.join()
+        path = self.path(step)
+        md = {"modelward": json.dumps(meta)}
+        if not background:
+            save_tensors(path, tensors, md)
+            self._prune()
+            return path
+        snap = {k: v.detach().clone(memory_format=torch.contiguous_format) for k, v in tensors.items()}
+        self._thread = threading.Thread(target=self._write, args=(path, snap, md), name=f"checkpoint-{step}",
+                                        daemon=True)
+        self._thread.start()
+        return path
+
+    def _write(self, path: Path, snap: dict[str, torch.Tensor], md: dict[str, str]) -> None:
+        from safetensors.torch import save_file
+
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            save_file(snap, str(tmp), metadata=md)
+            os.replace(tmp, path)
+            self._prune()
+        except Exception as e:  # surfaced to the next request (before it computes anything)
+            self._error = f"checkpoint {path.name} could not be written: {type(e).__name__}: {e}"
+
+    def join(self) -> None:
+        t = self._thread
+        if t is not None:
+            t.join()
+            self._thread = None
+
+    def take_error(self) -> str | None:
+        err, self._error = self._error, None
+        return err
+
+    def _prune(self) -> None:
+        for old in self._list()[: -self.keep]:
+            if old != 0:  # step 0 stays: a full restart is always possible
+                self.path(old).unlink(missing_ok=True)
+
+    def load(self, step: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+        self.join()
+        path = self.path(step)
+        if not path.is_file():
+            return None
+        return load_tensors(path), json.loads(load_metadata(path).get("modelward", "{}"))

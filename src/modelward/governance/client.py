@@ -1,0 +1,248 @@
+"""How one process talks to a party: the :class:`PartyClient` interface, over gRPC + mutual TLS or in-process.
+
+The driver and every party (towards its next neighbour) use the same interface. :class:`GrpcPartyClient` checks
+the server before the first call with a plain TLS handshake: it fails fast with a message naming the certificate
+at fault (our CA file, our certificate, the server's certificate) instead of a gRPC retry loop, and it compares
+the server's certificate with the pinned fingerprint (a valid certificate with the right name from another trusted
+CA is refused). :class:`InProcessClient` calls a :class:`~modelward.governance.party.Party` object directly
+(unit tests: a whole chain in one process, same code path from the wire bytes on).
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import grpc
+
+from modelward.errors import ConfigError, IdentityError, ModelwardError
+from modelward.governance.wire import Message, WireError, decode, encode
+
+if TYPE_CHECKING:
+    from modelward.governance.config import TLSConfig
+    from modelward.governance.party import Party
+
+SERVICE = "modelward.Party"
+METHOD = f"/{SERVICE}/Call"
+TENSOR_KEYS = ("h", "g", "x", "logits")  # the payload tensors counted as "raw" bytes on a link
+
+
+class PartyError(ModelwardError):
+    """A request cannot be served in the party's current state (wrong step, nothing prepared, ...)."""
+
+
+class ConsentDenied(ModelwardError):
+    """The party's consent policy (or its role table) refused the operation."""
+
+
+class NumericError(PartyError):
+    """An incoming tensor is out of bounds, or an update left non-finite/exploding parameters (rolled back)."""
+
+
+class PartyUnavailable(ModelwardError):
+    """A party cannot be reached (not started, crashed, or the connection broke)."""
+
+
+class TLSSetupError(ConfigError):
+    """A certificate problem found before any request: names the certificate at fault."""
+
+
+# status codes <-> error classes (a party re-raises its neighbour's error class, so the driver sees the cause)
+CODES: dict[type[ModelwardError], grpc.StatusCode] = {
+    ConsentDenied: grpc.StatusCode.PERMISSION_DENIED, IdentityError: grpc.StatusCode.UNAUTHENTICATED,
+    NumericError: grpc.StatusCode.OUT_OF_RANGE, WireError: grpc.StatusCode.INVALID_ARGUMENT,
+    PartyError: grpc.StatusCode.FAILED_PRECONDITION, PartyUnavailable: grpc.StatusCode.UNAVAILABLE,
+}
+ERRORS: dict[grpc.StatusCode, type[ModelwardError]] = {c: t for t, c in CODES.items()}
+ERRORS[grpc.StatusCode.DEADLINE_EXCEEDED] = PartyUnavailable
+ERRORS[grpc.StatusCode.RESOURCE_EXHAUSTED] = WireError
+
+
+def code_of(e: ModelwardError) -> grpc.StatusCode:
+    for t in type(e).__mro__:
+        if t in CODES:
+            return CODES[t]
+    return grpc.StatusCode.INVALID_ARGUMENT
+
+
+@dataclass
+class LinkStats:
+    """Bytes on one link: sent, received, and the raw bytes of the payload tensors (h, g, x, logits) in them."""
+
+    sent: int = 0
+    received: int = 0
+    raw: int = 0
+    seconds: float = 0.0
+    calls: int = 0
+
+
+def _raw(msg: Message) -> int:
+    return sum(t.numel() * t.element_size() for k, t in msg.tensors.items() if k in TENSOR_KEYS)
+
+
+class PartyClient(Protocol):
+    """A connection to one party. ``call`` sends a message and returns the decoded reply or raises the party's
+    error class (ConsentDenied, PartyError, NumericError, WireError, IdentityError, PartyUnavailable)."""
+
+    name: str
+    stats: LinkStats
+
+    def call(self, msg: Message, timeout: float | None = None) -> Message: ...
+
+    def close(self) -> None: ...
+
+
+class InProcessClient:
+    """Calls ``party.handle(caller, bytes)`` directly: the same encode/decode, checks and audit as over gRPC.
+
+    Example:
+        >>> c = InProcessClient(bob, caller="alice")  # doctest: +SKIP
+        >>> c.call(Message("status")).meta["party"]  # doctest: +SKIP
+        'bob'
+    """
+
+    def __init__(self, party: Party, caller: str) -> None:
+        self.party, self.caller, self.name = party, caller, party.cfg.name
+        self.stats = LinkStats()
+
+    def call(self, msg: Message, timeout: float | None = None) -> Message:
+        req = encode(msg)
+        t0 = time.perf_counter()
+        try:
+            resp = self.party.handle(self.caller, req)
+        finally:
+            self.stats.seconds += time.perf_counter() - t0
+        out = decode(resp, max_bytes=2**40, allow_nonfinite=True)
+        self.stats.sent += len(req)
+        self.stats.received += len(resp)
+        self.stats.raw += _raw(msg) + _raw(out)
+        self.stats.calls += 1
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"address {address!r}: expected host:port, e.g. 127.0.0.1:50062")
+    return host.strip("[]"), int(port)
+
+
+def check_server(name: str, address: str, tls: TLSConfig, pin: str | None, timeout: float = 10.0) -> str:
+    """One TLS handshake with the server at `address`, presenting our certificate: returns the server
+    certificate's fingerprint. Raises TLSSetupError naming the certificate at fault, IdentityError when the server
+    is not the pinned one, PartyUnavailable when nothing listens (the only retryable outcome)."""
+    from modelward.governance.identity import identify_peer
+
+    host, port = split_address(address)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False  # who the server is follows from the pin (or, without one, from gRPC's name check)
+    try:
+        ctx.load_verify_locations(cafile=tls.ca)
+    except (OSError, ssl.SSLError) as e:
+        raise TLSSetupError(f"tls.ca {tls.ca}: cannot be used as CA certificate(s): {e}") from None
+    try:
+        ctx.load_cert_chain(tls.cert, tls.key)
+    except (OSError, ssl.SSLError) as e:
+        raise TLSSetupError(f"tls.cert {tls.cert} / tls.key {tls.key}: cannot be loaded together ({e}); is the "
+                            "key the one the certificate was made for?") from None
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        raise PartyUnavailable(f"party {name} at {address} is not reachable ({e.strerror or e}); is it started?") \
+            from None
+    try:
+        with ctx.wrap_socket(sock) as s:
+            der = s.getpeercert(binary_form=True)
+            # TLS 1.3: the server judges our certificate after the handshake; its verdict arrives with the first
+            # read (the HTTP/2 settings frame if accepted, an alert if not)
+            s.settimeout(min(timeout, 5.0))
+            try:
+                first = s.recv(1)
+            except TimeoutError:
+                first = b"?"  # no verdict in time: let gRPC find out
+            if not first:
+                raise TLSSetupError(f"party {name} at {address} closed the connection right after the TLS "
+                                    f"handshake: it refused our certificate tls.cert {tls.cert} (not signed by a "
+                                    f"CA that {name} trusts)")
+    except ssl.SSLCertVerificationError as e:
+        raise TLSSetupError(f"the certificate of party {name} at {address} is not signed by a CA in tls.ca "
+                            f"{tls.ca} ({e.verify_message}); give the CA that signed {name}'s certificate") from None
+    except ssl.SSLError as e:
+        reason = str(e.reason or e).lower()
+        if any(w in reason for w in ("unknown_ca", "unknown ca", "bad_certificate", "certificate_required",
+                                     "certificate required", "bad certificate", "handshake_failure")):
+            raise TLSSetupError(f"party {name} at {address} refused our certificate tls.cert {tls.cert} "
+                                f"({e.reason}): it is not signed by a CA that {name} trusts") from None
+        raise PartyUnavailable(f"TLS with party {name} at {address} failed: {e}") from None
+    except OSError as e:
+        raise PartyUnavailable(f"party {name} at {address}: connection lost during the TLS handshake ({e})") \
+            from None
+    from modelward.governance.identity import cert_fingerprint
+
+    pem = ssl.DER_cert_to_PEM_cert(der).encode()
+    if pin is not None:
+        try:
+            identify_peer(pem, {name: pin})
+        except IdentityError as e:
+            raise IdentityError(f"the server at {address} is not the pinned party {name}: {e}") from None
+    return cert_fingerprint(pem)
+
+
+class GrpcPartyClient:
+    """A mutual-TLS gRPC channel to one party (see the module docstring for the up-front check)."""
+
+    def __init__(self, name: str, address: str, tls: TLSConfig, pin: str | None = None,
+                 max_message_mb: float = 64.0, timeout: float = 60.0, check: bool = True) -> None:
+        from modelward.governance.certs import read_pem
+
+        self.name, self.address, self.tls, self.pin, self.timeout = name, address, tls, pin, timeout
+        self.stats = LinkStats()
+        self._checked = not check
+        self.max_bytes = int(max_message_mb * 2**20) + 65536
+        creds = grpc.ssl_channel_credentials(read_pem(tls.ca, "tls.ca"), read_pem(tls.key, "tls.key"),
+                                             read_pem(tls.cert, "tls.cert"))
+        self.channel = grpc.secure_channel(address, creds, options=[
+            ("grpc.ssl_target_name_override", name),
+            ("grpc.max_receive_message_length", self.max_bytes), ("grpc.max_send_message_length", self.max_bytes),
+            # a restarted party is found within a second
+            ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 1000)])
+        self.stub = self.channel.unary_unary(METHOD)
+
+    def check(self) -> None:
+        if not self._checked:
+            check_server(self.name, self.address, self.tls, self.pin, timeout=min(self.timeout, 10.0))
+            self._checked = True
+
+    def call(self, msg: Message, timeout: float | None = None) -> Message:
+        self.check()
+        req = encode(msg)
+        t0 = time.perf_counter()
+        try:
+            resp = self.stub(req, timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+            kind = ERRORS.get(code, PartyError)
+            detail = e.details() if hasattr(e, "details") else str(e)
+            if kind is PartyUnavailable:
+                self._checked = False  # check the server again once it is back (it may be another one)
+                detail = f"party {self.name} unreachable: {detail}"
+            raise kind(detail) from None
+        finally:
+            self.stats.seconds += time.perf_counter() - t0
+        out = decode(resp, max_bytes=self.max_bytes, allow_nonfinite=True)
+        self.stats.sent += len(req)
+        self.stats.received += len(resp)
+        self.stats.raw += _raw(msg) + _raw(out)
+        self.stats.calls += 1
+        return out
+
+    def close(self) -> None:
+        self.channel.close()

@@ -1,0 +1,164 @@
+"""gRPC transport of a party: mutual TLS, the caller identified by its pinned certificate fingerprint.
+
+One generic bytes-in/bytes-out method (framing in :mod:`modelward.governance.wire`). The TLS handshake admits
+certificates from the configured CA(s); *who* the caller is then follows only from the pinned fingerprints
+(:func:`modelward.governance.identity.identify_peer` on the ``x509_pem_cert`` of the auth context), before any
+byte of the request body is decoded. An unpinned certificate — whatever its common name or CA — is refused and
+audited (rate-limited).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from modelward.errors import ConfigError, IdentityError, ModelwardError
+from modelward.governance.certs import read_pem
+from modelward.governance.client import SERVICE, code_of
+from modelward.governance.config import PartyConfig, check_test_only
+from modelward.governance.party import Party
+
+
+class PartyServer:
+    """Serve one :class:`Party` over gRPC with mutual TLS (see the module docstring)."""
+
+    def __init__(self, party: Party, workers: int = 8) -> None:
+        self.party = party
+        cfg = party.cfg
+        limit = int(cfg.max_message_mb * 2**20) + 65536
+        self._names: dict[bytes, str] = {}  # presented certificate -> pinned name (bounded cache)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
+                                  options=[("grpc.max_receive_message_length", limit),
+                                           ("grpc.max_send_message_length", limit),
+                                           ("grpc.so_reuseport", 0)])
+        handler = grpc.method_handlers_generic_handler(SERVICE, {"Call": grpc.unary_unary_rpc_method_handler(
+            self._call)})
+        self.server.add_generic_rpc_handlers((handler,))
+        creds = grpc.ssl_server_credentials(
+            [(read_pem(cfg.tls.key, "tls.key"), read_pem(cfg.tls.cert, "tls.cert"))],
+            root_certificates=read_pem(cfg.tls.ca, "tls.ca"), require_client_auth=True)
+        try:
+            self.port = self.server.add_secure_port(f"{cfg.host}:{cfg.port}", creds)
+        except RuntimeError:  # grpcio >= 1.60 raises instead of returning 0
+            self.port = 0
+        if self.port == 0:
+            raise ConfigError(f"party {cfg.name}: cannot listen on {cfg.host}:{cfg.port}: the address is in use "
+                              "(another party server?) or not local; set `port` (0 = any free port) or `host`")
+
+    def identify(self, pem: bytes) -> str:
+        from modelward.governance.identity import identify_peer
+
+        name = self._names.get(pem)
+        if name is None:
+            name = identify_peer(pem, self.party.pins)
+            if len(self._names) > 256:
+                self._names.clear()
+            self._names[pem] = name
+        return name
+
+    def _call(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        pem = (context.auth_context().get("x509_pem_cert") or [b""])[0]
+        try:
+            caller = self.identify(pem)
+        except IdentityError as e:
+            from modelward.governance.identity import cert_fingerprint
+
+            try:
+                who = "unpinned " + cert_fingerprint(pem)[:23]
+            except IdentityError:
+                who = "unpinned (no certificate)"
+            self.party.audit.refusal(who, "(identity)", str(e), self.party.cfg.audit_refusals_every_s,
+                                     batch=len(request))
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"party {self.party.cfg.name}: {e}")
+        try:
+            return self.party.handle(caller, request)
+        except ModelwardError as e:
+            context.abort(code_of(e), str(e))
+        except Exception as e:  # a bug must not take the party down; the state lock guarantees consistency
+            context.abort(grpc.StatusCode.INTERNAL, f"party {self.party.cfg.name}: internal error "
+                                                    f"{type(e).__name__}: {e}")
+        raise AssertionError("unreachable")
+
+    def start(self) -> int:
+        self.server.start()
+        return self.port
+
+    def stop(self, grace: float = 5.0) -> None:
+        self.server.stop(grace).wait()
+        self.party.close()
+
+
+def describe(party: Party, port: int) -> str:
+    c = party.cfg
+    role = "first (inputs)" if party.is_first else "last (labels, loss)" if party.is_last else "middle"
+    n = sum(p.numel() for p in party.params.values())
+    pol = c.policy
+    init = ("own checkpoint " + str(c.init.checkpoint) if c.init.checkpoint else
+            f"TEST-ONLY public seed {c.init.test_seed}" if c.init.test_seed is not None else
+            f"{c.init.scheme} from the OS CSPRNG")
+    return (f"party {c.name}: listening on {c.host}:{port} (mutual TLS, peers pinned by fingerprint)\n"
+            f"  layers {c.layers} of {party.all_layers} — role {role}, {n} parameters, init {init}\n"
+            f"  chain: prev {c.prev or '(driver)'}, next {c.next or '(none: holds the labels)'}, driver {c.driver}\n"
+            f"  step {party.step}, checkpoints every {c.checkpoint_every} steps in {c.checkpoint_dir}\n"
+            f"  audit log {c.audit_db} (head {party.audit.head[:16]}…)\n"
+            f"  policy: peers {pol.allow_peers}, training={pol.training}, inference={pol.inference}, "
+            f"max_batch={pol.max_batch}, steps per session/day/total={pol.max_steps_per_session}/"
+            f"{pol.max_steps_per_day}/{pol.max_steps_total}, max_passes_per_day={pol.max_passes_per_day}, "
+            f"window={pol.window_utc}, approval={pol.approval or pol.approval_command}")
+
+
+def _write_address(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _lock(cfg: PartyConfig):
+    """The party's state folder is used by one server at a time (a second `party serve` is refused, naming the
+    holder; a lock left by a killed server on this host is taken over)."""
+    from modelward.core.lock import FolderLock
+
+    return FolderLock(cfg.checkpoint_dir, what="party")
+
+
+def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None) -> None:
+    """Run a party until SIGTERM/SIGINT (or `stop_event`); shut down gracefully, saving a checkpoint."""
+    check_test_only(cfg)
+    Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    with _lock(cfg):
+        party = Party(cfg)
+        try:
+            server = PartyServer(party)
+        except BaseException:
+            party.close()
+            raise
+        port = server.start()
+        if cfg.address_file:
+            _write_address(Path(cfg.address_file), f"{cfg.host}:{port}\n")
+        log(describe(party, port))
+        log(f"READY {cfg.name} {cfg.host}:{port}")
+        stop = stop_event or threading.Event()
+
+        def _handler(signum, _frame):
+            log(f"party {cfg.name}: received {signal.Signals(signum).name}, shutting down")
+            stop.set()
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _handler)
+            signal.signal(signal.SIGINT, _handler)
+        while not stop.wait(0.2):
+            pass
+        server.server.stop(1.0).wait()
+        with party.lock:
+            if party.prepared is not None:  # never committed: the driver will abort or restore it anyway
+                party._rollback(party.prepared)
+                party.prepared = None
+            if party.step not in party.checkpoints():
+                party._save_checkpoint()
+        party.close()
+        log(f"party {cfg.name}: stopped at step {party.step}")

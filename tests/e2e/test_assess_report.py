@@ -1,0 +1,91 @@
+"""`modelward assess` on digits (quick profile), rendered in a real browser: headless Chromium driven by Playwright.
+
+Skips, saying why, where Debian's chromium or the playwright package is missing (``make test`` installs both).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "modelward.cli.main", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=400, env=env)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("assess")
+    (work / "train.toml").write_text('[model]\narch = "cnn"\nchannels = [8, 16]\nfc = 32\n'
+                                     "[train]\nsteps = 150\neval_every = 50\n")
+    r = _cli("train", "train.toml", "--out", "model.safetensors", cwd=work)
+    assert r.returncode == 0, r.stderr
+    (work / "assess.toml").write_text('name = "digits-cnn"\ncheckpoint = "model.safetensors"\nprofile = "quick"\n')
+    r = _cli("assess", "assess.toml", "--out", "out", cwd=work)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "report:" in r.stdout
+    return work / "out"
+
+
+def test_report_json_has_every_section_with_a_reason_or_a_verdict(report: Path) -> None:
+    data = json.loads((report / "report.json").read_text())
+    names = [s["section"] for s in data["sections"]]
+    assert names == ["robustness", "privacy", "extraction", "completion", "explanations"]
+    for s in data["sections"]:
+        assert s["status"] in ("assessed", "not_assessed", "failed")
+        if s["status"] == "assessed":
+            assert s["verdict"] in ("green", "amber", "red", "info") and s["headline"] and s["figures"]
+        else:
+            assert s["reason"]  # never silently dropped
+    by = {s["section"]: s for s in data["sections"]}
+    assert by["robustness"]["status"] == "assessed" and by["extraction"]["status"] == "assessed"
+    assert by["completion"]["status"] == "not_assessed" and "split" in by["completion"]["reason"]
+    assert set(data["timing"]) == set(names) and data["versions"]["torch"]
+    html = (report / "report.html").read_text()
+    assert "<script" not in html.lower() and "http://" not in html and "https://" not in html
+    # resuming a finished assessment recomputes nothing and gives the same sections
+    again = _cli("assess", str(report.parent / "assess.toml"), "--out", str(report), cwd=report.parent)
+    assert again.returncode == 0
+    assert [s["seconds"] for s in json.loads((report / "report.json").read_text())["sections"]] == \
+        [s["seconds"] for s in data["sections"]]
+
+
+def test_report_renders_in_headless_chromium(report: Path) -> None:
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (make test installs it with apt-get where it can)")
+    playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    errors: list[str] = []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        requests: list[str] = []
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto((report / "report.html").as_uri())
+        for section in ("robustness", "privacy", "extraction", "completion", "explanations", "provenance"):
+            assert page.locator(f"section#{section}").count() == 1, section
+        assert page.locator(".card").count() == 5
+        broken = page.evaluate("Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0)"
+                               ".map(i => i.alt)")
+        assert page.locator("img").count() >= 3 and broken == []
+        artifacts = REPO / "test-artifacts"
+        artifacts.mkdir(exist_ok=True)
+        page.screenshot(path=str(artifacts / "assess_report.png"), full_page=True)
+        browser.close()
+    assert errors == []
+    assert all(u.startswith(("file:", "data:")) for u in requests), requests  # nothing from the network
+    assert (artifacts / "assess_report.png").stat().st_size > 10_000
