@@ -269,3 +269,19 @@ def _dead_pid() -> int:
         except PermissionError:
             pass
         pid -= 1
+
+
+def test_accepted_connections_have_tcp_nodelay():
+    """Without TCP_NODELAY every response on a reused connection waited for the client's delayed ACK (~40 ms)."""
+    from modelward.extraction.service import bind_socket
+
+    lsock = bind_socket("127.0.0.1", 0)
+    try:
+        assert lsock.proto == socket.IPPROTO_TCP  # asyncio sets TCP_NODELAY on accepted sockets only for proto TCP
+        with socket.create_connection(lsock.getsockname()[:2]) as client:
+            conn, _ = lsock.accept()
+            with conn:
+                assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+                assert client.fileno() >= 0
+    finally:
+        lsock.close()
