@@ -71,6 +71,8 @@ class StudyConfig(StrictModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     retrain: RetrainConfig = Field(default_factory=RetrainConfig)
     rl: dict[str, Any] | None = None  # validated by the RL problem (modelward.rl.completion)
+    device: str = "cpu"  # "auto" | "cpu" | "cuda" | "cuda:N" | "mps" (see docs/devices.md); not part of the fingerprint
+    checkpoint_every: int | None = Field(None, ge=1)  # mid-run checkpoints every k steps (long runs survive a crash)
 
     @field_validator("alphas")
     @classmethod

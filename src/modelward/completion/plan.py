@@ -27,6 +27,7 @@ def make_problem(cfg: StudyConfig) -> CompletionProblem:
         from modelward.completion.supervised import SupervisedProblem
 
         return SupervisedProblem(cfg.data, cfg.model, cfg.train, cfg.retrain.lr, cfg.retrain.lr_schedule,
+                                 device=cfg.device, checkpoint_every=cfg.checkpoint_every,
                                  threshold_split=cfg.thresholds.split, val_fraction=cfg.thresholds.val_fraction)
     try:
         from modelward.rl.completion import RLProblem

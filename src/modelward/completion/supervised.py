@@ -27,7 +27,7 @@ from modelward.core.init import init_model_
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.parts import default_part_names, parts_table, resolve_part
 from modelward.core.seed import seeded
-from modelward.core.train import TrainConfig, train
+from modelward.core.train import Checkpointing, TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
 
 
@@ -43,8 +43,11 @@ class SupervisedProblem(CompletionProblem):
 
     def __init__(self, data: DataConfig, model: ModelConfig, train_cfg: TrainConfig,
                  retrain_lr: float | None = None, retrain_lr_schedule: list[tuple[int, float]] | None = None,
-                 init_scheme: str = "glorot_uniform", *, threshold_split: str = "validation",
+                 init_scheme: str = "glorot_uniform", *, device: str = "cpu",
+                 checkpoint_every: int | None = None, threshold_split: str = "validation",
                  val_fraction: float = 0.2) -> None:
+        self.device = device
+        self.checkpoint_every = checkpoint_every
         self.data_cfg = data
         self.model_cfg = model
         self.train_cfg = train_cfg
@@ -97,8 +100,16 @@ class SupervisedProblem(CompletionProblem):
         return replace(self.data, x_train=x_fit, y_train=y_fit, x_test=x_eval, y_test=y_eval)
 
     def _fit(self, model: torch.nn.Module, cfg: TrainConfig, seed: int, trainable: set[str] | None,
-             stop_at: float | None, on_eval: OnEval | None, test_curve: Curve | None = None) -> Curve:
+             stop_at: float | None, on_eval: OnEval | None, progress_file: Path | None = None,
+             test_curve: Curve | None = None) -> Curve:
+        """Train on the problem's device (on ``splits()``: the validation split gives L by default; `test_curve`
+        collects the test loss at every evaluation); with ``checkpoint_every`` the run's state goes to
+        `progress_file` every k steps and a restarted run resumes from it (bit-identical on the CPU), then the file
+        is removed."""
+        from modelward.core.device import resolve_device
+
         x_fit, y_fit, x_eval, y_eval = self.splits()
+        model.to(resolve_device(self.device))
         hook = on_eval
         if test_curve is not None and self.threshold_split != "test":
             from modelward.core.train import evaluate
@@ -111,7 +122,13 @@ class SupervisedProblem(CompletionProblem):
                 if on_eval is not None:
                     on_eval(step, loss)
 
-        res = train(model, x_fit, y_fit, x_eval, y_eval, cfg, seed, trainable, stop_at, hook)
+        ck = None
+        if self.checkpoint_every is not None and progress_file is not None:
+            ck = Checkpointing(progress_file, self.checkpoint_every)
+        res = train(model, x_fit, y_fit, x_eval, y_eval, cfg, seed, trainable, stop_at, hook, checkpoint=ck)
+        model.cpu()
+        if ck is not None:
+            progress_file.unlink(missing_ok=True)  # type: ignore[union-attr]
         return [(int(s), float(v)) for s, v in res.curve]
 
     # -- protocol ---------------------------------------------------------------------------------------------
@@ -119,7 +136,8 @@ class SupervisedProblem(CompletionProblem):
         test_curve: Curve = []
         with seeded(seed):  # the module constructors draw from the global RNG
             model = init_model_(self.build(), self.init_scheme, seed)
-            curve = self._fit(model, self.train_cfg, seed, None, None, on_eval, test_curve)
+            curve = self._fit(model, self.train_cfg, seed, None, None, on_eval,
+                              Path(workdir) / f"original_seed{seed}.progress.safetensors", test_curve)
         ckpt = Path(workdir) / f"original_seed{seed}.safetensors"
         save_state_dict(ckpt, model.state_dict(), {"seed": seed})
         extras: dict[str, Any] = {"threshold_split": self.threshold_split}
@@ -145,7 +163,9 @@ class SupervisedProblem(CompletionProblem):
         if schedule is not None:
             update["lr_schedule"] = schedule
         cfg = self.train_cfg.model_copy(update=update)
-        return self._fit(model, cfg, tseed, trainable, stop_at, on_eval)
+        # unique per part × procedure (the paired seeds are not)
+        progress = Path(workdir) / f"retrain_{seed}_{stable_seed(part, procedure.name)}.progress.safetensors"
+        return self._fit(model, cfg, tseed, trainable, stop_at, on_eval, progress)
 
 
 class ModuleProblem(SupervisedProblem):
@@ -177,10 +197,12 @@ class ModuleProblem(SupervisedProblem):
     def __init__(self, model: torch.nn.Module | Callable[[], torch.nn.Module], data: DataSplit,
                  train_cfg: TrainConfig, retrain_lr: float | None = None,
                  retrain_lr_schedule: list[tuple[int, float]] | None = None,
-                 init_scheme: str = "glorot_uniform", *, threshold_split: str = "validation",
+                 init_scheme: str = "glorot_uniform", *, device: str = "cpu",
+                 checkpoint_every: int | None = None, threshold_split: str = "validation",
                  val_fraction: float = 0.2) -> None:
         super().__init__(DataConfig(), ModelConfig(), train_cfg, retrain_lr, retrain_lr_schedule, init_scheme,
-                         threshold_split=threshold_split, val_fraction=val_fraction)
+                         device=device, checkpoint_every=checkpoint_every, threshold_split=threshold_split,
+                         val_fraction=val_fraction)
         self._model = model
         self._split = data
 
