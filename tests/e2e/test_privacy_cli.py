@@ -66,6 +66,7 @@ def test_audit_writes_tables_arrays_roc_and_resumes(tmp_path: Path) -> None:
     rows = json.loads((out / "results.json").read_text())
     assert [r["attack"] for r in rows] == ["naive", "bayesian_wb", "bayesian_wb@0.9", "lira"]
     assert (out / "roc.png").stat().st_size > 0 and (out / "targets.md").is_file()
+    assert (out / "models" / "proxies_r0.safetensors").is_file()  # trained once in the proxies run, reused
     # any tool can recompute the metrics from the saved arrays
     s = np.load(out / "scores" / "bayesian_wb_r0.scores.npy")
     m = np.load(out / "scores" / "bayesian_wb_r0.members.npy")

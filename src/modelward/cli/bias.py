@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         from modelward.bias.study import BiasConfig, execute, plan, summarize_results, write_outputs
         from modelward.cli._outdir import check_out_dir
         from modelward.core.config import dump_config, load_config
+        from modelward.core.device import resolve_device
         from modelward.core.ledger import RunLedger
         from modelward.core.progress import RichProgress
         from modelward.core.runner import run_plan
@@ -35,6 +36,7 @@ def register(app: typer.Typer) -> None:
 
         console = Console()
         cfg = load_config(config, BiasConfig, set_)
+        resolve_device(cfg.device)  # an unusable device is refused before any run starts
         check_out_dir(out)
         out.mkdir(parents=True, exist_ok=True)
         ledger = RunLedger(out / "ledger.sqlite")

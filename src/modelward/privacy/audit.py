@@ -9,6 +9,8 @@ members (¼, the target's training set), non-members (¼) and the attacker's hol
 * ``shadows|r`` — the shadow / reference pool (``[shadows]``; trained once, stacked where exact) that shadow-bb,
   loss, LiRA and RMIA reuse; ``pool = "all"`` trains on random halves of the evaluation points plus the hold-out
   (LiRA / RMIA online), ``"holdout"`` on the hold-out only;
+* ``proxies|r`` — the proxy models of the target's last linear layer (bayesian-wb's 10 on bootstrap samples of
+  the hold-out, nn-wb's final one), trained once on the target's features and reused by those attacks;
 * ``attack|<label>|r`` — fit one attack on the hold-out (+ shadows), score the balanced evaluation set, save the
   scores and the true membership (``scores/<label>_r<r>.scores.npy`` / ``.members.npy`` / ``.scores.csv``), and
   record the metrics (plus calibrated rows ``<label>@α`` for each ``calibrate`` percentile, App. C).
@@ -20,6 +22,7 @@ score arrays.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,7 +30,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from modelward.core.config import StrictModel, dump_config
+from modelward.core.config import AlgorithmSpec, StrictModel, dump_config
 from modelward.core.data import DataConfig, load_data
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.ledger import RunLedger
@@ -40,7 +43,7 @@ from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, ModelwardError
 from modelward.privacy import metrics
 from modelward.privacy.dp import DPConfig, add_dropout, check_advantage, train_dp
-from modelward.privacy.membership import ATTACKS, NEEDS_SHADOWS, AttackData, make_attack
+from modelward.privacy.membership import ATTACKS, NEEDS_SHADOWS, AttackData, make_membership_attack
 from modelward.privacy.protocol import membership_split
 from modelward.privacy.shadows import ModelTrainer, ShadowPool, logits_of
 
@@ -68,14 +71,13 @@ class ShadowConfig(StrictModel):
     stacked: bool = True
 
 
-class AttackSpec(StrictModel):
-    name: str
-    params: dict[str, Any] = Field(default_factory=dict)
+class MembershipAttackSpec(AlgorithmSpec):
+    """One attack row (``name``, ``params``, ``label``); ``calibrate`` adds App. C percentile-calibrated rows."""
+
     calibrate: list[float] = Field(default_factory=list)  # App. C percentiles, e.g. [0.9, 0.99]
-    label: str | None = None
 
     @model_validator(mode="after")
-    def _known(self) -> AttackSpec:
+    def _known(self) -> MembershipAttackSpec:
         if self.name not in ATTACKS:
             raise ValueError(f"unknown attack {self.name!r}; valid choices: {ATTACKS.names()}")
         bad = sorted(set(self.params) - set(ATTACKS.parameters(self.name)))
@@ -85,10 +87,6 @@ class AttackSpec(StrictModel):
         if any(not 0 < a < 1 for a in self.calibrate):
             raise ValueError("calibrate percentiles must lie in (0, 1), e.g. [0.9, 0.99]")
         return self
-
-    @property
-    def key(self) -> str:
-        return self.label or self.name
 
 
 class AuditConfig(StrictModel):
@@ -104,7 +102,8 @@ class AuditConfig(StrictModel):
     split: SplitConfig = Field(default_factory=SplitConfig)
     defense: DefenseConfig = Field(default_factory=DefenseConfig)
     shadows: ShadowConfig = Field(default_factory=ShadowConfig)
-    attacks: list[AttackSpec] = Field(default_factory=lambda: [AttackSpec(name="naive"), AttackSpec(name="loss")])
+    attacks: list[MembershipAttackSpec] = Field(
+        default_factory=lambda: [MembershipAttackSpec(name="naive"), MembershipAttackSpec(name="loss")])
 
     @model_validator(mode="after")
     def _unique(self) -> AuditConfig:
@@ -187,7 +186,33 @@ def _train_shadows(cfg: AuditConfig, out: Path, rep: int) -> dict[str, Any]:
     return {"count": len(pool.models), "pool_size": len(xp), "mean_test_accuracy": float(np.mean(accs))}
 
 
-def _attack(cfg: AuditConfig, out: Path, rep: int, spec: AttackSpec) -> dict[str, Any]:
+def proxy_needs(cfg: AuditConfig) -> list[tuple[int, bool]]:
+    """The (count, bootstrap) proxy sets of the last linear layer that the configured attacks use."""
+    needs = []
+    for a in cfg.attacks:
+        if a.name == "bayesian_wb" and a.params.get("layer") is None:
+            needs.append((int(a.params.get("proxies", 10)), bool(a.params.get("bootstrap", True))))
+        if a.name == "nn_wb" and a.params.get("layer") is None:
+            needs.append((1, False))  # nn-wb's final proxy: one model on all of the hold-out
+    return sorted(set(needs))
+
+
+def _train_proxies(cfg: AuditConfig, out: Path, rep: int) -> dict[str, Any]:
+    from modelward.privacy.membership.proxies import cached_tops, save_tops
+    from modelward.privacy.slicing import last_linear
+
+    s = _setup(cfg, rep)
+    sp = s["split"]
+    target = _load_target(cfg, out, rep, s)
+    data = AttackData(target, sp.x_aux, sp.y_aux, s["classes"], s["trainer"], seed=cfg.seed * 1000 + rep)
+    layer = last_linear(target)
+    for count, boot in proxy_needs(cfg):
+        cached_tops(data, layer, count, boot)
+    save_tops(str(out / "models" / f"proxies_r{rep}.safetensors"), data.cache, layer)
+    return {"layer": layer, "sets": [k for k in data.cache]}
+
+
+def _attack(cfg: AuditConfig, out: Path, rep: int, spec: MembershipAttackSpec) -> dict[str, Any]:
     s = _setup(cfg, rep)
     sp = s["split"]
     target = _load_target(cfg, out, rep, s)
@@ -195,7 +220,12 @@ def _attack(cfg: AuditConfig, out: Path, rep: int, spec: AttackSpec) -> dict[str
     if (out / "models" / f"shadows_r{rep}.safetensors").is_file():
         shadows = ShadowPool.load(out / "models" / f"shadows_r{rep}.safetensors", s["trainer"].factory)
     data = AttackData(target, sp.x_aux, sp.y_aux, s["classes"], s["trainer"], shadows, seed=cfg.seed * 1000 + rep)
-    attack = make_attack(spec.name, **spec.params).fit(data)
+    proxies = out / "models" / f"proxies_r{rep}.safetensors"
+    if proxies.is_file():  # the proxies run trained them once for every attack of this repetition
+        from modelward.privacy.membership.proxies import load_tops
+
+        load_tops(str(proxies), data)
+    attack = make_membership_attack(spec.name, **spec.params).fit(data)
     xe, ye, members = sp.evaluation()
     scores = attack.score(xe, ye)
     rows = {}
@@ -211,23 +241,24 @@ def _attack(cfg: AuditConfig, out: Path, rep: int, spec: AttackSpec) -> dict[str
     return {"rows": rows}
 
 
-def execute_run(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One run of the audit plan (module-level and picklable, as the runner requires)."""
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+def execute_run(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str, Any]], *, out: str) -> dict[str, Any]:
+    """One run of the audit plan (module-level and picklable, as the runner requires; ``out`` is bound with
+    ``functools.partial`` so the study folder can be moved without changing the recorded specs)."""
     cfg = AuditConfig.model_validate(spec["config"])
-    out = Path(spec["out"])
+    folder = Path(out)
     rep = int(spec["rep"])
     if spec["kind"] == "target":
-        return _train_target(cfg, out, rep)
+        return _train_target(cfg, folder, rep)
     if spec["kind"] == "shadows":
-        return _train_shadows(cfg, out, rep)
+        return _train_shadows(cfg, folder, rep)
+    if spec["kind"] == "proxies":
+        return _train_proxies(cfg, folder, rep)
     attack = next(a for a in cfg.attacks if a.key == spec["attack"])
-    return _attack(cfg, out, rep, attack)
+    return _attack(cfg, folder, rep, attack)
 
 
-def plan_runs(cfg: AuditConfig, out: Path) -> list[RunSpec]:
-    conf = cfg.model_dump(mode="json")
-    base = {"config": conf, "out": str(out.resolve())}
+def plan_runs(cfg: AuditConfig) -> list[RunSpec]:
+    base = {"config": cfg.model_dump(mode="json")}
     need_shadows = any(a.name in NEEDS_SHADOWS for a in cfg.attacks)
     plan = []
     for r in range(cfg.repetitions):
@@ -236,6 +267,9 @@ def plan_runs(cfg: AuditConfig, out: Path) -> list[RunSpec]:
         if need_shadows:
             plan.append(RunSpec(f"shadows|{r}", base | {"kind": "shadows", "rep": r}))
             deps = (*deps, f"shadows|{r}")
+        if proxy_needs(cfg):
+            plan.append(RunSpec(f"proxies|{r}", base | {"kind": "proxies", "rep": r}, depends_on=(f"target|{r}",)))
+            deps = (*deps, f"proxies|{r}")
         for a in cfg.attacks:
             plan.append(RunSpec(f"attack|{a.key}|{r}", base | {"kind": "attack", "rep": r, "attack": a.key},
                                 depends_on=deps))
@@ -307,8 +341,8 @@ def run_audit(cfg: AuditConfig, out_dir: str | Path, *, workers: int = 1, execut
     ledger = RunLedger(out / "ledger.sqlite")
     ledger.bind_config(cfg)
     dump_config(cfg, out / "config.json")
-    plan = plan_runs(cfg, out)
-    outcome = run_plan(ledger, plan, execute_run, workers=workers, executor=executor, progress=progress,
+    plan = plan_runs(cfg)
+    outcome = run_plan(ledger, plan, partial(execute_run, out=str(out.resolve())), workers=workers, executor=executor, progress=progress,
                        description="privacy audit")
     if outcome.failed:
         first = next(iter(outcome.failed.items()))

@@ -5,7 +5,7 @@ trained on it ("in") and those that did not ("out"); each group is fitted with a
 example or global variance). The target's φ is scored by
 
 * online:  log N(φ; μ_in, σ_in²) − log N(φ; μ_out, σ_out²)   (a likelihood ratio, threshold 0),
-* offline: log Φ((φ − μ_out)/σ_out)   (one-sided test against the out-distribution only),
+* offline: log Φ((φ − μ_out)/σ_out)   (one-sided test against the out-distribution only, threshold log ½),
 
 summed over query augmentations (optional: horizontal flip, ±1-pixel shifts for images). Online needs shadow models
 trained on pools that contain the audited points (:class:`~modelward.privacy.shadows.ShadowPool` over the evaluation
@@ -62,6 +62,8 @@ class LiRA(MembershipAttack):
         augmentations(torch.zeros(1, 1, 2, 2), augment)
         self.online, self.global_variance, self.augment = online, global_variance, augment
         self.name = "lira_online" if online else "lira_offline"
+        # online: likelihood ratio > 1; offline: the target's confidence above the out-median (Φ > ½)
+        self.threshold = 0.0 if online else float(np.log(0.5))
 
     def _phi(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
         return np.stack([logit_confidence(logits_of(model, xa), y) for xa in augmentations(x, self.augment)], -1)

@@ -63,3 +63,36 @@ def cached_tops(data: AttackData, layer: str | None, count: int, bootstrap: bool
     if key not in data.cache:
         data.cache[key] = train_tops(data, data.x_aux, data.y_aux, layer, count, bootstrap, data.seed)
     return layer, data.cache[key]
+
+
+def save_tops(path: str, tops_by_key: dict[str, list[Top]], layer: str) -> None:
+    """Save proxy tops of the last linear layer (only its weight and bias are trained) as safetensors."""
+    from modelward.core.io import save_state_dict
+
+    tensors = {}
+    for key, tops in tops_by_key.items():
+        for k, t in enumerate(tops):
+            lin = get_layer(t.model, layer)
+            tensors[f"{key}|{k}|weight"] = lin.weight.detach()
+            tensors[f"{key}|{k}|bias"] = lin.bias.detach()
+    save_state_dict(path, tensors, {"layer": layer, "keys": list(tops_by_key)})
+
+
+def load_tops(path: str, data: AttackData) -> None:
+    """Put the saved proxy tops into ``data.cache`` (as :func:`cached_tops` would have trained them)."""
+    from modelward.core.io import load_state_dict
+
+    tensors, meta = load_state_dict(path)
+    layer = meta["layer"]
+    ref = Top.of(data.target, layer, data.x_aux[:1])
+    for key in meta["keys"]:
+        tops = []
+        k = 0
+        while f"{key}|{k}|weight" in tensors:
+            top = ref.fresh_copy(torch.Generator().manual_seed(0))
+            with torch.no_grad():
+                get_layer(top.model, layer).weight.copy_(tensors[f"{key}|{k}|weight"])
+                get_layer(top.model, layer).bias.copy_(tensors[f"{key}|{k}|bias"])
+            tops.append(top.eval())
+            k += 1
+        data.cache[key] = tops
