@@ -127,3 +127,40 @@ def test_party_config_validates_label_protection_at_load():
     assert cfg.label_protection == LabelProtectionConfig(method="marvell", scale=4.0)
     with pytest.raises(ConfigError, match=r"label_protection\.method.*'marvell'"):
         load_party_config(bob, ["label_protection.method=marvel"])
+
+
+def test_keyed_noise_repeats_for_a_retried_step_and_differs_across_steps():
+    grad, y = _binary_grads(n=64, d=16)
+    idx = torch.arange(100, 164)
+    cfg = LabelProtectionConfig(method="marvell", scale=4.0)
+    a = protect_gradient(grad, y, cfg, step=7, index=idx)
+    assert torch.equal(a, protect_gradient(grad, y, cfg, step=7, index=idx))  # the retry gets the same noise
+    assert not torch.equal(a, protect_gradient(grad, y, cfg, step=8, index=idx))
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(0))  # same examples, other order
+    b = protect_gradient(grad[perm], y[perm], cfg, step=7, index=idx[perm])
+    torch.testing.assert_close(b, a[perm], rtol=1e-4, atol=1e-4)  # up to the optimiser on permuted statistics
+    with pytest.raises(DataError, match="indices"):
+        protect_gradient(grad, y, cfg, step=7, index=idx[:3])
+
+
+def test_abort_and_retry_gives_alice_no_fresh_noise(make_chain):
+    """The two-phase protocol lets Alice's driver abort step s and run it again; Bob's state is restored bit for
+    bit, so only keyed noise stops her from averaging fresh samples of the same gradient."""
+    from modelward.governance.wire import Message
+
+    c = make_chain(extra={"bob": {"label_protection": {"method": "marvell", "scale": 4.0}}})
+    drv = c.driver(TrainConfig(steps=2, batch_size=16, lr=0.05))
+    drv.open(train=True)
+    bob = c.client("bob", "alice")
+    bob.call(Message("open", drv.session))
+    h = torch.rand(16, 4, 4, 4, generator=torch.Generator().manual_seed(0))
+    idx = torch.arange(16)
+    got = []
+    for seq in (1, 2, 3):
+        got.append(bob.call(Message("step", drv.session, 0, seq, {}, {"h": h, "idx": idx})).tensors["g"])
+        drv.call("bob", "abort", 0, {}, {})
+    assert torch.equal(got[0], got[1]) and torch.equal(got[1], got[2])
+    c.parties["bob"].cfg.label_protection = None  # the same step unprotected: the noise was really there
+    c.parties["bob"]._protect = None
+    clean = bob.call(Message("step", drv.session, 0, 4, {}, {"h": h, "idx": idx})).tensors["g"]
+    assert not torch.allclose(clean, got[0])

@@ -23,10 +23,10 @@ def run(
 ) -> None:
     """Run every defense × ε × attack × seed cell; write results.csv, worst_case.csv, results.md and plots."""
     from modelward.core.progress import RichProgress
-    from modelward.extraction.config import EvalConfig
+    from modelward.extraction.config import ExtractionConfig
     from modelward.extraction.study import run_evaluation
 
-    cfg = load_config(config, EvalConfig, set_)
+    cfg = load_config(config, ExtractionConfig, set_)
     check_out_dir(out)
     with RichProgress(console) as progress:
         summary = run_evaluation(cfg, out, progress)

@@ -17,7 +17,10 @@ point the same way and the minority class has larger norms. Bob adds noise befor
 Both spend the same budget ``P = scale · S``, with S the mean squared distance between the batch's class-mean
 gradients (``||ḡ_1 - ḡ_0||²`` for two classes; Marvell's power parameter s is ``scale``). ``scale = 0`` returns the
 gradient unchanged. The noise comes from Bob's own randomness (``secrets``), unless a generator or a seed is given
-(for reproducible measurements only: a seed another party knows lets it subtract the noise).
+(for reproducible measurements only: a seed another party knows lets it subtract the noise). Given the training
+step and the examples' indices (the parties pass them), each example's noise is fixed by Bob's secret key, the step
+and the index, so a step that is aborted and run again, which the two-phase protocol allows, returns the same noisy
+gradient instead of a fresh sample to average.
 
 Example:
     >>> cfg = LabelProtectionConfig(method="marvell", scale=4.0)
@@ -26,6 +29,8 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import secrets
 from collections.abc import Mapping
@@ -163,6 +168,34 @@ def _generator(config: LabelProtectionConfig, generator: torch.Generator | None,
     return torch.Generator(device=device).manual_seed(seed)
 
 
+_PROCESS_KEY: bytes | None = None
+
+
+def _noise_key(config: LabelProtectionConfig) -> bytes:
+    """Bob's secret for keyed noise: random per process, or derived from ``seed`` (experiments only)."""
+    global _PROCESS_KEY
+    if config.seed is not None:
+        return hashlib.sha256(f"modelward-label-protection:{config.seed}".encode()).digest()
+    if _PROCESS_KEY is None:
+        _PROCESS_KEY = secrets.token_bytes(32)
+    return _PROCESS_KEY
+
+
+def keyed_normal(key: bytes, step: int, index: torch.Tensor, dim: int, device: torch.device) -> torch.Tensor:
+    """Standard normal rows, one per example, fixed by (key, step, example index): a retried step gets the same.
+
+    Without this, a driver that aborts step s after seeing Bob's gradient and runs s again (the two-phase protocol
+    restores Bob bit for bit, so his clean gradient is identical) would receive the same gradient under fresh noise
+    each time, and averaging K retries divides the noise power by K.
+    """
+    rows = []
+    for i in index.reshape(-1).tolist():
+        digest = hmac.new(key, f"{int(step)}:{int(i)}".encode(), hashlib.sha256).digest()
+        gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        rows.append(torch.randn(dim, generator=gen, dtype=torch.float64))
+    return torch.stack(rows).to(device)
+
+
 def as_protection_config(config: LabelProtectionConfig | Mapping[str, Any] | None) -> LabelProtectionConfig:
     """A ``[label_protection]`` table (dict) or None as a validated config (ConfigError naming the bad field)."""
     if isinstance(config, LabelProtectionConfig):
@@ -176,7 +209,8 @@ def as_protection_config(config: LabelProtectionConfig | Mapping[str, Any] | Non
 
 def protect_gradient(grad: torch.Tensor, labels: torch.Tensor,
                      config: LabelProtectionConfig | Mapping[str, Any] | None, *,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
+                     generator: torch.Generator | None = None, step: int | None = None,
+                     index: torch.Tensor | None = None) -> torch.Tensor:
     """Return the gradient Bob sends back, perturbed to hide the labels (see the module docstring).
 
     Args:
@@ -184,6 +218,9 @@ def protect_gradient(grad: torch.Tensor, labels: torch.Tensor,
         labels: the batch's integer labels, shape ``[B]``.
         config: method and scale (``LabelProtectionConfig``, or the ``[label_protection]`` table as a dict).
         generator: optional torch.Generator for the noise (experiments); default: fresh secret randomness.
+        step, index: the training step and the examples' indices in the training set. When both are given (and no
+            `generator`), each example's noise is fixed by Bob's secret key, the step and its index
+            (:func:`keyed_normal`), so repeating a step after an abort reveals nothing new. Parties pass them.
     Returns:
         A tensor of the same shape, dtype and device as `grad` (`grad` itself when method is none or scale 0).
     Example:
@@ -196,8 +233,13 @@ def protect_gradient(grad: torch.Tensor, labels: torch.Tensor,
     bsz, dim = g.shape
     st = class_statistics(g, y)
     power = config.scale * st["signal"]
-    gen = _generator(config, generator, g.device)
-    z = torch.randn(g.shape, generator=gen, dtype=torch.float64, device=g.device)
+    if step is not None and index is not None and generator is None:
+        if torch.as_tensor(index).numel() != bsz:
+            raise DataError(f"protect_gradient: {torch.as_tensor(index).numel()} indices for a batch of {bsz}")
+        z = keyed_normal(_noise_key(config), step, torch.as_tensor(index), dim, g.device)
+    else:
+        gen = _generator(config, generator, g.device)
+        z = torch.randn(g.shape, generator=gen, dtype=torch.float64, device=g.device)
     if config.method == "isotropic" or len(st["classes"]) < 2:
         noise = z * math.sqrt(power / dim)
     else:
