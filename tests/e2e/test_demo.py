@@ -14,7 +14,7 @@ def test_quick_demo_end_to_end(tmp_path):
                         "--workers", "1"], capture_output=True, text=True, timeout=400, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = list(csv.DictReader((out / "completion" / "hardness.csv").open()))
-    assert {r["part"] for r in rows} == {"conv1", "conv2+fc1+logits"}
+    assert {r["part"] for r in rows} == {"conv1", "conv2+fc1+logits", "(all)"}  # (all): the T0 reference
     assert all(0.0 <= float(r["mean"]) <= 1.0 for r in rows)
     md = (out / "completion" / "hardness.md").read_text()
     assert "## α = 1" in md and "conv2+fc1+logits" in md
