@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from modelward.cli._device import DeviceOption
+
 app = typer.Typer(no_args_is_help=True)
 console = Console()
 
@@ -19,13 +21,16 @@ def run(
     out: Annotated[Path, typer.Option("--out", help="output folder (re-run the same command to resume)")],
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="parallel processes (default: cores)")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value, e.g. seeds=[0,1]")] = None,
+    device: DeviceOption = None,
 ) -> None:
     """Run (or resume) a completion study and write hardness tables and plots."""
+    from modelward.cli._device import require_device, with_device
     from modelward.cli._outdir import check_out_dir
     from modelward.completion.study import interrupted_runs, load_study, run_study
     from modelward.core.progress import RichProgress
 
-    cfg = load_study(study, set_)
+    cfg = load_study(study, with_device(set_, device))
+    require_device(cfg.device)  # "auto" is resolved again by each worker (a Ray node may have its own GPU)
     check_out_dir(out)
     recovered = interrupted_runs(out)
     if recovered:

@@ -22,7 +22,8 @@ def make_problem(cfg: StudyConfig) -> CompletionProblem:
     if cfg.kind == "supervised":
         from modelward.completion.supervised import SupervisedProblem
 
-        return SupervisedProblem(cfg.data, cfg.model, cfg.train, cfg.retrain.lr, cfg.retrain.lr_schedule)
+        return SupervisedProblem(cfg.data, cfg.model, cfg.train, cfg.retrain.lr, cfg.retrain.lr_schedule,
+                                 device=cfg.device)
     try:
         from modelward.rl.completion import RLProblem
     except ImportError as e:  # pragma: no cover - depends on the RL area being installed

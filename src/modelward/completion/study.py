@@ -98,7 +98,8 @@ def _run_study(cfg: StudyConfig, out: Path, workers: int | None, progress: Progr
     problem = problem or make_problem(cfg)
     runs = plan(cfg, problem)
     ledger = RunLedger(out / "ledger.sqlite")
-    ledger.bind_config(cfg, legacy=(hashlib.sha256(cfg.model_dump_json().encode()).hexdigest(),))  # pre-runner
+    ledger.bind_config(cfg, exclude={"device"},  # a study may resume on another device
+                       legacy=(hashlib.sha256(cfg.model_dump_json(exclude={"device"}).encode()).hexdigest(),))
     dump_config(cfg, out / "study.json")
     for r in runs:
         ledger.add(r.run_id, r.spec)

@@ -14,6 +14,7 @@ import torch
 from modelward.completion.problem import CompletionProblem, Curve, OnEval, OriginalRun, ProcedureSpec
 from modelward.completion.procedures import prepare_retraining, stable_seed
 from modelward.core.data import DataConfig, DataSplit, load_data
+from modelward.core.device import resolve_device
 from modelward.core.init import init_model_
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.parts import default_part_names, parts_table, resolve_part
@@ -34,8 +35,9 @@ class SupervisedProblem(CompletionProblem):
 
     def __init__(self, data: DataConfig, model: ModelConfig, train_cfg: TrainConfig,
                  retrain_lr: float | None = None, retrain_lr_schedule: list[tuple[int, float]] | None = None,
-                 init_scheme: str = "glorot_uniform") -> None:
+                 init_scheme: str = "glorot_uniform", device: str = "cpu") -> None:
         self.data_cfg = data
+        self.device = device  # where runs train and are evaluated (resolved in the process that runs them)
         self.model_cfg = model
         self.train_cfg = train_cfg
         self.retrain_lr = retrain_lr
@@ -63,6 +65,8 @@ class SupervisedProblem(CompletionProblem):
     def _fit(self, model: torch.nn.Module, cfg: TrainConfig, seed: int, trainable: set[str] | None,
              stop_at: float | None, on_eval: OnEval | None) -> Curve:
         d = self.data
+        # initialised / reset on the CPU (the same weights on every device), trained on the device
+        model.to(resolve_device(getattr(self, "device", "cpu")))
         res = train(model, d.x_train, d.y_train, d.x_test, d.y_test, cfg, seed, trainable, stop_at, on_eval)
         return [(int(s), float(v)) for s, v in res.curve]
 
@@ -108,6 +112,7 @@ class ModuleProblem(SupervisedProblem):
         train_cfg: procedure T (optimizer, steps, schedule, evaluation every k steps, loss "error"/"ce").
         retrain_lr, retrain_lr_schedule: retraining overrides (the paper's SL retraining is 50% faster).
         init_scheme: the init scheme of the original training and of reset parts.
+        device: where runs train and are evaluated ("cpu", "cuda", "auto", ...; docs/devices.md).
 
     Example:
         >>> from modelward.core.data import DataConfig, load_data
@@ -121,8 +126,9 @@ class ModuleProblem(SupervisedProblem):
     def __init__(self, model: torch.nn.Module | Callable[[], torch.nn.Module], data: DataSplit,
                  train_cfg: TrainConfig, retrain_lr: float | None = None,
                  retrain_lr_schedule: list[tuple[int, float]] | None = None,
-                 init_scheme: str = "glorot_uniform") -> None:
-        super().__init__(DataConfig(), ModelConfig(), train_cfg, retrain_lr, retrain_lr_schedule, init_scheme)
+                 init_scheme: str = "glorot_uniform", device: str = "cpu") -> None:
+        super().__init__(DataConfig(), ModelConfig(), train_cfg, retrain_lr, retrain_lr_schedule, init_scheme,
+                         device)
         self._model = model
         self._split = data
 
