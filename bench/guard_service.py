@@ -9,8 +9,9 @@ One run measures three servers serving the same model, each in its own subproces
 * ``none``: ``modelward guard serve`` with defense "none" (auth, validation, budgets and the SQLite log only);
 * ``modelguard_s``: ``modelward guard serve`` with ModelGuard-S (ε = 1).
 
-Each is loaded with ``--clients`` concurrent clients (keep-alive connections) and with a single client; the
-script prints rows/s, req/s, p50/p99 and the ratios guarded / bare. Targets (issue 13): ModelGuard-S ≥ 0.8× the
+All three run side by side; each round loads each of them in turn with ``--clients`` concurrent clients
+(keep-alive connections) and then with a single client, so a change of the shared machine's load hits all three
+alike. The script prints medians over the rounds (rows/s, req/s, p50/p99) and the per-round ratios guarded / bare. Targets (issue 13): ModelGuard-S ≥ 0.8× the
 bare server's throughput with 8 clients, and p50 ≤ 5 ms for one client.
 """
 
@@ -123,8 +124,9 @@ def load(url: str, name: str, clients: int, requests: int, batch: int) -> dict[s
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--requests", type=int, default=25, help="requests per client per round")
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (the CPU is shared: medians)")
     ap.add_argument("--bare-server", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -134,36 +136,46 @@ def main() -> None:
     cfg = ModelConfig(arch="cnn", channels=[16, 32], fc=64)
     torch.manual_seed(0)
     model = build_model(cfg, (1, 8, 8), 10)
-    results: dict[tuple[str, int], dict[str, float]] = {}
+    servers = ("bare", "none", "modelguard_s")
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {(s, c): [] for s in servers for c in (args.clients, 1)}
     with tempfile.TemporaryDirectory() as tmp:
-        for server in ("bare", "none", "modelguard_s"):
-            defense = "none" if server == "bare" else server
-            params = {"epsilon": 1.0} if server == "modelguard_s" else {}
-            path = write_guard_config(Path(tmp) / server, model, cfg, (1, 8, 8), 10, defense=defense,
-                                      defense_params=params, keys={KEY: None}, name="digits")
-            if server == "bare":
-                proc, url = start_bare(path)
-                stop = proc.kill
-            else:
-                srv = start_guard_server(path)
-                url, stop = srv.url, srv.stop
-            try:
-                load(url, "digits", 2, 5, args.batch)  # warm-up
-                results[(server, args.clients)] = load(url, "digits", args.clients, args.requests, args.batch)
-                results[(server, 1)] = load(url, "digits", 1, args.requests * 2, args.batch)
-            finally:
+        urls, stops = {}, []
+        try:
+            for server in servers:  # all three run side by side; rounds interleave them
+                defense = "none" if server == "bare" else server
+                params = {"epsilon": 1.0} if server == "modelguard_s" else {}
+                path = write_guard_config(Path(tmp) / server, model, cfg, (1, 8, 8), 10, defense=defense,
+                                          defense_params=params, keys={KEY: None}, name="digits")
+                if server == "bare":
+                    proc, urls[server] = start_bare(path)
+                    stops.append(proc.kill)
+                else:
+                    srv = start_guard_server(path)
+                    urls[server] = srv.url
+                    stops.append(srv.stop)
+                load(urls[server], "digits", 2, 5, args.batch)  # warm-up
+            for _ in range(args.rounds):
+                for server in servers:
+                    runs[(server, args.clients)].append(load(urls[server], "digits", args.clients, args.requests,
+                                                             args.batch))
+                    runs[(server, 1)].append(load(urls[server], "digits", 1, args.requests * 2, args.batch))
+        finally:
+            for stop in stops:
                 stop()
-    print(f"{args.requests} requests per client × {args.batch} rows, keep-alive connections, loopback "
-          f"({os.cpu_count()} CPUs)")
+    med = {k: {m: float(np.median([r[m] for r in v])) for m in v[0]} for k, v in runs.items()}
+    print(f"{args.rounds} interleaved rounds; per round {args.requests} requests per client × {args.batch} rows "
+          f"(1 client: {2 * args.requests}); keep-alive connections, loopback, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}; medians over rounds")
     print(f"{'server':>14} {'clients':>7} {'rows/s':>8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}")
-    for (d, c), r in results.items():
+    for (d, c), r in med.items():
         print(f"{d:>14} {c:>7} {r['rows_per_s']:>8.0f} {r['req_per_s']:>7.1f} {r['p50_ms']:>7.2f} "
-              f"{r['p99_ms']:>7.2f} {r['errors']:>6}")
+              f"{r['p99_ms']:>7.2f} {sum(x['errors'] for x in runs[(d, c)]):>6}")
     for c in (args.clients, 1):
-        bare = results[("bare", c)]["rows_per_s"]
-        print(f"{c} client(s): guarded ModelGuard-S / bare throughput {results[('modelguard_s', c)]['rows_per_s'] / bare:.2f}"
-              f", defense none / bare {results[('none', c)]['rows_per_s'] / bare:.2f}")
-    assert all(r["errors"] == 0 for r in results.values())
+        for d in ("modelguard_s", "none"):
+            ratios = [g["rows_per_s"] / b["rows_per_s"] for g, b in zip(runs[(d, c)], runs[("bare", c)], strict=True)]
+            print(f"{c} client(s): {d} / bare throughput, median of per-round ratios {np.median(ratios):.2f} "
+                  f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
+    assert all(r["errors"] == 0 for v in runs.values() for r in v)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ def execute(log: str, run_id: str, spec: dict, deps: dict) -> dict:
         f.write(run_id + "\n")
     if spec.get("fail_flag") and Path(spec["fail_flag"]).exists():
         raise DataError(f"{run_id}: asked to fail")
+    if spec.get("die"):
+        os._exit(1)  # the worker process dies abruptly
     if spec.get("sleep_flag") and not Path(spec["sleep_flag"]).exists():  # only the first time
         Path(spec["sleep_flag"]).write_text("started")
         time.sleep(60)
@@ -95,9 +97,13 @@ def test_malformed_plans_are_refused() -> None:
         check_plan([RunSpec("a", {}, ("c",)), RunSpec("b", {}, ("a",)), RunSpec("c", {}, ("b",))])
 
 
-def test_process_pool_runs_in_other_processes(tmp_path) -> None:
+def test_process_pool_runs_in_other_processes_and_survives_a_dying_worker(tmp_path) -> None:
     ledger = RunLedger(tmp_path / "ledger.sqlite")
-    out = run_plan(ledger, diamond(tmp_path), partial(execute, str(tmp_path / "calls.log")), workers=2)
+    plan = [*diamond(tmp_path), RunSpec("x", {"v": 0, "die": True}, ("a",))]
+    out = run_plan(ledger, plan, partial(execute, str(tmp_path / "calls.log")), workers=2)
+    assert "x" in out.failed and ledger.status("x") == "failed" and "a" in ledger.results()
+    # a run in flight next to the dying worker may fail with it (it is retried): a second call finishes the rest
+    out = run_plan(ledger, plan[:-1], partial(execute, str(tmp_path / "calls.log")), workers=2)
     assert out.complete
     res = ledger.results()
     assert res["d"]["total"] == 2111 and all(r["pid"] != os.getpid() for r in res.values())

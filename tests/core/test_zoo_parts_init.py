@@ -77,3 +77,11 @@ def test_entrypoint_model_and_bad_arch():
         build_model(ModelConfig(arch="entrypoint", entrypoint="no_such_pkg.x:f"), (4,), 2)
     with pytest.raises(ConfigError, match="needs image inputs"):
         build_model(ModelConfig(arch="cnn"), (30,), 2)
+
+
+def test_arch_registry_matches_the_config_choices():
+    from typing import get_args
+
+    from modelward.core.zoo import ARCHITECTURES, Arch
+
+    assert ARCHITECTURES.names() == sorted(get_args(Arch))

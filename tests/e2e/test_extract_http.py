@@ -11,13 +11,13 @@ from modelward.core.config import validate
 from modelward.core.data import DataConfig, load_data
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
-from modelward.extraction.config import EvalConfig
+from modelward.extraction.config import ExtractionConfig
 from modelward.extraction.demo import run_extraction_demo
 from modelward.extraction.study import run_evaluation
 
 
 def test_harness_attacks_a_served_modelguard_s(tmp_path):
-    cfg = validate(EvalConfig, {
+    cfg = validate(ExtractionConfig, {
         "budget": 100, "data": {"source": "digits", "test_fraction": 0.25, "max_samples": 600},
         "victim": {"model": {"arch": "mlp", "hidden": [24]}, "train": {"steps": 100, "lr": 0.1},
                    "temperature": 2.0, "cache_dir": str(tmp_path / "cache"), "serve": True},

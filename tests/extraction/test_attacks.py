@@ -8,6 +8,7 @@ import torch
 from modelward.core.data import DataConfig, load_data
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
+from modelward.errors import ConfigError
 from modelward.extraction.attacks import (
     ADAPTIVE,
     ATTACK_STRATEGIES,
@@ -17,7 +18,7 @@ from modelward.extraction.attacks import (
     SubstituteConfig,
     TransferSet,
     knowledge_from_defense,
-    make_attack,
+    make_extraction_attack,
 )
 from modelward.extraction.attacks.pbayes import BayesTable, dirichlet_samples, table_recover
 from modelward.extraction.defenses import make_defense
@@ -57,7 +58,7 @@ def _run(setup, query, strategy, defense="none", budget=150, qp=None, sp=None, s
     dfn = make_defense(defense)
     victim = LocalVictim(model, dfn, num_classes=10)
     kn = knowledge_from_defense(dfn, victim.clean) if knowledge else None
-    attack = make_attack(query, strategy, qp, sp if sp is not None else FAST_PARAMS.get(strategy), FAST)
+    attack = make_extraction_attack(query, strategy, qp, sp if sp is not None else FAST_PARAMS.get(strategy), FAST)
     return attack.run(victim, transfer, budget, factory, seed=seed, eval_set=ev, knowledge=kn), attack, victim
 
 
@@ -143,12 +144,16 @@ def test_dirichlet_samples_have_the_right_mean():
 
 
 def test_bad_names_list_valid_choices():
-    with pytest.raises(AttackError, match="valid choices"):
-        make_attack("knockof", "naive")
-    with pytest.raises(AttackError, match="pbayes"):
-        make_attack("knockoff", "bayes")
-    with pytest.raises(AttackError, match="bad parameters"):
-        make_attack("knockoff", "mqpi", strategy_params={"n": 2})
+    with pytest.raises(ConfigError, match="valid choices"):
+        make_extraction_attack("knockof", "naive")
+    with pytest.raises(ConfigError, match="pbayes"):
+        make_extraction_attack("knockoff", "bayes")
+    with pytest.raises(ConfigError, match=r"unknown parameter\(s\) \['n'\]; valid: \['m'"):
+        make_extraction_attack("knockoff", "mqpi", strategy_params={"n": 2})
+
+
+def test_adaptive_list_matches_the_classes():
+    assert set(ADAPTIVE) == {n for n in ATTACK_STRATEGIES.names() if ATTACK_STRATEGIES.get(n).needs_knowledge}
 
 
 def test_unlabelled_pool_rejected_where_labels_needed(setup):
@@ -156,10 +161,10 @@ def test_unlabelled_pool_rejected_where_labels_needed(setup):
     victim = LocalVictim(model, num_classes=10)
     bare = TransferSet(transfer.x)
     with pytest.raises(AttackError, match="labels"):
-        make_attack("knockoff_adaptive", "naive", substitute=FAST).run(victim, bare, 50, factory)
+        make_extraction_attack("knockoff_adaptive", "naive", substitute=FAST).run(victim, bare, 50, factory)
     kn = AttackKnowledge(perturb=lambda y, x: y)
     with pytest.raises(AttackError, match="labelled pool"):
-        make_attack("knockoff", "ddae", substitute=FAST).run(victim, bare, 50, factory, knowledge=kn)
+        make_extraction_attack("knockoff", "ddae", substitute=FAST).run(victim, bare, 50, factory, knowledge=kn)
 
 
 def test_mqpi_sees_flips_of_the_non_ordered_quantizer_only(setup):
@@ -171,7 +176,7 @@ def test_mqpi_sees_flips_of_the_non_ordered_quantizer_only(setup):
     for ordered in (True, False):
         dfn = make_defense("modelguard_s", epsilon=0.2, ordered=ordered)
         victim = LocalVictim(Tempered(model, 4.0), dfn, num_classes=10)  # less confident → many centroids
-        attack = make_attack("knockoff", "mqpi", None, {"m": 2}, FAST)
+        attack = make_extraction_attack("knockoff", "mqpi", None, {"m": 2}, FAST)
         attack.run(victim, transfer, 300, factory, seed=0, eval_set=ev)
         changed[ordered] = attack.strategy.changed
     assert changed[True] == 0 and changed[False] > 0, changed

@@ -314,7 +314,7 @@ def test_misinformation_training_lowers_true_class_probability():
 def test_registry_errors_name_the_choices():
     with pytest.raises(ConfigError, match="valid choices"):
         make_defense("modelguard")
-    with pytest.raises(ConfigError, match="valid parameters"):
+    with pytest.raises(ConfigError, match=r"unknown parameter\(s\) \[.eps.\]; valid: \[.epsilon."):
         make_defense("modelguard_w", eps=1.0)
     with pytest.raises(ConfigError, match="surrogate"):
         make_defense("mad", epsilon=1.0)

@@ -11,7 +11,7 @@ import torch
 from modelward.core.config import validate
 from modelward.errors import ConfigError, LedgerError
 from modelward.extraction import study as ev
-from modelward.extraction.config import EvalConfig, cells
+from modelward.extraction.config import ExtractionConfig, cells
 from modelward.extraction.study import run_evaluation
 
 
@@ -27,7 +27,7 @@ def _cfg(tmp_path, **over):
         "attacks": [{"strategy": "naive"}, {"strategy": "top1"}],
     }
     data.update(over)
-    return validate(EvalConfig, data, "test")
+    return validate(ExtractionConfig, data, "test")
 
 
 @pytest.fixture(autouse=True)
@@ -151,7 +151,7 @@ def test_example_configs_load(name):
 
     from modelward.core.config import load_config
 
-    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / name, EvalConfig)
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / name, ExtractionConfig)
     cs = cells(cfg)
     keys = {c.defense_key for c in cs}
     assert {"none", "mg_s@1", "mg_w@1", "mg_s@0.5", "mg_s@1.5"} <= keys

@@ -108,3 +108,43 @@ def test_malformed_published_head_is_a_usage_error(log):
     path, _ = log
     with pytest.raises(AuditError, match="--head"):
         verify(path, expect_head="abc")
+
+
+def _anchored_pair(tmp_path, n=6):
+    bob, alice = AuditLog(tmp_path / "bob.db", "bob"), AuditLog(tmp_path / "alice.db", "alice")
+    for i in range(n):
+        bob.append("carol", "step", "s", i, i + 1, 32, purpose="train")
+        alice.append("alice", "step", "s", i, i + 1, 32, purpose="train", anchors={"bob": bob.head_ref})
+    bob.close()
+    alice.close()
+    return tmp_path / "bob.db", tmp_path / "alice.db"
+
+
+def test_verify_against_catches_a_truncated_or_rewritten_tail(tmp_path):
+    from modelward.governance.audit import head_of, verify_against
+
+    bob, alice = _anchored_pair(tmp_path)
+    r = verify_against(bob, alice)
+    assert r.ok and "6 head(s)" in str(r) and "latest anchored record is 6" in str(r)
+    assert head_of(bob)["records"] == 6 and head_of(bob)["party"] == "bob"
+    _sql(bob, "DELETE FROM audit WHERE id > 4")  # still a valid chain on its own
+    assert verify(bob).ok
+    r = verify_against(bob, alice)
+    assert not r.ok and r.bad_id == 5 and "truncated" in r.problem
+    log = AuditLog(bob, "bob")  # ... and re-written: same ids, different content
+    for i in (4, 5):
+        log.append("carol", "step", "s", i, i + 1, 1, purpose="train")
+    log.close()
+    r = verify_against(bob, alice)
+    assert not r.ok and r.bad_id == 5 and "rewritten" in r.problem
+
+
+def test_refusals_are_rate_limited_and_counted(tmp_path):
+    a = AuditLog(tmp_path / "a.db", "bob")
+    assert a.refusal("mallory", "(identity)", "not pinned", every_s=60)
+    assert not any(a.refusal("mallory", "(identity)", "not pinned", every_s=60) for _ in range(5))
+    assert a.refusal("eve", "(identity)", "not pinned", every_s=60)  # per peer
+    assert a.refusal("mallory", "(identity)", "not pinned", every_s=0)
+    rows = a.db.execute("SELECT caller, decision, reason FROM audit").fetchall()
+    a.close()
+    assert len(rows) == 3 and rows[-1][2].startswith("not pinned (5 similar")

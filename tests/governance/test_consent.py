@@ -10,7 +10,7 @@ from modelward.governance.consent import ConsentChecker, PassRequest, Policy, in
 
 
 def req(**kw):
-    base = dict(party="bob", caller="alice", op="step", session="s", step=0, batch=32)
+    base = dict(party="bob", caller="alice", op="step", session="s", step=0, batch=32, split="test")
     base.update(kw)
     return PassRequest(purpose=purpose_of(base["op"]), **base)
 
@@ -57,6 +57,15 @@ def test_step_limits_count_per_peer_from_the_audit_log(audit):
     d = c.check(req(caller="carol", op="eval", session="y"))
     assert not d.allowed and "max_passes_per_day" in d.reason
     assert c.check(req(op="status")).allowed and c.check(req(op="abort")).allowed  # no purpose: peer check only
+
+
+def test_evaluation_is_on_the_test_split_unless_allowed(audit):
+    c = ConsentChecker(Policy(allow_peers=["alice"], training=True), audit)
+    assert c.check(req(op="eval", split="test")).allowed
+    d = c.check(req(op="eval", split="train"))
+    assert not d.allowed and "label oracle" in d.reason
+    c = ConsentChecker(Policy(allow_peers=["alice"], training=True, eval_splits=["train", "test"]), audit)
+    assert c.check(req(op="eval", split="train")).allowed
 
 
 def test_the_purpose_is_the_operations_never_the_callers():

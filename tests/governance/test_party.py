@@ -222,3 +222,14 @@ def test_label_protection_hook_perturbs_only_the_returned_gradient(make_chain):
 
     with pytest.raises(ConfigError, match="label_protection"):
         Party(load_party_config(protected.split.party_configs["bob"], ["label_protection.method=bogus"]))
+
+
+def test_a_non_peer_is_refused_before_its_message_is_decoded(make_chain):
+    c = make_chain()
+    bob = c.parties["bob"]
+    with pytest.raises(ConsentDenied, match="not an allowed peer"):
+        bob.handle("mallory", b"\x00" * 1000)  # not even a wire message: never parsed
+    with pytest.raises(WireError, match="bad magic"):
+        bob.handle("alice", b"\x00" * 1000)
+    rows = bob.audit.db.execute("SELECT caller, op, decision FROM audit").fetchall()
+    assert ("mallory", "(undecoded)", "deny") in rows and ("alice", "(malformed)", "deny") in rows

@@ -8,7 +8,7 @@ from torch import nn
 
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig, build_model
-from modelward.privacy.membership import AttackData, make_attack
+from modelward.privacy.membership import AttackData, make_membership_attack
 from modelward.privacy.membership.bayesian_wb import BayesianWB
 from modelward.privacy.membership.deep_wb import DeepWB, influence
 from modelward.privacy.shadows import ModelTrainer
@@ -82,7 +82,7 @@ def test_memorised_training_set_is_separated_perfectly() -> None:
     data = AttackData(target, x[40:], y[40:], 4, trainer)
     members = np.r_[np.ones(20, bool), np.zeros(20, bool)]
     xe, ye = torch.cat([x[:20], x[60:]]), torch.cat([y[:20], y[60:]])
-    scores = make_attack("loss", tau=0.05).fit(data).score(xe, ye)
+    scores = make_membership_attack("loss", tau=0.05).fit(data).score(xe, ye)
     m = metrics.evaluate(scores, members, -0.05)
     assert m.auc == 1.0 and m.tpr_at_0_1pct_fpr == 1.0  # every member scores above every non-member
     assert m.tpr == 1.0  # and all members are below the loss threshold
@@ -92,7 +92,7 @@ def test_nn_wb_min_capacity_trains_and_scores() -> None:
     x, y = _data(n=200, seed=4)
     trainer = ModelTrainer(lambda: nn.Linear(5, 2), TrainConfig(lr=0.1, batch_size=32, steps=40))
     target = trainer.train(x[:50], y[:50], seed=1)
-    a = make_attack("nn_wb", splits=2, hidden=0, epochs=4).fit(AttackData(target, x[100:], y[100:], 2, trainer))
+    a = make_membership_attack("nn_wb", splits=2, hidden=0, epochs=4).fit(AttackData(target, x[100:], y[100:], 2, trainer))
     s = a.score(x[:20], y[:20])
     assert s.shape == (20,) and np.isfinite(s).all()
     assert a.w.shape == (2, 5) and a.b.shape == (2,)

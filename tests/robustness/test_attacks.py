@@ -207,9 +207,9 @@ def test_robust_accuracy_curve_is_monotone(victim, batch, tmp_path):
 
 def test_registry_errors_name_valid_choices(victim):
     assert set(ATTACK_NAMES) == {"fgsm", "bim", "ilcm", "pgd", "cw", "lbfgs", "jsma", "transfer"}
-    with pytest.raises(ConfigError, match="valid attacks: fgsm"):
+    with pytest.raises(ConfigError, match="valid choices: .*fgsm"):
         make_attack("deepfool", victim)
-    with pytest.raises(ConfigError, match="valid: eps"):
+    with pytest.raises(ConfigError, match=r"valid: \['eps'"):
         make_attack("pgd", victim, epsilon=0.1)
     with pytest.raises(ConfigError, match="norm"):
         make_attack("pgd", victim, eps=0.1, norm="l1")

@@ -414,3 +414,16 @@ def test_circulant_bound_is_above_the_exact_conv_norm(cfg: tuple[int, ...]) -> N
     exact = float(torch.linalg.svdvals(b.matrix())[0])
     ub = conv_circulant_bound(conv.weight, (h, h), b.pad, conv.dilation, g, conv.stride)
     assert exact * (1 - 1e-12) <= ub <= 1.25 * exact
+
+
+def test_certified_radius_is_the_certification_threshold() -> None:
+    from modelward.robustness.gloro import certified_radius
+
+    x, _ = _blobs(80)
+    net = GloroNet(_mlp(), (6,), 0.0)
+    r = certified_radius(net, x)
+    assert r.shape == (80,) and bool((r > 0).all()) and bool(torch.isfinite(r).all())
+    assert bool(certify(net, x, epsilon=float(r.median()) * 0.999).certified.any())
+    for i in range(0, 80, 7):  # ε just below / above a point's radius certifies / rejects exactly that point
+        assert bool(certify(net, x[i : i + 1], epsilon=float(r[i]) * 0.999).certified[0])
+        assert not bool(certify(net, x[i : i + 1], epsilon=float(r[i]) * 1.001).certified[0])

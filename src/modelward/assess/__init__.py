@@ -6,8 +6,9 @@ Example:
     >>> run_assessment(cfg, "assess-out")  # writes assess-out/report.html and report.json  # doctest: +SKIP
 """
 
-from modelward.assess.config import AssessConfig, SplitConfig
-from modelward.assess.report import write_report
-from modelward.assess.run import run_assessment
+from modelward.core.registry import lazy_exports
 
-__all__ = ["AssessConfig", "SplitConfig", "run_assessment", "write_report"]
+_EXPORTS = {"AssessConfig": "modelward.assess.config:AssessConfig", "SplitConfig": "modelward.assess.config:SplitConfig",
+            "write_report": "modelward.assess.report:write_report", "run_assessment": "modelward.assess.run:run_assessment"}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -12,3 +12,4 @@ _EXPORTS |= {name: f"modelward.bias.learners:{name}" for name in (
 _EXPORTS |= {name: f"modelward.bias.mitigation:{name}" for name in ("feature_parity", "experts")}
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -21,6 +21,9 @@ def run(
     out: Annotated[Path, typer.Option("--out", help="output folder (re-run the same command to resume)")],
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="parallel processes (default: cores)")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value, e.g. seeds=[0,1]")] = None,
+    executor: Annotated[str, typer.Option("--executor", help="local | process | ray")] = "local",
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (--executor ray; "
+                                                                    "default: a private local Ray)")] = None,
     device: DeviceOption = None,
 ) -> None:
     """Run (or resume) a completion study and write hardness tables and plots."""
@@ -36,7 +39,7 @@ def run(
     if recovered:
         console.print(f"[yellow]resuming:[/] {recovered} interrupted run(s) will restart")
     with RichProgress(console) as progress:
-        outcome = run_study(cfg, out, workers or os.cpu_count(), progress)
+        outcome = run_study(cfg, out, workers or os.cpu_count(), progress, executor=executor, address=address)
     _print_summary(cfg, outcome.tables, out)
     if outcome.failed:
         console.print(f"[red]{len(outcome.failed)} run(s) failed[/] (they restart when you run the command again):")

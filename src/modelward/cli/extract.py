@@ -25,10 +25,10 @@ def run(
 ) -> None:
     """Run every defense × ε × attack × seed cell; write results.csv, worst_case.csv, results.md and plots."""
     from modelward.core.progress import RichProgress
-    from modelward.extraction.config import EvalConfig
+    from modelward.extraction.config import ExtractionConfig
     from modelward.extraction.study import run_evaluation
 
-    cfg = load_config(config, EvalConfig, with_device(set_, device))
+    cfg = load_config(config, ExtractionConfig, with_device(set_, device))
     require_device(cfg.device)
     check_out_dir(out)
     with RichProgress(console) as progress:

@@ -32,8 +32,8 @@ def train(
         state = {"L": float("nan")}
 
         def on_step(step, loss, links):
-            wire = sum(s.sent + s.received for s in links.values())
-            progress.update(task, completed=step, info=f"loss {loss:.3f}  L {state['L']:.3f}  wire {_mb(wire)}")
+            ctl = sum(s.sent + s.received for s in links.values())  # the driver's links: no tensors
+            progress.update(task, completed=step, info=f"loss {loss:.3f}  L {state['L']:.3f}  driver {ctl / 2**10:.0f} KiB")
 
         def on_eval(step, val):
             state["L"] = val

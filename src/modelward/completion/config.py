@@ -53,6 +53,7 @@ class StudyConfig(StrictModel):
     # where every run trains and is evaluated ("auto" is resolved by the process that runs it, e.g. a Ray worker
     # with a GPU); not part of the study's fingerprint: a study may resume on another device (docs/devices.md)
     device: DeviceSetting = "cpu"
+    checkpoint_every: int | None = Field(None, ge=1)  # mid-run checkpoints every k steps (long runs survive a crash)
 
     @field_validator("alphas")
     @classmethod

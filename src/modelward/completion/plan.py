@@ -13,22 +13,38 @@ import re
 from modelward.completion.config import StudyConfig
 from modelward.completion.metric import Thresholds
 from modelward.completion.problem import CompletionProblem, OriginalRun
+from modelward.core.registry import Registry
 from modelward.core.runner import RunSpec
 from modelward.errors import ConfigError
 
 
-def make_problem(cfg: StudyConfig) -> CompletionProblem:
-    """The learning problem behind a study: supervised (zoo model on a data set) or RL (modelward.rl)."""
-    if cfg.kind == "supervised":
-        from modelward.completion.supervised import SupervisedProblem
+def _supervised_problem(cfg: StudyConfig) -> CompletionProblem:
+    from modelward.completion.supervised import SupervisedProblem
 
-        return SupervisedProblem(cfg.data, cfg.model, cfg.train, cfg.retrain.lr, cfg.retrain.lr_schedule,
-                                 device=cfg.device)
+    return SupervisedProblem(cfg.data, cfg.model, cfg.train, cfg.retrain.lr, cfg.retrain.lr_schedule,
+                             device=cfg.device, checkpoint_every=cfg.checkpoint_every)
+
+
+def _rl_problem(cfg: StudyConfig) -> CompletionProblem:
     try:
         from modelward.rl.completion import RLProblem
     except ImportError as e:  # pragma: no cover - depends on the RL area being installed
         raise ConfigError(f"kind='rl': the RL completion problem is unavailable ({e})") from None
     return RLProblem.from_study(cfg)
+
+
+#: study ``kind`` -> factory ``(StudyConfig) -> CompletionProblem``
+PROBLEMS = Registry("completion problem kind")
+PROBLEMS.register("supervised")(_supervised_problem)
+PROBLEMS.register("rl")(_rl_problem)
+
+
+def make_problem(cfg: StudyConfig) -> CompletionProblem:
+    """The learning problem behind a study: supervised (zoo model on a data set) or RL (modelward.rl).
+
+    A study can also be given an in-process problem directly (``run_study(cfg, out, problem=ModuleProblem(...))``).
+    """
+    return PROBLEMS.create(cfg.kind, cfg)
 
 
 def orig_id(task: str, seed: int) -> str:

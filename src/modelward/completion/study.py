@@ -17,7 +17,7 @@ Example (your own model, in process)::
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ def interrupted_runs(out: str | Path) -> int:
 
 def run_study(cfg: StudyConfig, out: str | Path, workers: int | None = None, progress: ProgressSink | None = None,
               *, problem: CompletionProblem | None = None, preset_originals: list[OriginalRun] | None = None,
-              executor: str | Executor = "local") -> StudyOutcome:
+              executor: str | Executor = "local", address: str | None = None) -> StudyOutcome:
     """Run (or resume) the study in `out` and write its report (hardness tables and plots).
 
     Args:
@@ -76,7 +76,8 @@ def run_study(cfg: StudyConfig, out: str | Path, workers: int | None = None, pro
             must be picklable.
         preset_originals: already-trained original runs (e.g. a model trained split between parties); their
             seeds' retraining runs start from them.
-        executor: see :func:`modelward.core.runner.run_plan`.
+        executor: see :func:`modelward.core.runner.run_plan` (``"ray"`` runs every run as a Ray task).
+        address: the Ray cluster to join with ``executor="ray"`` (``"auto"``/``"HOST:PORT"``; None = local).
 
     Returns:
         :class:`StudyOutcome` (failed runs restart when the study is run again).
@@ -84,12 +85,12 @@ def run_study(cfg: StudyConfig, out: str | Path, workers: int | None = None, pro
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     with FolderLock(out, "study"):  # one driver per study folder: recovering interrupted runs is then safe
-        return _run_study(cfg, out, workers, progress, problem, preset_originals, executor)
+        return _run_study(cfg, out, workers, progress, problem, preset_originals, executor, address)
 
 
 def _run_study(cfg: StudyConfig, out: Path, workers: int | None, progress: ProgressSink | None,
                problem: CompletionProblem | None, preset_originals: list[OriginalRun] | None,
-               executor: str | Executor) -> StudyOutcome:
+               executor: str | Executor, address: str | None = None) -> StudyOutcome:
     import os
 
     from modelward.completion.report import live_estimate, write_report
@@ -97,9 +98,14 @@ def _run_study(cfg: StudyConfig, out: Path, workers: int | None, progress: Progr
     given = problem
     problem = problem or make_problem(cfg)
     runs = plan(cfg, problem)
+    if cfg.device.startswith("cuda"):  # a cluster executor then places each run on a GPU of its own
+        runs = [replace(r, gpus=1.0) for r in runs]
     ledger = RunLedger(out / "ledger.sqlite")
-    ledger.bind_config(cfg, exclude={"device"},  # a study may resume on another device
-                       legacy=(hashlib.sha256(cfg.model_dump_json(exclude={"device"}).encode()).hexdigest(),))
+    # a study may resume on another device; `legacy`: the fingerprint folders made before the shared runner have
+    # (a config without the fields added since, device and checkpoint_every)
+    legacy_json = cfg.model_dump_json(exclude={"device", "checkpoint_every"} if cfg.checkpoint_every is None
+                                      else {"device"})
+    ledger.bind_config(cfg, exclude={"device"}, legacy=(hashlib.sha256(legacy_json.encode()).hexdigest(),))
     dump_config(cfg, out / "study.json")
     for r in runs:
         ledger.add(r.run_id, r.spec)
@@ -117,7 +123,7 @@ def _run_study(cfg: StudyConfig, out: Path, workers: int | None, progress: Progr
     workers = workers or (1 if given is not None else os.cpu_count() or 1)
     execute = partial(execute_run, cfg.model_dump_json(), str(out), given)
     outcome = run_plan(ledger, runs, execute, workers=max(1, workers), executor=executor, progress=progress,
-                       on_result=on_result, description=f"study {cfg.name}")
+                       on_result=on_result, description=f"study {cfg.name}", address=address)
     tables = write_report(out, problem)
     return StudyOutcome(out, outcome.done, outcome.total, outcome.failed, tables)
 

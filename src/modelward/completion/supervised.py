@@ -14,12 +14,11 @@ import torch
 from modelward.completion.problem import CompletionProblem, Curve, OnEval, OriginalRun, ProcedureSpec
 from modelward.completion.procedures import prepare_retraining, stable_seed
 from modelward.core.data import DataConfig, DataSplit, load_data
-from modelward.core.device import resolve_device
 from modelward.core.init import init_model_
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.parts import default_part_names, parts_table, resolve_part
 from modelward.core.seed import seeded
-from modelward.core.train import TrainConfig, train
+from modelward.core.train import Checkpointing, TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
 
 
@@ -35,9 +34,11 @@ class SupervisedProblem(CompletionProblem):
 
     def __init__(self, data: DataConfig, model: ModelConfig, train_cfg: TrainConfig,
                  retrain_lr: float | None = None, retrain_lr_schedule: list[tuple[int, float]] | None = None,
-                 init_scheme: str = "glorot_uniform", device: str = "cpu") -> None:
+                 init_scheme: str = "glorot_uniform", *, device: str = "cpu",
+                 checkpoint_every: int | None = None) -> None:
+        self.device = device
+        self.checkpoint_every = checkpoint_every
         self.data_cfg = data
-        self.device = device  # where runs train and are evaluated (resolved in the process that runs them)
         self.model_cfg = model
         self.train_cfg = train_cfg
         self.retrain_lr = retrain_lr
@@ -63,18 +64,29 @@ class SupervisedProblem(CompletionProblem):
         resolve_part(self.build(), part)
 
     def _fit(self, model: torch.nn.Module, cfg: TrainConfig, seed: int, trainable: set[str] | None,
-             stop_at: float | None, on_eval: OnEval | None) -> Curve:
+             stop_at: float | None, on_eval: OnEval | None, progress_file: Path | None = None) -> Curve:
+        """Train on the problem's device; with ``checkpoint_every`` the run's state goes to `progress_file` every k
+        steps and a restarted run resumes from it (bit-identical on the CPU), then the file is removed."""
+        from modelward.core.device import resolve_device
+
         d = self.data
-        # initialised / reset on the CPU (the same weights on every device), trained on the device
-        model.to(resolve_device(getattr(self, "device", "cpu")))
-        res = train(model, d.x_train, d.y_train, d.x_test, d.y_test, cfg, seed, trainable, stop_at, on_eval)
+        model.to(resolve_device(self.device))
+        ck = None
+        if self.checkpoint_every is not None and progress_file is not None:
+            ck = Checkpointing(progress_file, self.checkpoint_every)
+        res = train(model, d.x_train, d.y_train, d.x_test, d.y_test, cfg, seed, trainable, stop_at, on_eval,
+                    checkpoint=ck)
+        model.cpu()
+        if ck is not None:
+            progress_file.unlink(missing_ok=True)  # type: ignore[union-attr]
         return [(int(s), float(v)) for s, v in res.curve]
 
     # -- protocol ---------------------------------------------------------------------------------------------
     def train_original(self, seed: int, task: str, workdir: Path, on_eval: OnEval | None = None) -> OriginalRun:
         with seeded(seed):  # the module constructors draw from the global RNG
             model = init_model_(self.build(), self.init_scheme, seed)
-            curve = self._fit(model, self.train_cfg, seed, None, None, on_eval)
+            curve = self._fit(model, self.train_cfg, seed, None, None, on_eval,
+                              Path(workdir) / f"original_seed{seed}.progress.safetensors")
         ckpt = Path(workdir) / f"original_seed{seed}.safetensors"
         save_state_dict(ckpt, model.state_dict(), {"seed": seed})
         return OriginalRun(seed, task, curve, ckpt)
@@ -95,7 +107,8 @@ class SupervisedProblem(CompletionProblem):
         if schedule is not None:
             update["lr_schedule"] = schedule
         cfg = self.train_cfg.model_copy(update=update)
-        return self._fit(model, cfg, rseed, trainable, stop_at, on_eval)
+        progress = Path(workdir) / f"retrain_{seed}_{rseed}.progress.safetensors"  # rseed: unique per part × procedure
+        return self._fit(model, cfg, rseed, trainable, stop_at, on_eval, progress)
 
 
 class ModuleProblem(SupervisedProblem):
@@ -126,9 +139,10 @@ class ModuleProblem(SupervisedProblem):
     def __init__(self, model: torch.nn.Module | Callable[[], torch.nn.Module], data: DataSplit,
                  train_cfg: TrainConfig, retrain_lr: float | None = None,
                  retrain_lr_schedule: list[tuple[int, float]] | None = None,
-                 init_scheme: str = "glorot_uniform", device: str = "cpu") -> None:
+                 init_scheme: str = "glorot_uniform", *, device: str = "cpu",
+                 checkpoint_every: int | None = None) -> None:
         super().__init__(DataConfig(), ModelConfig(), train_cfg, retrain_lr, retrain_lr_schedule, init_scheme,
-                         device)
+                         device=device, checkpoint_every=checkpoint_every)
         self._model = model
         self._split = data
 

@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from modelward.errors import ConfigError
 
@@ -18,6 +18,32 @@ class StrictModel(BaseModel):
     """Base for every config section: unknown keys are errors, values are validated on assignment."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, protected_namespaces=())
+
+
+class AlgorithmSpec(StrictModel):
+    """One algorithm chosen by name with its keyword parameters: a config's ``[[attacks]]`` / ``[[defenses]]`` row.
+
+    The areas validate ``name`` and ``params`` against their :class:`~modelward.core.registry.Registry`
+    (evasion attacks, extraction defenses, membership attacks); subclasses add area-specific fields.
+
+    Args:
+        name: the registry name (``"pgd"``, ``"modelguard_s"``, ``"lira"`` ...).
+        params: keyword parameters for the algorithm's constructor (empty: its defaults).
+        label: the row's name in result tables (default: ``name``), so one algorithm can appear twice.
+
+    Example:
+        >>> AlgorithmSpec(name="pgd", params={"steps": 40}).key
+        'pgd'
+    """
+
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    label: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The row's name in result tables."""
+        return self.label or self.name
 
 
 def _loc(loc: tuple[Any, ...]) -> str:

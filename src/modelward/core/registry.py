@@ -119,7 +119,7 @@ class Registry:
         except (TypeError, ValueError):  # builtins without a signature: let the call decide
             return obj(*args, **params)
         if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-            valid = self.parameters(name)
+            valid = self.parameters(name)[len(args):]  # those filled positionally are not keyword choices
             bad = sorted(set(params) - set(valid))
             if bad:
                 raise ConfigError(f"{self.kind} {name!r}: unknown parameter(s) {bad}; valid: {valid}")

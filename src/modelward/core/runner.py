@@ -61,6 +61,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent import futures
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,20 +187,34 @@ def _worker_init() -> None:
 
 
 class ProcessPoolExecutor(Executor):
-    """A pool of `workers` spawned processes on this machine (``spawn``: no state inherited from the driver)."""
+    """A pool of `workers` spawned processes on this machine (``spawn``: no state inherited from the driver).
+
+    A worker that dies (``kill -9``, out of memory) fails the runs it was running; the pool is then replaced
+    and the remaining runs go on.
+    """
 
     def __init__(self, workers: int | None = None) -> None:
         from multiprocessing import get_context
 
         self.workers = max(1, workers or os.cpu_count() or 1)
-        self._pool = futures.ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"),
-                                                 initializer=_worker_init)
+        self._context = get_context("spawn")
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> futures.ProcessPoolExecutor:
+        return futures.ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context,
+                                           initializer=_worker_init)
 
     def slots(self, resources: Sequence[Resources]) -> int:
         return self.workers
 
     def submit(self, fn: Callable[..., Any], *args: Any, resources: Resources) -> futures.Future[Any]:
-        return self._pool.submit(fn, *args)
+        try:
+            return self._pool.submit(fn, *args)
+        except BrokenProcessPool:
+            # a worker died (kill -9, out of memory): its runs were reported failed; carry on with a fresh pool
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = self._new_pool()
+            return self._pool.submit(fn, *args)
 
     def wait_any(self, handles: Sequence[Any]) -> list[Any]:
         finished, _ = futures.wait(handles, return_when=futures.FIRST_COMPLETED)

@@ -18,6 +18,7 @@ from pydantic import Field
 from torch import nn
 
 from modelward.core.config import StrictModel
+from modelward.core.registry import Registry
 from modelward.errors import ConfigError
 
 Arch = Literal["mlp", "cnn", "alexnet", "resnet", "entrypoint"]
@@ -232,27 +233,51 @@ def load_entrypoint(spec: str) -> Any:
         raise ConfigError(f"model.entrypoint {spec!r}: module {mod_name!r} has no attribute {attr!r}") from None
 
 
-def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Build the configured architecture for inputs of `input_shape` (without batch dim) and `num_classes`."""
-    image = len(input_shape) == 3
-    if cfg.arch == "mlp":
-        n_in = 1
-        for d in input_shape:
-            n_in *= d
-        return MLP(n_in, [_w(h, cfg.width) for h in cfg.hidden], num_classes)
-    if cfg.arch in ("cnn", "alexnet", "resnet") and not image:
+def _n_features(input_shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in input_shape:
+        n *= d
+    return n
+
+
+def _image(cfg: ModelConfig, input_shape: tuple[int, ...]) -> None:
+    if len(input_shape) != 3:
         raise ConfigError(f"model.arch={cfg.arch!r} needs image inputs (C×H×W), got input shape {input_shape}; "
                           "use arch='mlp' for tabular data")
-    if cfg.arch == "cnn":
-        return SmallCNN(input_shape, [_w(c, cfg.width) for c in cfg.channels], _w(cfg.fc, cfg.width), num_classes,
-                        cfg.batch_norm)
-    if cfg.arch == "alexnet":
-        return AlexNetStyle(input_shape, num_classes, cfg.width, cfg.batch_norm)
-    if cfg.arch == "resnet":
-        if not cfg.sections or min(cfg.sections) < 1:
-            raise ConfigError("model.sections: need at least one section with >= 1 block, e.g. [1, 1, 1, 1]")
-        return ResNetStyle(input_shape, num_classes, cfg.sections, cfg.base_channels, cfg.width, cfg.batch_norm)
-    # entrypoint
+
+
+#: ``model.arch`` name -> builder ``(cfg, input_shape, num_classes) -> nn.Module``
+ARCHITECTURES = Registry("model.arch")
+
+
+@ARCHITECTURES.register("mlp")
+def _build_mlp(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return MLP(_n_features(input_shape), [_w(h, cfg.width) for h in cfg.hidden], num_classes)
+
+
+@ARCHITECTURES.register("cnn")
+def _build_cnn(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    _image(cfg, input_shape)
+    return SmallCNN(input_shape, [_w(c, cfg.width) for c in cfg.channels], _w(cfg.fc, cfg.width), num_classes,
+                    cfg.batch_norm)
+
+
+@ARCHITECTURES.register("alexnet")
+def _build_alexnet(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    _image(cfg, input_shape)
+    return AlexNetStyle(input_shape, num_classes, cfg.width, cfg.batch_norm)
+
+
+@ARCHITECTURES.register("resnet")
+def _build_resnet(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    _image(cfg, input_shape)
+    if not cfg.sections or min(cfg.sections) < 1:
+        raise ConfigError("model.sections: need at least one section with >= 1 block, e.g. [1, 1, 1, 1]")
+    return ResNetStyle(input_shape, num_classes, cfg.sections, cfg.base_channels, cfg.width, cfg.batch_norm)
+
+
+@ARCHITECTURES.register("entrypoint")
+def _build_entrypoint(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if not cfg.entrypoint:
         raise ConfigError("model.entrypoint: required when model.arch='entrypoint' (e.g. 'mypkg.nets:build')")
     factory = load_entrypoint(cfg.entrypoint)
@@ -266,3 +291,22 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.entrypoint {cfg.entrypoint!r} returned {type(model).__name__}, not an nn.Module")
     return model
+
+
+def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Build the configured architecture for inputs of `input_shape` (without batch dim) and `num_classes`.
+
+    Args:
+        cfg: the ``[model]`` table (``arch`` is one of ``ARCHITECTURES.names()``).
+        input_shape: one input's shape without the batch dimension (C×H×W images, or (features,)).
+        num_classes: number of output logits.
+
+    Returns:
+        The untrained model (its ``part_names`` list its natural parts, lower to higher layers).
+
+    Example:
+        >>> net = build_model(ModelConfig(arch="mlp", hidden=[16]), (64,), 10)
+        >>> net(torch.zeros(2, 64)).shape
+        torch.Size([2, 10])
+    """
+    return ARCHITECTURES.get(cfg.arch)(cfg, input_shape, num_classes)

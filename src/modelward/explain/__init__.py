@@ -13,3 +13,4 @@ _EXPORTS |= {name: f"modelward.explain.interpret:{name}" for name in (
     "top_units", "unit_attribution", "unit_inversion", "compare_models", "attribute")}
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from modelward.core.config import StrictModel
+from modelward.core.config import AlgorithmSpec, StrictModel
 from modelward.core.data import DataConfig
 from modelward.core.device import DeviceSetting
 from modelward.core.runner import RunSpec
@@ -49,13 +49,11 @@ class TransferConfig(StrictModel):
         return self
 
 
-class DefenseSpec(StrictModel):
-    """One defense column; ``epsilons`` sweeps its ε (ℓ1 budget) — one column per value."""
+class DefenseSpec(AlgorithmSpec):
+    """One defense column (``name``, ``params``, ``label``); ``epsilons`` sweeps its ε (ℓ1 budget) — one column
+    per value; ``attacks`` restricts the attack rows run against it."""
 
-    name: str
-    params: dict[str, Any] = Field(default_factory=dict)
     epsilons: list[float] = Field(default_factory=list)
-    label: str | None = None
     attacks: list[str] = Field(default_factory=list)  # attack rows (labels) to run here; empty = all
 
     @model_validator(mode="after")
@@ -67,8 +65,8 @@ class DefenseSpec(StrictModel):
         return self
 
 
-class AttackSpec(StrictModel):
-    """One attack row: a query strategy × an attack strategy."""
+class ExtractionAttackSpec(StrictModel):
+    """One attack row: a query strategy × an attack strategy (each with its parameters)."""
 
     query: str = "knockoff"
     strategy: str = "naive"
@@ -77,7 +75,7 @@ class AttackSpec(StrictModel):
     label: str | None = None
 
     @model_validator(mode="after")
-    def _known(self) -> AttackSpec:
+    def _known(self) -> ExtractionAttackSpec:
         if self.query not in QUERY_STRATEGIES:
             raise ValueError(f"unknown query strategy {self.query!r}; valid choices: {sorted(QUERY_STRATEGIES)}")
         if self.strategy not in ATTACK_STRATEGIES:
@@ -90,7 +88,7 @@ class AttackSpec(StrictModel):
         return self.label or f"{self.query}/{self.strategy}"
 
 
-class EvalConfig(StrictModel):
+class ExtractionConfig(StrictModel):
     """``modelward extract run`` configuration (see examples/extraction_digits.toml)."""
 
     name: str = "extraction"
@@ -101,7 +99,7 @@ class EvalConfig(StrictModel):
     substitute: SubstituteConfig = Field(default_factory=SubstituteConfig)
     substitute_model: ModelConfig | None = None  # None = the victim's architecture (the paper's assumption)
     defenses: list[DefenseSpec] = Field(default_factory=lambda: [DefenseSpec(name="none")])
-    attacks: list[AttackSpec] = Field(default_factory=lambda: [AttackSpec()])
+    attacks: list[ExtractionAttackSpec] = Field(default_factory=lambda: [ExtractionAttackSpec()])
     seeds: list[int] = Field(default_factory=lambda: [0])
     centroid_epsilons: list[float] = Field(default_factory=list)  # ModelGuard-S growth curves (Fig. 5 right)
     threads: int = Field(1, ge=1)  # torch intra-op threads (small models run best single-threaded)
@@ -110,7 +108,7 @@ class EvalConfig(StrictModel):
     device: DeviceSetting = "cpu"
 
     @model_validator(mode="after")
-    def _check(self) -> EvalConfig:
+    def _check(self) -> ExtractionConfig:
         if not self.defenses:
             raise ValueError("defenses: need at least one [[defenses]] entry")
         if not self.attacks:
@@ -137,7 +135,7 @@ class EvalConfig(StrictModel):
 class Cell:
     defense: DefenseSpec
     epsilon: float | None
-    attack: AttackSpec
+    attack: ExtractionAttackSpec
     seed: int
 
     @property
@@ -154,7 +152,7 @@ class Cell:
                 "attack": self.attack.model_dump(mode="json"), "seed": self.seed}
 
 
-def cells(cfg: EvalConfig) -> list[Cell]:
+def cells(cfg: ExtractionConfig) -> list[Cell]:
     out = []
     for d in cfg.defenses:
         for eps in (d.epsilons or [None]):
@@ -169,9 +167,9 @@ def cells(cfg: EvalConfig) -> list[Cell]:
 def cell_from_spec(spec: dict[str, Any]) -> Cell:
     """The cell a ledger spec (:meth:`Cell.spec`) describes."""
     return Cell(DefenseSpec.model_validate(spec["defense"]), spec["epsilon"],
-                AttackSpec.model_validate(spec["attack"]), int(spec["seed"]))
+                ExtractionAttackSpec.model_validate(spec["attack"]), int(spec["seed"]))
 
 
-def plan(cfg: EvalConfig) -> list[RunSpec]:
+def plan(cfg: ExtractionConfig) -> list[RunSpec]:
     """Every cell as a run (cells are independent: no dependencies)."""
     return [RunSpec(c.run_id, c.spec()) for c in cells(cfg)]

@@ -19,7 +19,7 @@ from torch import nn
 
 from modelward.core.data import DataSplit
 from modelward.core.zoo import ModelConfig, build_model
-from modelward.extraction.attacks import EvalSet, SubstituteConfig, TransferSet, make_attack
+from modelward.extraction.attacks import EvalSet, SubstituteConfig, TransferSet, make_extraction_attack
 
 DEMO_KEY = "modelward-demo-extraction-key"
 
@@ -42,7 +42,7 @@ def run_extraction_demo(out_dir: Path, model: nn.Module, model_cfg: ModelConfig,
         return build_model(model_cfg, data.input_shape, data.num_classes)
 
     sub_cfg = SubstituteConfig(epochs=epochs, batch_size=32, lr=0.05, lr_step=max(1, epochs // 3))
-    attack = make_attack("knockoff", "naive", substitute=sub_cfg)
+    attack = make_extraction_attack("knockoff", "naive", substitute=sub_cfg)
     path = write_guard_config(out_dir / "guard", model, model_cfg, data.input_shape, data.num_classes,
                               defense="modelguard_s", defense_params={"epsilon": 1.0}, keys={DEMO_KEY: budget},
                               name="demo")

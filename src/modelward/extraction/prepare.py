@@ -26,7 +26,7 @@ from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError
 from modelward.extraction.attacks import EvalSet, TransferSet, knowledge_from_defense
 from modelward.extraction.attacks.base import AttackKnowledge, seeded_model
-from modelward.extraction.config import DefenseSpec, EvalConfig
+from modelward.extraction.config import DefenseSpec, ExtractionConfig
 from modelward.extraction.defenses import PredictionDefense, make_defense
 from modelward.extraction.defenses.adaptive_misinformation import train_misinformation_model
 
@@ -61,7 +61,7 @@ def _cfg_hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _split_victim(cfg: EvalConfig, data: DataSplit) -> tuple[torch.Tensor, torch.Tensor]:
+def _split_victim(cfg: ExtractionConfig, data: DataSplit) -> tuple[torch.Tensor, torch.Tensor]:
     """Seeded permutation of the train split: the victim's indices and the attacker pool's indices."""
     n = len(data.x_train)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.victim.seed + 1))
@@ -69,7 +69,7 @@ def _split_victim(cfg: EvalConfig, data: DataSplit) -> tuple[torch.Tensor, torch
     return perm[:k], perm[k:]
 
 
-def prepare(cfg: EvalConfig, progress: ProgressSink | None = None) -> Prepared:
+def prepare(cfg: ExtractionConfig, progress: ProgressSink | None = None) -> Prepared:
     """Load data, train (or load from cache) the victim, build the attacker pool and the eval set.
 
     Training the victim is reported to `progress` under the key ``"victim"``.
@@ -124,7 +124,7 @@ def prepare(cfg: EvalConfig, progress: ProgressSink | None = None) -> Prepared:
                     lambda: build_model(sub_arch, data.input_shape, data.num_classes), mis, cached, arch)
 
 
-def _transfer(cfg: EvalConfig, data: DataSplit, pidx: torch.Tensor) -> TransferSet:
+def _transfer(cfg: ExtractionConfig, data: DataSplit, pidx: torch.Tensor) -> TransferSet:
     t = cfg.transfer
     if t.source == "pool":
         return TransferSet(data.x_train[pidx], data.y_train[pidx])
@@ -186,7 +186,7 @@ def fold_temperature(victim: nn.Module) -> nn.Module:
     return model
 
 
-def centroid_curves(cfg: EvalConfig, prep: Prepared, every: int = 25) -> dict[str, tuple[list[int], list[int]]]:
+def centroid_curves(cfg: ExtractionConfig, prep: Prepared, every: int = 25) -> dict[str, tuple[list[int], list[int]]]:
     """ModelGuard-S centroid count vs number of queries (KnockoffNets order over the pool; Fig. 5 right)."""
     clean = clean_fn(prep.victim)
     n = min(len(prep.transfer), max(cfg.budget, 1))

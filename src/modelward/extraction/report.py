@@ -10,7 +10,7 @@ from typing import Any
 
 from modelward.core.records import write_csv, write_table
 from modelward.core.stats import Summary, mean_sd_text, summarize
-from modelward.extraction.config import Cell, EvalConfig
+from modelward.extraction.config import Cell, ExtractionConfig
 from modelward.extraction.prepare import Prepared
 
 COLUMNS = ["defense", "epsilon", "attack", "query", "strategy", "seed", "accuracy", "fidelity", "best_epoch",
@@ -71,7 +71,7 @@ def _cell(m: dict[str, float]) -> str:
     return mean_sd_text(s, 2, sd_digits=1, scale=100.0, unit="%")
 
 
-def write_report(cfg: EvalConfig, rows: list[dict[str, Any]], prep: Prepared,
+def write_report(cfg: ExtractionConfig, rows: list[dict[str, Any]], prep: Prepared,
                  curves: dict[str, tuple[list[int], list[int]]], out: Path) -> dict[str, Any]:
     from modelward.core.plots import line_plot
 

@@ -28,8 +28,8 @@ from modelward.core.ledger import RunLedger
 from modelward.core.progress import ProgressSink
 from modelward.core.runner import run_plan
 from modelward.errors import ConfigError
-from modelward.extraction.attacks import ATTACK_STRATEGIES, knowledge_from_defense, make_attack
-from modelward.extraction.config import Cell, EvalConfig, cell_from_spec, cells, plan
+from modelward.extraction.attacks import ATTACK_STRATEGIES, knowledge_from_defense, make_extraction_attack
+from modelward.extraction.config import Cell, ExtractionConfig, cell_from_spec, cells, plan
 from modelward.extraction.prepare import (
     Prepared,
     build_defense,
@@ -71,20 +71,20 @@ class _Recording:
         return ans
 
 
-def run_cell(cfg: EvalConfig, prep: Prepared, cell: Cell, workdir: Path) -> dict[str, Any]:
+def run_cell(cfg: ExtractionConfig, prep: Prepared, cell: Cell, workdir: Path) -> dict[str, Any]:
     """Run one defense × ε × attack × seed and return its metrics (JSON-serialisable)."""
     from modelward.extraction.victim import HttpVictim, LocalVictim
 
     t0 = time.perf_counter()
     defense = build_defense(cell.defense, cell.epsilon, prep, cell.seed)
     clean = clean_fn(prep.victim)
-    attack = make_attack(cell.attack.query, cell.attack.strategy, cell.attack.query_params,
+    attack = make_extraction_attack(cell.attack.query, cell.attack.strategy, cell.attack.query_params,
                          cell.attack.strategy_params, cfg.substitute)
     server = None
     inner: Any = None
     try:
         if cfg.victim.url:
-            if defense.stateful and ATTACK_STRATEGIES[cell.attack.strategy].needs_knowledge:
+            if defense.stateful and ATTACK_STRATEGIES.get(cell.attack.strategy).needs_knowledge:
                 raise ConfigError("victim.url: adaptive attacks against a stateful defense need the server's "
                                   "quantizer state, which a remote victim does not reveal; use a local victim")
             inner = HttpVictim(cfg.victim.url, cfg.victim.model_name, cfg.victim.api_key)
@@ -94,7 +94,7 @@ def run_cell(cfg: EvalConfig, prep: Prepared, cell: Cell, workdir: Path) -> dict
             server, inner = _serve(cfg, prep, cell, workdir)
             victim = _Recording(inner, clean)
             knowledge = knowledge_from_defense(defense, clean)
-            if defense.stateful and ATTACK_STRATEGIES[cell.attack.strategy].needs_knowledge:
+            if defense.stateful and ATTACK_STRATEGIES.get(cell.attack.strategy).needs_knowledge:
                 raise ConfigError("victim.serve: adaptive attacks against a stateful defense need the server's "
                                   "quantizer state; run them with a local victim (victim.serve = false)")
         else:
@@ -142,7 +142,7 @@ def _remote_accuracy(victim: Any, prep: Prepared) -> float:
     return (ans.argmax(1) == prep.eval_set.y).float().mean().item()
 
 
-def _serve(cfg: EvalConfig, prep: Prepared, cell: Cell, workdir: Path) -> tuple[Any, Any]:
+def _serve(cfg: ExtractionConfig, prep: Prepared, cell: Cell, workdir: Path) -> tuple[Any, Any]:
     """Start the guarded HTTP service on 127.0.0.1 for this cell's defense and connect an HTTP victim."""
     from modelward.extraction.service_process import start_guard_server, write_guard_config
     from modelward.extraction.victim import HttpVictim
@@ -177,12 +177,12 @@ def execute_cell(cfg_json: str, out_dir: str, run_id: str, spec: dict[str, Any],
                  dep_results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One cell as a :func:`~modelward.core.runner.run_plan` run (the victim is prepared once per process)."""
     if cfg_json not in _PREPARED:
-        _PREPARED[cfg_json] = prepare(EvalConfig.model_validate_json(cfg_json))
-    return run_cell(EvalConfig.model_validate_json(cfg_json), _PREPARED[cfg_json], cell_from_spec(spec),
+        _PREPARED[cfg_json] = prepare(ExtractionConfig.model_validate_json(cfg_json))
+    return run_cell(ExtractionConfig.model_validate_json(cfg_json), _PREPARED[cfg_json], cell_from_spec(spec),
                     Path(out_dir))
 
 
-def run_evaluation(cfg: EvalConfig, out: str | Path, progress: ProgressSink | None = None) -> dict[str, Any]:
+def run_evaluation(cfg: ExtractionConfig, out: str | Path, progress: ProgressSink | None = None) -> dict[str, Any]:
     """Run every pending cell through the ledger and write the report files.
 
     Args:

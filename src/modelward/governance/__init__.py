@@ -1,1 +1,29 @@
-"""Shared governance by model splitting: split plans, party servers (gRPC + mutual TLS), consent, audit."""
+"""Shared governance by model splitting: split plans, party servers (gRPC + mutual TLS), consent, audit.
+
+The main verbs, imported lazily (``from modelward.governance import make_plan, verify_audit_log``):
+``make_plan(model, parties, cuts)`` splits a model between parties; ``serve_party(cfg)`` runs one party's gRPC
+server; ``load_split_config`` / ``run_training`` drive split training across the parties; ``AuditLog`` /
+``verify_audit_log`` are the tamper-evident audit trail; ``Policy`` / ``ConsentChecker`` decide per-pass
+consent; ``make_certs`` / ``keygen`` create the mutual-TLS identities; ``run_split_demo`` does it all on one
+machine; ``protect_gradient`` is label protection, ``run_leakage_audit`` measures label leakage.
+"""
+
+from modelward.core.registry import lazy_exports
+
+_G = "modelward.governance"
+_EXPORTS = {
+    "make_plan": f"{_G}.plan:make_plan", "SplitPlan": f"{_G}.plan:SplitPlan",
+    "PartyConfig": f"{_G}.config:PartyConfig", "load_party_config": f"{_G}.config:load_party_config",
+    "serve_party": f"{_G}.server:serve",
+    "SplitConfig": f"{_G}.driver:SplitConfig", "load_split_config": f"{_G}.driver:load_split_config",
+    "run_training": f"{_G}.driver:run_training",
+    "AuditLog": f"{_G}.audit:AuditLog", "verify_audit_log": f"{_G}.audit:verify",
+    "Policy": f"{_G}.consent:Policy", "ConsentChecker": f"{_G}.consent:ConsentChecker",
+    "make_certs": f"{_G}.certs:make_certs", "keygen": f"{_G}.certs:keygen",
+    "run_split_demo": f"{_G}.demo:run_split_demo",
+    "protect_gradient": f"{_G}.label_protection:protect_gradient",
+    "LeakageAuditConfig": f"{_G}.leakage_audit:LeakageAuditConfig",
+    "run_leakage_audit": f"{_G}.leakage_audit:run_audit",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

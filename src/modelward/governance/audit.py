@@ -262,5 +262,6 @@ def verify_against(path: str | Path, other: str | Path) -> VerifyResult:
                                 f"rewritten: {other.name} record {at} anchors {party}'s record {rid} with hash "
                                 f"{h[:16]}…, this log has {hashes[rid][:16]}… there")
     top = max(r[0] for r in refs)
-    return VerifyResult(True, len(rows), own.head, head_at=top,
-                        problem=f"checked against {len(refs)} head(s) anchored in {other.name}")
+    return VerifyResult(True, len(rows), own.head,
+                        problem=f"checked against {len(refs)} head(s) anchored in {other}; the latest anchored "
+                                f"record is {top} ({len(rows) - top} record(s) after it not anchored yet)")

@@ -60,6 +60,7 @@ class Policy(StrictModel):
     max_passes_per_day: int | None = Field(None, ge=0)  # steps + evaluations + predictions per peer and UTC day
     max_batch: int | None = Field(None, ge=1)
     min_batch: int | None = Field(None, ge=1)  # smaller batches of steps/evaluations are refused (less leakage)
+    eval_splits: list[Literal["train", "test"]] = Field(default_factory=lambda: ["test"])  # metrics on these only
     window_utc: str | None = None  # "HH:MM-HH:MM" (may wrap midnight)
     approval: str | None = None  # python callable "pkg.mod:fn", called with the request as a dict -> bool
     approval_command: list[str] | None = None  # command reading the request JSON on stdin, printing yes/no
@@ -89,6 +90,7 @@ class PassRequest:
     session: str
     step: int
     batch: int
+    split: str = ""  # the data split an evaluation scores (meta.split), "" otherwise
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,9 @@ class ConsentChecker:
                                    "(policy.inference = false)")
         if p.max_batch is not None and req.batch > p.max_batch:
             return Decision(False, f"batch of {req.batch} exceeds policy.max_batch = {p.max_batch}")
+        if req.op == "eval" and req.split not in p.eval_splits:
+            return Decision(False, f"evaluation on the {req.split!r} split is not allowed (policy.eval_splits = "
+                                   f"{p.eval_splits}): metrics on training labels would be a label oracle")
         if p.min_batch is not None and req.op in ("step", "eval") and 0 < req.batch < p.min_batch:
             return Decision(False, f"batch of {req.batch} is below policy.min_batch = {p.min_batch}")
         now = self.now()

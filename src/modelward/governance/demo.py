@@ -144,9 +144,9 @@ def run_split_demo(out_dir: Path, model: nn.Module, data: DataSplit, train_cfg: 
             last_eval = {"L": float("nan")}
 
             def on_step(step, loss, links):
-                wire = sum(s.sent + s.received for s in links.values())
+                ctl = sum(s.sent + s.received for s in links.values())  # the driver's links: no tensors
                 progress.update(task, completed=step,
-                                info=f"loss {loss:.3f}  L {last_eval['L']:.3f}  wire {wire / 2**20:.1f} MiB")
+                                info=f"loss {loss:.3f}  L {last_eval['L']:.3f}  driver {ctl / 2**10:.0f} KiB")
 
             def on_eval(step, val):
                 last_eval["L"] = val

@@ -149,6 +149,9 @@ class Party:
             self._load_own(cfg.init.checkpoint)
         self.segment.train()
         self.params = dict(self.segment.named_parameters())
+        # parameters and buffers, detached views of the live storage (every update is in place): what a step
+        # snapshots, restores and checks, without rebuilding state_dict() each time
+        self._live = dict(self.segment.state_dict())
         self._load_data()
         self.audit = AuditLog(cfg.audit_db, cfg.name)
         self.consent = ConsentChecker(cfg.policy, self.audit)
@@ -161,6 +164,7 @@ class Party:
         self.train_cfg: TrainConfig | None = None
         self.opt: torch.optim.Optimizer | None = None
         self.prepared: _Prepared | None = None
+        self._note = ""  # added to the reason of the request's audit record (a commit carried by a step)
         self._backup: dict[str, torch.Tensor] | None = None  # reused rollback buffers (one step at a time)
         self._opt_backup: dict[tuple[int, str], torch.Tensor] = {}
         self.results: OrderedDict[str, torch.Tensor] = OrderedDict()
@@ -349,11 +353,13 @@ class Party:
                 if cached is not None:
                     self.audit.append(caller, op, **rec, decision="retry", reason="answered from cache")
                     return cached
+            split = str(msg.meta.get("split", "train"))[:16] if op == "eval" else ""
             decision = self.consent.check(PassRequest(self.cfg.name, caller, op, purpose, msg.session, msg.step,
-                                                      batch))
+                                                      batch, split))
             if not decision.allowed:
                 self.audit.append(caller, op, **rec, decision="deny", reason=decision.reason)
                 raise ConsentDenied(f"party {self.cfg.name} refused {op} (step {msg.step}): {decision.reason}")
+            self._note = ""
             try:
                 err = self.ckpt.take_error()
                 if err:
@@ -361,14 +367,14 @@ class Party:
                 reply = getattr(self, f"_op_{op}")(msg, caller)
             except (ModelwardError, RuntimeError, ValueError) as e:
                 reason = str(e) if isinstance(e, ModelwardError) else f"{type(e).__name__}: {e}"
-                self.audit.append(caller, op, **rec, decision="error", reason=reason)
+                self.audit.append(caller, op, **rec, decision="error", reason=reason + self._note)
                 if isinstance(e, ModelwardError):
                     raise
                 raise PartyError(f"party {self.cfg.name}: {op} failed: {reason}") from None
             down = reply.meta.pop("_anchors", {})
             if down:
                 rec["anchors"] = {**rec["anchors"], **down}
-            self.audit.append(caller, op, **rec, decision="allow", reason=decision.reason)
+            self.audit.append(caller, op, **rec, decision="allow", reason=decision.reason + self._note)
             if op in DATA_OPS:  # our head (including this record) travels back along the chain
                 reply.meta["anchors"] = {**down, self.cfg.name: self.audit.head_ref}
             reply.session, reply.seq = msg.session, msg.seq
@@ -438,6 +444,8 @@ class Party:
         """Start or rejoin a session; a training session fixes the optimizer configuration. The driver may tell
         the party where its next neighbour listens (the neighbour is still pinned by fingerprint)."""
         tc = msg.meta.get("train_cfg")
+        if tc is not None and caller != self.cfg.driver:
+            raise ConsentDenied(f"party {self.cfg.name}: only the driver ({self.cfg.driver}) opens training sessions")
         if tc is not None:
             cfg = validate(TrainConfig, tc, "train_cfg")
             if self.train_cfg is None:
@@ -527,7 +535,7 @@ class Party:
         """The state before a step, copied into buffers reused from step to step (one fused copy): parameters,
         buffers (BatchNorm statistics) and the optimizer's per-parameter state and hyper-parameters."""
         assert self.opt is not None
-        live = self.segment.state_dict()
+        live = self._live
         bk = self._backup
         if bk is None or list(bk) != list(live) or any(bk[k].shape != v.shape for k, v in live.items()):
             bk = self._backup = {k: torch.empty_like(v) for k, v in live.items()}
@@ -555,7 +563,7 @@ class Party:
     def _rollback(self, snap: _Prepared) -> None:
         """Back to the state before the step: parameters, buffers (BatchNorm statistics) and optimizer state."""
         assert self.opt is not None
-        live = self.segment.state_dict()
+        live = self._live
         with torch.no_grad():
             torch._foreach_copy_(list(live.values()), [snap.model[k] for k in live])
         params = list(self.params.values())
@@ -571,13 +579,13 @@ class Party:
         """After the tentative update: every parameter and buffer finite and within max_abs_param. One fused
         L2 norm per tensor bounds its largest entry (max |x| <= ||x||_2) and is non-finite iff an entry is; only
         when that bound is exceeded does the exact per-tensor search run (to decide, and to name the culprit)."""
-        floats = [v for v in self.segment.state_dict().values() if v.is_floating_point() and v.numel()]
+        floats = [v for v in self._live.values() if v.is_floating_point() and v.numel()]
         if not floats:
             return
         m = float(torch.stack(torch._foreach_norm(floats)).max())
         if m <= self.cfg.max_abs_param:
             return
-        for k, v in self.segment.state_dict().items():
+        for k, v in self._live.items():
             if v.is_floating_point():
                 mk = _max_abs(v)
                 if not mk <= self.cfg.max_abs_param:
@@ -597,8 +605,7 @@ class Party:
             if not isinstance(carried, int) or isinstance(carried, bool):
                 raise WireError(f"meta.commit must be a step number, got {carried!r}")
             self._commit(carried)
-            self.audit.append(caller, "commit", msg.session, carried, purpose="train",
-                              reason=f"carried by step {msg.step}")
+            self._note = f"; committed step {carried} (carried by this step)"  # in this request's record
         if msg.step != self.step:
             raise PartyError(f"party {self.cfg.name} is at step {self.step}, request is for step {msg.step} "
                              "(resume from a common checkpoint with restore)")

@@ -9,3 +9,19 @@
 - :mod:`.shadows` — shadow / proxy models, many small ones trained together (stacked ``torch.func`` modules).
 - :mod:`.audit` — the resumable audit study behind ``modelward privacy audit``.
 """
+
+from modelward.core.registry import lazy_exports
+
+_P = "modelward.privacy"
+_EXPORTS = {
+    "ATTACKS": f"{_P}.membership:ATTACKS", "make_membership_attack": f"{_P}.membership:make_membership_attack",
+    "AttackData": f"{_P}.membership.base:AttackData", "MembershipAttack": f"{_P}.membership.base:MembershipAttack",
+    "membership_split": f"{_P}.protocol:membership_split",
+    "evaluate_membership": f"{_P}.metrics:evaluate", "roc_curve": f"{_P}.metrics:roc_curve",
+    "AuditConfig": f"{_P}.audit:AuditConfig", "run_audit": f"{_P}.audit:run_audit",
+    "invert": f"{_P}.inversion:invert",
+    "PropertyConfig": f"{_P}.property:PropertyConfig", "run_property": f"{_P}.property:run_property",
+    "DPConfig": f"{_P}.dp:DPConfig", "train_dp": f"{_P}.dp:train_dp",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

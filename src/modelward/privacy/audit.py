@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from modelward.core.config import StrictModel, dump_config
+from modelward.core.config import AlgorithmSpec, StrictModel, dump_config
 from modelward.core.data import DataConfig, load_data
 from modelward.core.device import DeviceSetting
 from modelward.core.io import load_state_dict, save_state_dict
@@ -44,7 +44,7 @@ from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, ModelwardError
 from modelward.privacy import metrics
 from modelward.privacy.dp import DPConfig, add_dropout, check_advantage, train_dp
-from modelward.privacy.membership import ATTACKS, NEEDS_SHADOWS, AttackData, make_attack
+from modelward.privacy.membership import ATTACKS, NEEDS_SHADOWS, AttackData, make_membership_attack
 from modelward.privacy.protocol import membership_split
 from modelward.privacy.shadows import ModelTrainer, ShadowPool, logits_of
 
@@ -72,14 +72,13 @@ class ShadowConfig(StrictModel):
     stacked: bool = True
 
 
-class AttackSpec(StrictModel):
-    name: str
-    params: dict[str, Any] = Field(default_factory=dict)
+class MembershipAttackSpec(AlgorithmSpec):
+    """One attack row (``name``, ``params``, ``label``); ``calibrate`` adds App. C percentile-calibrated rows."""
+
     calibrate: list[float] = Field(default_factory=list)  # App. C percentiles, e.g. [0.9, 0.99]
-    label: str | None = None
 
     @model_validator(mode="after")
-    def _known(self) -> AttackSpec:
+    def _known(self) -> MembershipAttackSpec:
         if self.name not in ATTACKS:
             raise ValueError(f"unknown attack {self.name!r}; valid choices: {ATTACKS.names()}")
         bad = sorted(set(self.params) - set(ATTACKS.parameters(self.name)))
@@ -89,10 +88,6 @@ class AttackSpec(StrictModel):
         if any(not 0 < a < 1 for a in self.calibrate):
             raise ValueError("calibrate percentiles must lie in (0, 1), e.g. [0.9, 0.99]")
         return self
-
-    @property
-    def key(self) -> str:
-        return self.label or self.name
 
 
 class AuditConfig(StrictModel):
@@ -108,7 +103,8 @@ class AuditConfig(StrictModel):
     split: SplitConfig = Field(default_factory=SplitConfig)
     defense: DefenseConfig = Field(default_factory=DefenseConfig)
     shadows: ShadowConfig = Field(default_factory=ShadowConfig)
-    attacks: list[AttackSpec] = Field(default_factory=lambda: [AttackSpec(name="naive"), AttackSpec(name="loss")])
+    attacks: list[MembershipAttackSpec] = Field(
+        default_factory=lambda: [MembershipAttackSpec(name="naive"), MembershipAttackSpec(name="loss")])
     # where the target, shadow and reference models train (docs/devices.md; DP-SGD targets train on the CPU);
     # the attacks score on the CPU. Not part of the audit's fingerprint: it may resume on another device
     device: DeviceSetting = "cpu"
@@ -221,7 +217,7 @@ def _train_proxies(cfg: AuditConfig, out: Path, rep: int) -> dict[str, Any]:
     return {"layer": layer, "sets": [k for k in data.cache]}
 
 
-def _attack(cfg: AuditConfig, out: Path, rep: int, spec: AttackSpec) -> dict[str, Any]:
+def _attack(cfg: AuditConfig, out: Path, rep: int, spec: MembershipAttackSpec) -> dict[str, Any]:
     s = _setup(cfg, rep)
     sp = s["split"]
     target = _load_target(cfg, out, rep, s)
@@ -234,7 +230,7 @@ def _attack(cfg: AuditConfig, out: Path, rep: int, spec: AttackSpec) -> dict[str
         from modelward.privacy.membership.proxies import load_tops
 
         load_tops(str(proxies), data)
-    attack = make_attack(spec.name, **spec.params).fit(data)
+    attack = make_membership_attack(spec.name, **spec.params).fit(data)
     xe, ye, members = sp.evaluation()
     scores = attack.score(xe, ye)
     rows = {}

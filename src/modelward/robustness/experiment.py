@@ -23,7 +23,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from modelward.core.config import StrictModel
+from modelward.core.config import AlgorithmSpec, StrictModel
 from modelward.core.data import DataConfig, DataSplit
 from modelward.core.device import DeviceSetting, resolve_device
 from modelward.core.io import load_state_dict, optimizer_from_tensors, optimizer_to_tensors, save_state_dict
@@ -65,20 +65,18 @@ class RobustTrainConfig(GloroTrainConfig):
         return self
 
 
-class AttackSpec(StrictModel):
-    name: str = "pgd"
-    params: dict[str, Any] = Field(default_factory=dict)  # empty: the attack's own defaults (norm: evaluate.norm)
+class RobustEvalConfig(StrictModel):
+    """The ``[evaluate]`` table: attacks (``[[evaluate.attacks]]``, empty params = the attack's own defaults, norm =
+    ``evaluate.norm``) swept over ``epsilons``."""
 
-
-class EvalConfig(StrictModel):
     epsilons: list[float] = Field(default_factory=lambda: [0.1, 0.3, 0.5])
     norm: Literal["l2", "linf"] = "l2"  # the sweep's threat model (GloRo certifies ℓ2); every attack must match it
-    attacks: list[AttackSpec] = Field(default_factory=lambda: [AttackSpec(params={"steps": 40})])
+    attacks: list[AlgorithmSpec] = Field(default_factory=lambda: [AlgorithmSpec(name="pgd", params={"steps": 40})])
     max_points: int | None = Field(None, ge=1)  # evaluate on the first N test points only
     batch_size: int = Field(1024, ge=1)
 
     @model_validator(mode="after")
-    def _eps(self) -> EvalConfig:
+    def _eps(self) -> RobustEvalConfig:
         if not self.epsilons or min(self.epsilons) < 0:
             raise ValueError("evaluate.epsilons must be a non-empty list of radii >= 0")
         return self
@@ -92,7 +90,7 @@ class RobustConfig(StrictModel):
     data: DataConfig = Field(default_factory=DataConfig)
     model: GloroModelConfig = Field(default_factory=GloroModelConfig)
     train: RobustTrainConfig = Field(default_factory=RobustTrainConfig)
-    evaluate: EvalConfig = Field(default_factory=EvalConfig)
+    evaluate: RobustEvalConfig = Field(default_factory=RobustEvalConfig)
 
 
 def build_net(model: nn.Sequential, input_shape: tuple[int, ...], train: RobustTrainConfig, epsilon: float,
@@ -239,7 +237,7 @@ def certify_table(net: GloroNet, x: torch.Tensor, y: torch.Tensor, epsilons: lis
     return rows, report.to_dict()
 
 
-def check_attacks(attacks: list[AttackSpec], norm: str) -> list[dict[str, Any]]:
+def check_attacks(attacks: list[AlgorithmSpec], norm: str) -> list[dict[str, Any]]:
     """Validate every attack before any runs (names, parameters, threat model against the sweep's ``norm``);
     returns each one's parameters for the sweep. ConfigError names the attack (``evaluate.attacks[i]``)."""
     from modelward.robustness.attacks import attack_params
@@ -259,7 +257,7 @@ def check_attacks(attacks: list[AttackSpec], norm: str) -> list[dict[str, Any]]:
 
 
 def attack_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epsilons: list[float],
-                 attacks: list[AttackSpec], seed: int = 0,
+                 attacks: list[AlgorithmSpec], seed: int = 0,
                  progress: ProgressSink | None = None, norm: str = "l2") -> list[dict[str, Any]]:
     """Robust accuracy per attack and ε in one threat model (``norm``; part A's
     :func:`modelward.robustness.metrics.robust_accuracy`). Every attack is checked before the first one runs;
@@ -279,8 +277,8 @@ def attack_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epsilons: l
         threat = f"{norm} ball" if tm.takes_eps else f"{norm} min-norm, ‖δ‖ ≤ ε"
         pts = robust_accuracy(model, x, y, spec.name, epsilons, params, norm=norm)
         for pt in pts:
-            rows.append({"attack": spec.name, "threat": threat, **pt.as_dict()})
-            sink.advance("attacks", 1, f"{spec.name} ε={pt.eps}")
+            rows.append({"attack": spec.key, "threat": threat, **pt.as_dict()})
+            sink.advance("attacks", 1, f"{spec.key} ε={pt.eps}")
     sink.done("attacks")
     return rows
 
@@ -352,6 +350,6 @@ def attack_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: torc
     return rows
 
 
-__all__ = ["AttackSpec", "EvalConfig", "GloroModelConfig", "RobustConfig", "RobustTrainConfig", "attack_experiment",
-           "attack_table", "build_net", "certify_experiment", "check_attacks", "certify_table", "check_shapes", "eval_points",
-           "load_model", "save_model", "train_experiment", "train_robust"]
+__all__ = ["GloroModelConfig", "RobustConfig", "RobustEvalConfig", "RobustTrainConfig", "attack_experiment",
+           "attack_table", "build_net", "certify_experiment", "certify_table", "check_attacks", "check_shapes",
+           "eval_points", "load_model", "save_model", "train_experiment", "train_robust"]

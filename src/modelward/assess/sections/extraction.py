@@ -22,7 +22,7 @@ DEFENSES = ("none", "modelguard_s", "modelguard_w")
 
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
     from modelward.core.plots import grouped_bars
-    from modelward.extraction.attacks import EvalSet, SubstituteConfig, TransferSet, make_attack
+    from modelward.extraction.attacks import EvalSet, SubstituteConfig, TransferSet, make_extraction_attack
     from modelward.extraction.defenses import make_defense
     from modelward.extraction.victim import LocalVictim
 
@@ -35,7 +35,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     victim_acc = float((clean_probs.argmax(1) == data.y_test).float().mean())
     ev = EvalSet(data.x_test, data.y_test, clean_probs.argmax(1))
     transfer = TransferSet(data.x_train, data.y_train)
-    attack = make_attack("knockoff", "naive", substitute=SubstituteConfig(epochs=sizes.substitute_epochs))
+    attack = make_extraction_attack("knockoff", "naive", substitute=SubstituteConfig(epochs=sizes.substitute_epochs))
     rows = []
     for name in DEFENSES:
         params = {} if name == "none" else {"epsilon": cfg.extraction.epsilon}

@@ -21,10 +21,9 @@ Example: ``make_defense("mad", epsilon=1.0, surrogate=build_model(cfg, shape, k)
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from typing import Any
 
+from modelward.core.registry import Registry, lazy_exports
 from modelward.errors import ConfigError
 from modelward.extraction.defenses.base import (
     NoDefense,
@@ -35,48 +34,65 @@ from modelward.extraction.defenses.base import (
     top1_kept,
 )
 
-# name -> "module:Class" (imported lazily so a defense's heavy dependencies load only when used)
-DEFENSES: dict[str, str] = {
-    "none": "modelward.extraction.defenses.base:NoDefense",
-    "modelguard_w": "modelward.extraction.defenses.modelguard_w:ModelGuardW",
-    "modelguard_s": "modelward.extraction.defenses.modelguard_s:ModelGuardS",
-    "reverse_sigmoid": "modelward.extraction.defenses.reverse_sigmoid:ReverseSigmoid",
-    "mad": "modelward.extraction.defenses.mad:MAD",
-    "adaptive_misinformation": "modelward.extraction.defenses.adaptive_misinformation:AdaptiveMisinformation",
-    "top1": "modelward.extraction.defenses.simple:TopOne",
-    "rounding": "modelward.extraction.defenses.simple:Rounding",
-    "gaussian_noise": "modelward.extraction.defenses.simple:GaussianNoise",
+_CLASSES: dict[str, str] = {
+    "ModelGuardW": "modelward.extraction.defenses.modelguard_w:ModelGuardW",
+    "ModelGuardS": "modelward.extraction.defenses.modelguard_s:ModelGuardS",
+    "ReverseSigmoid": "modelward.extraction.defenses.reverse_sigmoid:ReverseSigmoid",
+    "MAD": "modelward.extraction.defenses.mad:MAD",
+    "AdaptiveMisinformation": "modelward.extraction.defenses.adaptive_misinformation:AdaptiveMisinformation",
+    "TopOne": "modelward.extraction.defenses.simple:TopOne",
+    "Rounding": "modelward.extraction.defenses.simple:Rounding",
+    "GaussianNoise": "modelward.extraction.defenses.simple:GaussianNoise",
 }
+#: config name -> defense class (imported lazily so a defense's heavy dependencies load only when used)
+DEFENSES = Registry("defense")
+DEFENSES.add("none", "modelward.extraction.defenses.base:NoDefense")
+for _name, _cls in (("modelguard_w", "ModelGuardW"), ("modelguard_s", "ModelGuardS"),
+                    ("reverse_sigmoid", "ReverseSigmoid"), ("mad", "MAD"),
+                    ("adaptive_misinformation", "AdaptiveMisinformation"), ("top1", "TopOne"),
+                    ("rounding", "Rounding"), ("gaussian_noise", "GaussianNoise")):
+    DEFENSES.add(_name, _CLASSES[_cls])
+del _name, _cls
+
+__getattr__, __dir__ = lazy_exports(__name__, _CLASSES)
 
 
 def defense_class(name: str) -> type[PredictionDefense]:
     """The class registered under ``name``; ConfigError listing the valid names otherwise."""
-    if name not in DEFENSES:
-        raise ConfigError(f"defense.name {name!r} is not a known defense; valid choices: {sorted(DEFENSES)}")
-    mod, cls = DEFENSES[name].split(":")
-    return getattr(importlib.import_module(mod), cls)
+    return DEFENSES.get(name)
 
 
 def defense_params(name: str) -> list[str]:
     """The keyword parameters ``make_defense(name, ...)`` accepts."""
-    sig = inspect.signature(defense_class(name).__init__)
-    return [p for p in sig.parameters if p != "self" and sig.parameters[p].kind is inspect.Parameter.KEYWORD_ONLY
-            or (p != "self" and sig.parameters[p].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    return DEFENSES.parameters(name)
 
 
 def make_defense(name: str, **params: Any) -> PredictionDefense:
-    """Build the defense ``name`` with keyword ``params``; unknown names/params raise ConfigError listing the valid
-    ones. Model-dependent defenses take their model as a parameter (``surrogate=`` for MAD, ``misinformation=`` for
-    AdaptiveMisinformation)."""
-    cls = defense_class(name)
-    valid = defense_params(name)
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        raise ConfigError(f"defense {name!r}: unknown parameter(s) {unknown}; valid parameters: {valid or 'none'}")
+    """Build the defense ``name`` with keyword ``params``.
+
+    Model-dependent defenses take their model as a parameter (``surrogate=`` for MAD, ``misinformation=`` for
+    AdaptiveMisinformation).
+
+    Args:
+        name: one of ``DEFENSES.names()`` (the table above).
+        **params: the defense's keyword parameters.
+
+    Returns:
+        The defense; ``defense.defend(probs)`` returns the perturbed probability vectors.
+
+    Raises:
+        ConfigError: unknown name or parameter (the message lists the valid ones), or a missing required one.
+
+    Example:
+        >>> import torch
+        >>> guard = make_defense("rounding", decimals=1)
+        >>> guard.defend(torch.tensor([[0.62, 0.27, 0.11]])).sum().item()
+        1.0
+    """
     try:
-        return cls(**params)
+        return DEFENSES.create(name, **params)
     except TypeError as e:
-        raise ConfigError(f"defense {name!r}: {e}; valid parameters: {valid}") from None
+        raise ConfigError(f"defense {name!r}: {e}; valid parameters: {defense_params(name)}") from None
 
 
 __all__ = [
@@ -90,4 +106,5 @@ __all__ = [
     "l1_distortion",
     "make_defense",
     "top1_kept",
+    *_CLASSES,
 ]

@@ -1,7 +1,7 @@
 """Membership-inference attacks (seed 002 §8.2–8.3, App. C; LiRA; RMIA): one module per attack.
 
-``ATTACKS`` maps a config name to its class; :func:`make_attack` builds one from TOML parameters (unknown names or
-parameters are :class:`~modelward.errors.ConfigError` naming the valid choices).
+``ATTACKS`` maps a config name to its class; :func:`make_membership_attack` builds one from TOML parameters
+(unknown names or parameters are :class:`~modelward.errors.ConfigError` naming the valid choices).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def attack_class(name: str) -> type[MembershipAttack]:
     return ATTACKS.get(name)
 
 
-def make_attack(name: str, calibrate: float | None = None, **params: Any) -> MembershipAttack:
+def make_membership_attack(name: str, calibrate: float | None = None, **params: Any) -> MembershipAttack:
     """Build attack ``name`` with ``params``; ``calibrate=α`` wraps it in App. C's hold-out calibration."""
     attack = ATTACKS.create(name, **params)
     if calibrate is not None:
@@ -42,4 +42,4 @@ def make_attack(name: str, calibrate: float | None = None, **params: Any) -> Mem
     return attack
 
 
-__all__ = ["ATTACKS", "AttackData", "MembershipAttack", "MembershipResult", "attack_class", "make_attack"]
+__all__ = ["ATTACKS", "AttackData", "MembershipAttack", "MembershipResult", "attack_class", "make_membership_attack"]

@@ -1,46 +1,52 @@
 """Evasion attacks (seed 004 ch. 2): one class per module, all built on :class:`EvasionAttack`.
 
-``make_attack(name, model, **params)`` builds one by name; ``ATTACK_NAMES`` lists the valid names.
+``make_attack(name, model, **params)`` builds one by name from :data:`ATTACKS` (a
+:class:`~modelward.core.registry.Registry`); ``ATTACK_NAMES`` lists the valid names. The classes themselves are
+exported lazily, torchattacks-style::
+
+    from modelward.robustness.attacks import PGD
+    adv = PGD(model, eps=0.1, steps=10)(x, y).x_adv
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
+from modelward.core.registry import Registry, lazy_exports
 from modelward.errors import ConfigError
 from modelward.robustness.attacks.base import AttackResult, EvasionAttack, attack_mode, predict
 
-_REGISTRY: dict[str, str] = {
-    "fgsm": "modelward.robustness.attacks.fgsm:FGSM",
-    "bim": "modelward.robustness.attacks.bim:BIM",
-    "ilcm": "modelward.robustness.attacks.ilcm:ILCM",
-    "pgd": "modelward.robustness.attacks.pgd:PGD",
-    "cw": "modelward.robustness.attacks.cw:CarliniWagnerL2",
-    "lbfgs": "modelward.robustness.attacks.lbfgs:LBFGS",
-    "jsma": "modelward.robustness.attacks.jsma:JSMA",
-    "transfer": "modelward.robustness.attacks.transfer:TransferAttack",
+_CLASSES: dict[str, str] = {
+    "FGSM": "modelward.robustness.attacks.fgsm:FGSM",
+    "BIM": "modelward.robustness.attacks.bim:BIM",
+    "ILCM": "modelward.robustness.attacks.ilcm:ILCM",
+    "PGD": "modelward.robustness.attacks.pgd:PGD",
+    "CarliniWagnerL2": "modelward.robustness.attacks.cw:CarliniWagnerL2",
+    "LBFGS": "modelward.robustness.attacks.lbfgs:LBFGS",
+    "JSMA": "modelward.robustness.attacks.jsma:JSMA",
+    "TransferAttack": "modelward.robustness.attacks.transfer:TransferAttack",
 }
-ATTACK_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+#: config name -> attack class (imported on first use)
+ATTACKS = Registry("attack")
+ATTACK_NAMES: tuple[str, ...] = ("fgsm", "bim", "ilcm", "pgd", "cw", "lbfgs", "jsma", "transfer")
+for _name, _target in zip(ATTACK_NAMES, _CLASSES.values(), strict=True):
+    ATTACKS.add(_name, _target)
+del _name, _target
+
+__getattr__, __dir__ = lazy_exports(__name__, _CLASSES)
 
 
 def attack_class(name: str) -> type[EvasionAttack]:
-    """The class registered under ``name``; ConfigError listing the valid names otherwise."""
-    key = name.lower()
-    if key not in _REGISTRY:
-        raise ConfigError(f"unknown attack {name!r}; valid attacks: {', '.join(ATTACK_NAMES)}")
-    mod, cls = _REGISTRY[key].split(":")
-    return getattr(importlib.import_module(mod), cls)
+    """The class registered under ``name`` (case-insensitive); ConfigError listing the valid names otherwise."""
+    return ATTACKS.get(name.lower())
 
 
 def attack_params(name: str) -> list[str]:
     """Keyword parameters the attack accepts (besides the model)."""
-    sig = inspect.signature(attack_class(name).__init__)
-    return [p for p in sig.parameters if p not in ("self", "model")]
+    return [p for p in ATTACKS.parameters(name.lower()) if p != "model"]
 
 
 @dataclass(frozen=True)
@@ -68,16 +74,31 @@ def threat_model(name: str, params: dict[str, Any] | None = None) -> ThreatModel
 
 
 def make_attack(name: str, model: nn.Module, **params: Any) -> EvasionAttack:
-    """Build attack ``name`` on ``model``; unknown parameters raise ConfigError naming the valid ones."""
-    cls = attack_class(name)
-    valid = attack_params(name)
-    bad = sorted(set(params) - set(valid))
-    if bad:
-        raise ConfigError(f"attack {name!r}: unknown parameter(s) {bad}; valid: {', '.join(valid)}")
+    """Build evasion attack ``name`` on ``model``.
+
+    Args:
+        name: one of :data:`ATTACK_NAMES` (case-insensitive).
+        model: the classifier under attack (returns logits).
+        **params: the attack class's keyword parameters (``eps``, ``steps``, ``norm``, ...).
+
+    Returns:
+        The attack; call it as ``attack(x, y)`` for an :class:`AttackResult`.
+
+    Raises:
+        ConfigError: unknown name, or a parameter the attack does not take (the message lists the valid ones).
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+        >>> res = make_attack("fgsm", model, eps=0.1)(torch.rand(5, 4), torch.tensor([0, 1, 2, 0, 1]))
+        >>> res.x_adv.shape
+        torch.Size([5, 4])
+    """
     if "clip" in params and params["clip"] is not None:
         params["clip"] = tuple(params["clip"])
-    return cls(model, **params)
+    return ATTACKS.create(name.lower(), model, **params)
 
 
-__all__ = ["ATTACK_NAMES", "AttackResult", "EvasionAttack", "ThreatModel", "attack_class", "attack_mode",
-           "attack_params", "make_attack", "predict", "threat_model"]
+__all__ = ["ATTACKS", "ATTACK_NAMES", "AttackResult", "EvasionAttack", "ThreatModel", "attack_class",
+           "attack_mode", "attack_params", "make_attack", "predict", "threat_model", *_CLASSES]
