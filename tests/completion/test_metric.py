@@ -54,3 +54,42 @@ def test_first_reach_and_curve_validation():
     assert first_reach(ORIG, 0.3) == 20 and first_reach(ORIG, 0.0) is None
     with pytest.raises(ValueError):
         Thresholds.from_curve([(5, 0.3)], [1.0])
+
+
+def test_smoothed_threshold_and_uncapped_ratio():
+    from modelward.completion.metric import Thresholds, hardness_ratio, trailing_mean
+
+    curve = [(0, 1.0), (10, 0.2), (20, 0.6), (30, 0.5)]
+    assert Thresholds.from_curve(curve, [1.0]).best == 0.2  # one lucky evaluation
+    smooth = Thresholds.from_curve(curve, [1.0, 0.5], smoothing=2)  # trailing means 1, .6, .4, .55
+    assert smooth.best == pytest.approx(0.4) and smooth.costs[1.0] == 10 and smooth.evals == {1.0: 1, 0.5: 1}
+    assert trailing_mean(curve, 1) == curve
+    r = hardness_ratio([(0, 1.0), (30, 0.35)], 0.4, 20)
+    assert (r.value, r.raw, r.capped, r.reached) == (1.0, 1.5, True, True)
+    nr = hardness_ratio([(0, 1.0), (50, 0.9)], 0.4, 20, budget=60)
+    assert (nr.value, nr.raw, nr.reached) == (1.0, 3.0, False)  # not reached: budget / C, a lower bound
+
+
+def test_validation_split_holds_out_and_test_reports(tmp_path):
+    from modelward.completion.problem import ProcedureSpec
+    from modelward.completion.supervised import SupervisedProblem
+    from modelward.core.data import DataConfig
+    from modelward.core.train import TrainConfig
+    from modelward.core.zoo import ModelConfig
+
+    args = (DataConfig(source="iris"), ModelConfig(arch="mlp", hidden=[8]),
+            TrainConfig(steps=30, eval_every=10, batch_size=16, lr=0.05))
+    p = SupervisedProblem(*args, retrain_lr_schedule=[[0, 1e-9]])
+    x_fit, _, x_val, _ = p.splits()
+    n = len(p.data.x_train)
+    assert len(x_val) == round(0.2 * n) and len(x_fit) + len(x_val) == n
+    assert p.splits()[2].equal(x_val)  # the same held-out split every time
+    orig = p.train_original(0, "", tmp_path)
+    assert orig.extras["threshold_split"] == "validation" and len(orig.extras["test_curve"]) == len(orig.curve)
+    assert [c for c, _ in orig.extras["test_curve"]] == [c for c, _ in orig.curve]
+    # T0 trains with the original schedule, T1 with the (here frozen: lr 1e-9) retraining schedule
+    t0 = p.retrain(orig, "fc1", ProcedureSpec(name="T0", kind="T0"), 0, 30, None, tmp_path)
+    t1 = p.retrain(orig, "fc1", ProcedureSpec(name="T1", kind="T1"), 0, 30, None, tmp_path)
+    assert len({v for _, v in t0}) > 1 and len({v for _, v in t1}) == 1
+    test = SupervisedProblem(*args, threshold_split="test")
+    assert test.splits()[2] is test.data.x_test and "test_curve" not in test.train_original(0, "", tmp_path).extras

@@ -70,7 +70,12 @@ def test_multi_task_filtering_averaging_and_infimum():
     assert t1["sd"] == pytest.approx(0.1767767, abs=1e-6)
     assert rows[("T2", 1.0)]["mean"] == pytest.approx(((1.0 + 0.5) / 2 + (0.5 + 0.5) / 2) / 2)
     assert rows[("T2", 1.0)]["not_reached"] == 1
-    assert t.inf_rows == [{"part": "conv1", "alpha": 1.0, "value": pytest.approx(0.5), "procedure": "T1"}]
+    # T1 (0.375, 0.625) beats T2 (0.75, 0.5) by 0.125 on average; the paired differences (0.375, −0.125) have
+    # SD 0.354, so the margin is 0.35 SD: the minimum may be noise
+    (inf,) = t.inf_rows
+    assert (inf["part"], inf["group"], inf["procedure"], inf["runner_up"]) == ("conv1", "all", "T1", "T2")
+    assert inf["value"] == pytest.approx(0.5) and inf["margin"] == pytest.approx(0.125)
+    assert inf["margin_in_sd"] == pytest.approx(0.125 / 0.3535534, abs=1e-6) and inf["n_paired"] == 2
     assert sorted(t.filtered) == ["maze seed 0", "maze seed 1"]
     by_task = {(r["task"], r["procedure"]): r for r in t.task_rows}
     assert (by_task[("pong", "T1")]["min"], by_task[("pong", "T1")]["max"]) == (pytest.approx(0.25), pytest.approx(0.75))
@@ -94,3 +99,53 @@ def test_retraining_of_a_filtered_task_is_skipped(tmp_path, monkeypatch):
     re = next(v for k, v in results.items() if k.startswith("re|"))
     assert "skipped" in re and "curve" not in re
     assert "filtered" in (tmp_path / "hardness.md").read_text()
+
+
+class OneModel(CompletionProblem):
+    tasks = [""]
+
+    def part_names(self) -> list[str]:
+        return ["conv1"]
+
+    def parts_table(self) -> list[dict[str, Any]]:
+        return []
+
+    def train_original(self, seed, task, workdir, on_eval=None):  # pragma: no cover - not run here
+        raise NotImplementedError
+
+    def retrain(self, *a, **k):  # pragma: no cover - not run here
+        raise NotImplementedError
+
+
+def test_capped_uncapped_reference_threat_groups_and_quantisation():
+    """ℓ* = 0.2 reached at step 30 (3 evaluations): T0 = from scratch, T1 with the buffer kept and reset."""
+    cfg = StudyConfig.model_validate({"kind": "rl", "rl": {"eval_every": 10}, "seeds": [0, 1, 2], "alphas": [1.0],
+                                      "procedures": [{"name": "kept", "kind": "T1", "keep_buffer": True},
+                                                     {"name": "reset", "kind": "T1", "keep_buffer": False}]})
+    res: dict[str, dict[str, Any]] = {}
+    reach = {"T0": [30, 45, None], "kept": [10, 20, 10], "reset": [30, 30, 40]}
+    for seed in (0, 1, 2):
+        res[orig_id("", seed)] = {"kind": "orig", "task": "", "seed": seed, "checkpoint": "x",
+                                  "curve": [(0, 1.0), (10, 0.8), (20, 0.5), (30, 0.2)]}
+        for proc, costs in reach.items():
+            c = costs[seed]
+            curve = [(0, 1.0), (60, 0.9)] if c is None else [(0, 1.0), (c, 0.2)]
+            part = "(all)" if proc == "T0" else "conv1"
+            res[retrain_id("", seed, part, proc)] = {"kind": "re", "task": "", "seed": seed, "part": part,
+                                                     "procedure": proc, "curve": curve, "budget": 60}
+    t = compute_tables(cfg, OneModel(), res, Path("."))
+    rows = {r["procedure"]: r for r in t.rows}
+    t0 = rows["T0"]
+    assert t0["part"] == "(all)" and t0["mean"] == 1.0 and (t0["capped"], t0["not_reached"]) == (1, 1)
+    assert t0["mean_uncapped"] == pytest.approx((1.0 + 1.5 + 2.0) / 3)  # never reached: budget/C = 60/30
+    assert rows["reset"]["mean"] == 1.0 and rows["reset"]["max_uncapped"] == pytest.approx(40 / 30)
+    infs = {r["group"]: r for r in t.inf_rows}
+    assert set(infs) == {"kept", "reset"}  # one infimum per threat model, T0 a candidate in each
+    assert infs["kept"]["procedure"] == "kept" and infs["kept"]["runner_up"] == "T0"
+    assert infs["kept"]["margin"] == pytest.approx(1.0 - 4 / 9)
+    assert infs["kept"]["margin_in_sd"] == pytest.approx((1.0 - 4 / 9) / 0.19245009, abs=1e-5)
+    assert infs["reset"]["value"] == 1.0
+    assert len(t.warnings) == 1 and "eval_every ≤ 6" in t.warnings[0]  # C = 30 after 3 evaluations
+    md = markdown(cfg, t)
+    assert "uncapped 1.50 ± 0.50 (1 capped, 1 not reached)" in md and "inf (Eq. 1), buffer kept" in md
+    assert "**Reference** T0 (from scratch" in md and "Capped" in md and "Quantised" in md

@@ -94,14 +94,14 @@ def test_relative_output_folder_round_trips_through_the_study(tmp_path, monkeypa
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-# (file, agent, games, planned runs = games × seeds × (1 original + parts × procedures))
-RL_EXAMPLES = [("completion_minatar.toml", "a2c", 1, 3 * (1 + 6 * 2)),
-               ("completion_minatar_dqn.toml", "dqn", 1, 3 * (1 + 4 * 4)),
-               ("completion_minatar_suite.toml", "a2c", 3, 3 * 3 * (1 + 4 * 1)),
-               ("completion_minatar_lstm.toml", "recurrent", 1, 3 * (1 + 7 * 1)),
-               ("completion_cartpole.toml", "dqn", 1, 3 * (1 + 2 * 2)),
-               ("completion_minatar_rainbow.toml", "rainbow", 1, 3 * (1 + 3 * 2)),
-               ("completion_minatar_impala.toml", "impala", 1, 3 * (1 + 5 * 1))]
+# (file, agent, games, planned runs = games × seeds × (1 original + parts × procedures + the T0 reference))
+RL_EXAMPLES = [("completion_minatar.toml", "a2c", 1, 3 * (1 + 6 * 2 + 1)),
+               ("completion_minatar_dqn.toml", "dqn", 1, 3 * (1 + 4 * 4 + 1)),
+               ("completion_minatar_suite.toml", "a2c", 3, 3 * 3 * (1 + 4 * 1 + 1)),
+               ("completion_minatar_lstm.toml", "recurrent", 1, 3 * (1 + 7 * 1 + 1)),
+               ("completion_cartpole.toml", "dqn", 1, 3 * (1 + 2 * 2 + 1)),
+               ("completion_minatar_rainbow.toml", "rainbow", 1, 3 * (1 + 3 * 2 + 1)),
+               ("completion_minatar_impala.toml", "impala", 1, 3 * (1 + 5 * 1 + 1))]
 
 
 def test_every_rl_example_is_checked():

@@ -44,6 +44,14 @@ def audit(
         table.add_row(r["attack"], f"{r['accuracy']:.3f}", f"{r['advantage']:.3f}", f"{r['precision']:.3f}",
                       f"{r['auc']:.3f}", f"{r['tpr_at_0_1pct_fpr']:.3f}", f"{r['tpr_at_1pct_fpr']:.3f}")
     console.print(table)
+    if cfg.defense.kind == "dp":
+        import json
+
+        for t in json.loads((out / "targets.json").read_text()):
+            console.print(f"repetition {t['repetition']}: ε = {t['epsilon']:.3g} at δ = {t['delta']:.2g} "
+                          f"({t['accountant']} accountant), test accuracy {t['test_accuracy']:.3f}; best attack "
+                          f"advantage {t['best_attack_advantage']:.3f} vs (ε, δ) bound {t['bound_eps_delta']:.3f} "
+                          f"({'within' if t['within_bound'] else 'ABOVE'})")
     console.print(f"wrote {out}/results.md, results.csv, results.json, targets.md, roc.png, scores/")
 
 

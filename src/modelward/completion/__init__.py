@@ -1,4 +1,5 @@
-"""Model-completion hardness (seed 000 §3): thresholds, retraining procedures T1–T4, resumable studies.
+"""Model-completion hardness (seed 000 §3): thresholds, retraining procedures T0 (reference) and T1–T4, resumable
+studies.
 
 The main verbs, imported lazily (``from modelward.completion import run_study, ModuleProblem``):
 ``run_study(config, out, problem=...)`` runs (or resumes) a study — on a zoo model and data set from the config,

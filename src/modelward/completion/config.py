@@ -24,6 +24,22 @@ class RetrainConfig(StrictModel):
     lr_schedule: list[tuple[int, float]] | None = None
 
 
+class ThresholdConfig(StrictModel):
+    """Where ℓ* and L(θ₀) are measured (seed 000 §3.2 uses the test loss; a noisy test peak makes ℓ*_1 a lottery).
+
+    - ``split = "validation"`` (default, supervised studies): a fixed ``val_fraction`` of the training set is held
+      out from training; every curve (original and retraining, so ℓ*, L(θ₀), C and C') is measured on it, and the
+      test split only reports (the originals' test loss in ``hardness.md``). ``"test"`` is the paper's choice.
+      RL studies have no training set: their curves are the evaluation episodes (``[rl] eval_*``), ``split`` is
+      not used.
+    - ``smoothing`` = w > 1: ℓ* is the minimum of the trailing mean of w evaluations (``metric.Thresholds``).
+    """
+
+    split: Literal["validation", "test"] = "validation"
+    val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    smoothing: int = Field(1, ge=1)
+
+
 def _default_procedures() -> list[ProcedureSpec]:
     return [ProcedureSpec(name="T1", kind="T1"), ProcedureSpec(name="T2", kind="T2")]
 
@@ -43,6 +59,12 @@ class StudyConfig(StrictModel):
     alphas: list[float] = Field(default_factory=lambda: [0.5, 0.8, 0.9, 1.0], min_length=1)
     parts: list[str] = Field(default_factory=list)  # empty = the model's natural parts
     procedures: list[ProcedureSpec] = Field(default_factory=_default_procedures, min_length=1)
+    # the from-scratch reference T0 (every parameter re-initialised, the original schedule, the same budget) runs
+    # once per seed unless `reference = false`; `reference_seeds` restricts it to some seeds (it costs a full
+    # training run per seed)
+    reference: bool = True
+    reference_seeds: list[int] | None = None
+    thresholds: ThresholdConfig = Field(default_factory=ThresholdConfig)
     budget: int | None = Field(None, ge=1)  # retraining budget in cost units; None = original training length
     early_stop: bool = True  # stop retraining once the highest-α threshold is reached
     data: DataConfig = Field(default_factory=DataConfig)
@@ -81,7 +103,26 @@ class StudyConfig(StrictModel):
                 raise ValueError(f"procedure name {p.name!r}: use letters, digits, '_', '.', '-'")
         if self.kind == "rl" and self.rl is None:
             raise ValueError("kind='rl' needs an [rl] table (environment, agent, steps; see examples/)")
+        if self.reference_seeds is not None and not set(self.reference_seeds) <= set(self.seeds):
+            raise ValueError(f"reference_seeds {self.reference_seeds} must be a subset of seeds {self.seeds}")
+        clash = [p.name for p in self.procedures if p.name == "T0" and p.kind != "T0"]
+        if clash and self.reference:
+            raise ValueError("the procedure name 'T0' is the from-scratch reference; rename yours or set "
+                             "reference = false")
         return self
+
+    @property
+    def all_procedures(self) -> list[ProcedureSpec]:
+        """The listed procedures plus the implicit reference T0 (when ``reference`` and none is listed)."""
+        if self.reference and not any(p.kind == "T0" for p in self.procedures):
+            return [*self.procedures, ProcedureSpec(name="T0", kind="T0")]
+        return list(self.procedures)
+
+    def procedure_seeds(self, proc: ProcedureSpec) -> list[int]:
+        """The seeds a procedure runs with (T0: ``reference_seeds`` if given)."""
+        if proc.kind == "T0" and self.reference_seeds is not None:
+            return [s for s in self.seeds if s in self.reference_seeds]
+        return list(self.seeds)
 
 
 def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyConfig:

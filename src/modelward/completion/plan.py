@@ -1,5 +1,8 @@
 """The run plan of a completion study: one ``orig`` run per (task, seed) and one ``re`` run per (task, seed,
-part, procedure) depending on it (seed 000 §3.2: each seed repeats the whole experiment).
+part, procedure) depending on it (seed 000 §3.2: each seed repeats the whole experiment). The from-scratch
+reference T0 does not depend on the part: it runs once per (task, seed) with part ``ALL_PARTS``. When the problem
+decides its task list on all original runs (RL: ``select_tasks``), every retraining of a task waits for all of that
+task's originals.
 
 Run ids are stable (``orig|<task>|<seed>``, ``re|<task>|<seed>|<part>|<procedure>``) so a re-run of the same
 study finds its finished runs in the ledger.
@@ -13,6 +16,7 @@ import re
 from modelward.completion.config import StudyConfig
 from modelward.completion.metric import Thresholds
 from modelward.completion.problem import CompletionProblem, OriginalRun
+from modelward.completion.procedures import ALL_PARTS
 from modelward.core.registry import Registry
 from modelward.core.runner import RunSpec
 from modelward.errors import ConfigError
@@ -22,7 +26,8 @@ def _supervised_problem(cfg: StudyConfig) -> CompletionProblem:
     from modelward.completion.supervised import SupervisedProblem
 
     return SupervisedProblem(cfg.data, cfg.model, cfg.train, cfg.retrain.lr, cfg.retrain.lr_schedule,
-                             device=cfg.device, checkpoint_every=cfg.checkpoint_every)
+                             device=cfg.device, checkpoint_every=cfg.checkpoint_every,
+                             threshold_split=cfg.thresholds.split, val_fraction=cfg.thresholds.val_fraction)
 
 
 def _rl_problem(cfg: StudyConfig) -> CompletionProblem:
@@ -75,20 +80,30 @@ def plan(cfg: StudyConfig, problem: CompletionProblem) -> list[RunSpec]:
     """Every run of the study; each ``re`` run depends on its ``orig`` run."""
     runs: list[RunSpec] = []
     parts = study_parts(cfg, problem)
+    per_task = callable(getattr(problem, "select_tasks", None))
     for task in problem.tasks:
+        all_orig = tuple(orig_id(task, s) for s in cfg.seeds)
         for seed in cfg.seeds:
             oid = orig_id(task, seed)
+            deps = all_orig if per_task else (oid,)
             runs.append(RunSpec(oid, {"kind": "orig", "task": task, "seed": seed}))
-            for part in parts:
-                for proc in cfg.procedures:
+            for proc in cfg.all_procedures:
+                if seed not in cfg.procedure_seeds(proc):
+                    continue
+                for part in [ALL_PARTS] if proc.kind == "T0" else parts:
                     runs.append(RunSpec(retrain_id(task, seed, part, proc.name),
                                         {"kind": "re", "task": task, "seed": seed, "part": part,
-                                         "procedure": proc.name}, depends_on=(oid,)))
+                                         "procedure": proc.name}, depends_on=deps))
     return runs
 
 
-def is_usable(problem: CompletionProblem, original: OriginalRun, thr: Thresholds) -> bool:
-    """Whether a task's original run counts: the problem's ``usable`` hook (RL: better than a random policy), or
-    else whether training improved on the untrained model at all."""
+def is_usable(problem: CompletionProblem, original: OriginalRun, thr: Thresholds,
+              task_originals: list[OriginalRun] | None = None) -> bool:
+    """Whether a task's original run counts. With the problem's ``select_tasks`` hook (RL) the decision is the
+    task's, made once on all its original runs (`task_originals`), so one game list holds for every seed; else
+    the ``usable`` hook on this run, or else whether training improved on the untrained model at all."""
+    select = getattr(problem, "select_tasks", None)
+    if callable(select) and task_originals:
+        return bool(select(task_originals)[original.task]["keep"])
     hook = getattr(problem, "usable", None)
     return bool(hook(original)) if callable(hook) else thr.learned

@@ -87,13 +87,15 @@ def execute_run(cfg_json: str, out_dir: str, problem: CompletionProblem | None, 
     if orig_res is None:
         raise ModelwardError(f"{run_id}: its original run is not finished")
     original = original_from_result(out, orig_res)
-    thr = Thresholds.from_curve(original.curve, cfg.alphas)
-    if not is_usable(problem, original, thr):
+    thr = Thresholds.from_curve(original.curve, cfg.alphas, cfg.thresholds.smoothing)
+    task_originals = [original_from_result(out, r) for rid, r in sorted(dep_results.items())
+                      if rid.startswith("orig|") and r.get("task") == spec["task"]]
+    if not is_usable(problem, original, thr, task_originals):
         # the task is filtered out of every table: do not spend a retraining on it
         return {**spec, "skipped": "original no better than untrained/random"}
     budget = cfg.budget or original.steps
     stop_at = thr.values[max(cfg.alphas)] if cfg.early_stop else None
-    proc = next(p for p in cfg.procedures if p.name == spec["procedure"])
+    proc = next(p for p in cfg.all_procedures if p.name == spec["procedure"])
     curve = problem.retrain(original, spec["part"], proc, spec["seed"], budget, stop_at, workdir)
     curve = [(int(c), float(v)) for c, v in curve]
     result = {**spec, "curve": [list(p) for p in curve], "budget": budget, "seconds": time.perf_counter() - t0}

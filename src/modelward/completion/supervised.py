@@ -1,5 +1,14 @@
 """The supervised completion problem (seed 000 §4): a zoo model trained on a data set with procedure T, then one
-part reset and retrained. Cost = minibatch steps; L = test top-1 error (or cross-entropy)."""
+part reset and retrained. Cost = minibatch steps; L = top-1 error (or cross-entropy).
+
+Which split L is measured on (``threshold_split``): ``"validation"`` (default) holds a fixed ``val_fraction`` of
+the training set out of training — the same split for every seed and run — and measures every curve on it (ℓ*,
+L(θ₀), C and C'); the original runs also record their test curve (``extras["test_curve"]``), which the report
+shows. ``"test"`` measures on the test split, as the paper does (§3: "performance on the test loss").
+
+Seeds are paired (``procedures.paired_seeds``): retraining seed i draws the same batches for every part and
+procedure, and every procedure resetting a part starts from the same re-initialised weights. T0 (from scratch)
+re-initialises everything and trains with the original schedule (``train``), not the retraining one."""
 
 from __future__ import annotations
 
@@ -12,7 +21,7 @@ from typing import Any
 import torch
 
 from modelward.completion.problem import CompletionProblem, Curve, OnEval, OriginalRun, ProcedureSpec
-from modelward.completion.procedures import prepare_retraining, stable_seed
+from modelward.completion.procedures import ALL_PARTS, paired_seeds, prepare_retraining, stable_seed
 from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.init import init_model_
 from modelward.core.io import load_state_dict, save_state_dict
@@ -35,7 +44,8 @@ class SupervisedProblem(CompletionProblem):
     def __init__(self, data: DataConfig, model: ModelConfig, train_cfg: TrainConfig,
                  retrain_lr: float | None = None, retrain_lr_schedule: list[tuple[int, float]] | None = None,
                  init_scheme: str = "glorot_uniform", *, device: str = "cpu",
-                 checkpoint_every: int | None = None) -> None:
+                 checkpoint_every: int | None = None, threshold_split: str = "validation",
+                 val_fraction: float = 0.2) -> None:
         self.device = device
         self.checkpoint_every = checkpoint_every
         self.data_cfg = data
@@ -44,6 +54,8 @@ class SupervisedProblem(CompletionProblem):
         self.retrain_lr = retrain_lr
         self.retrain_lr_schedule = retrain_lr_schedule
         self.init_scheme = init_scheme
+        self.threshold_split = threshold_split
+        self.val_fraction = val_fraction
 
     # -- helpers ---------------------------------------------------------------------------------------------
     @property
@@ -63,19 +75,57 @@ class SupervisedProblem(CompletionProblem):
     def validate_part(self, part: str) -> None:
         resolve_part(self.build(), part)
 
+    def splits(self) -> tuple[Any, Any, Any, Any]:
+        """(x_fit, y_fit, x_eval, y_eval): the data T trains on and the split L is measured on."""
+        d = self.data
+        if self.threshold_split == "test":
+            return d.x_train, d.y_train, d.x_test, d.y_test
+        n = len(d.x_train)
+        k = min(n - 1, max(1, round(self.val_fraction * n)))
+        # one fixed split for the whole study: it depends on the data size only, never on a run's seed
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(stable_seed("validation", n)))
+        val, fit = perm[:k], perm[k:]
+        if isinstance(d.x_train, torch.Tensor):
+            return d.x_train[fit], d.y_train[fit], d.x_train[val], d.y_train[val]
+        from torch.utils.data import Subset  # lazy data sets (labels inside the Dataset)
+
+        return Subset(d.x_train, fit.tolist()), None, Subset(d.x_train, val.tolist()), None
+
+    def fit_split(self) -> DataSplit:
+        """The data as training sees it: ``x_train`` = what T trains on, ``x_test`` = the split L is measured on
+        (the validation split by default) — e.g. for training an original elsewhere (split between parties)."""
+        from dataclasses import replace
+
+        x_fit, y_fit, x_eval, y_eval = self.splits()
+        return replace(self.data, x_train=x_fit, y_train=y_fit, x_test=x_eval, y_test=y_eval)
+
     def _fit(self, model: torch.nn.Module, cfg: TrainConfig, seed: int, trainable: set[str] | None,
-             stop_at: float | None, on_eval: OnEval | None, progress_file: Path | None = None) -> Curve:
-        """Train on the problem's device; with ``checkpoint_every`` the run's state goes to `progress_file` every k
-        steps and a restarted run resumes from it (bit-identical on the CPU), then the file is removed."""
+             stop_at: float | None, on_eval: OnEval | None, progress_file: Path | None = None,
+             test_curve: Curve | None = None) -> Curve:
+        """Train on the problem's device (on ``splits()``: the validation split gives L by default; `test_curve`
+        collects the test loss at every evaluation); with ``checkpoint_every`` the run's state goes to
+        `progress_file` every k steps and a restarted run resumes from it (bit-identical on the CPU), then the file
+        is removed."""
         from modelward.core.device import resolve_device
 
-        d = self.data
+        x_fit, y_fit, x_eval, y_eval = self.splits()
         model.to(resolve_device(self.device))
+        hook = on_eval
+        if test_curve is not None and self.threshold_split != "test":
+            from modelward.core.train import evaluate
+
+            d = self.data
+
+            def hook(step: int, loss: float) -> None:  # the test split reports alongside the validation curve
+                test_curve.append((int(step), float(evaluate(model, d.x_test, d.y_test, cfg.loss,
+                                                             cfg.eval_batch_size))))
+                if on_eval is not None:
+                    on_eval(step, loss)
+
         ck = None
         if self.checkpoint_every is not None and progress_file is not None:
             ck = Checkpointing(progress_file, self.checkpoint_every)
-        res = train(model, d.x_train, d.y_train, d.x_test, d.y_test, cfg, seed, trainable, stop_at, on_eval,
-                    checkpoint=ck)
+        res = train(model, x_fit, y_fit, x_eval, y_eval, cfg, seed, trainable, stop_at, hook, checkpoint=ck)
         model.cpu()
         if ck is not None:
             progress_file.unlink(missing_ok=True)  # type: ignore[union-attr]
@@ -83,32 +133,39 @@ class SupervisedProblem(CompletionProblem):
 
     # -- protocol ---------------------------------------------------------------------------------------------
     def train_original(self, seed: int, task: str, workdir: Path, on_eval: OnEval | None = None) -> OriginalRun:
+        test_curve: Curve = []
         with seeded(seed):  # the module constructors draw from the global RNG
             model = init_model_(self.build(), self.init_scheme, seed)
             curve = self._fit(model, self.train_cfg, seed, None, None, on_eval,
-                              Path(workdir) / f"original_seed{seed}.progress.safetensors")
+                              Path(workdir) / f"original_seed{seed}.progress.safetensors", test_curve)
         ckpt = Path(workdir) / f"original_seed{seed}.safetensors"
         save_state_dict(ckpt, model.state_dict(), {"seed": seed})
-        return OriginalRun(seed, task, curve, ckpt)
+        extras: dict[str, Any] = {"threshold_split": self.threshold_split}
+        if test_curve:
+            extras["test_curve"] = [list(p) for p in test_curve]
+        return OriginalRun(seed, task, curve, ckpt, extras)
 
     def retrain(self, original: OriginalRun, part: str, procedure: ProcedureSpec, seed: int, budget: int,
                 stop_at: float | None, workdir: Path, on_eval: OnEval | None = None) -> Curve:
         model = self.build()
         state, _ = load_state_dict(original.checkpoint)
         model.load_state_dict(state)
-        rseed = stable_seed("retrain", seed, part, procedure.name)
-        gen = torch.Generator().manual_seed(rseed)
+        tseed, iseed = paired_seeds(seed, original.task, ALL_PARTS if procedure.from_scratch else part)
+        gen = torch.Generator().manual_seed(iseed)
         trainable = prepare_retraining(model, part, procedure, gen)
         update: dict[str, Any] = {"steps": budget}
-        lr = procedure.lr if procedure.lr is not None else self.retrain_lr
-        schedule = procedure.lr_schedule if procedure.lr_schedule is not None else self.retrain_lr_schedule
+        # T0 repeats T: the original schedule; T1–T4 use the retraining schedule where one is given
+        lr = procedure.lr if procedure.lr is not None else (None if procedure.from_scratch else self.retrain_lr)
+        schedule = procedure.lr_schedule if procedure.lr_schedule is not None else (
+            None if procedure.from_scratch else self.retrain_lr_schedule)
         if lr is not None:
             update["lr"] = lr
         if schedule is not None:
             update["lr_schedule"] = schedule
         cfg = self.train_cfg.model_copy(update=update)
-        progress = Path(workdir) / f"retrain_{seed}_{rseed}.progress.safetensors"  # rseed: unique per part × procedure
-        return self._fit(model, cfg, rseed, trainable, stop_at, on_eval, progress)
+        # unique per part × procedure (the paired seeds are not)
+        progress = Path(workdir) / f"retrain_{seed}_{stable_seed(part, procedure.name)}.progress.safetensors"
+        return self._fit(model, cfg, tseed, trainable, stop_at, on_eval, progress)
 
 
 class ModuleProblem(SupervisedProblem):
@@ -121,7 +178,9 @@ class ModuleProblem(SupervisedProblem):
 
     Args:
         model: the architecture (its current weights are not used), or a zero-argument factory returning one.
-        data: the data set (``modelward.core.data.DataSplit``; train split trains, test split gives L).
+        data: the data set (``modelward.core.data.DataSplit``; the train split trains minus a held-out validation
+            split that gives L, the test split reports — see the module docstring; ``threshold_split="test"``
+            measures L on the test split).
         train_cfg: procedure T (optimizer, steps, schedule, evaluation every k steps, loss "error"/"ce").
         retrain_lr, retrain_lr_schedule: retraining overrides (the paper's SL retraining is 50% faster).
         init_scheme: the init scheme of the original training and of reset parts.
@@ -140,9 +199,11 @@ class ModuleProblem(SupervisedProblem):
                  train_cfg: TrainConfig, retrain_lr: float | None = None,
                  retrain_lr_schedule: list[tuple[int, float]] | None = None,
                  init_scheme: str = "glorot_uniform", *, device: str = "cpu",
-                 checkpoint_every: int | None = None) -> None:
+                 checkpoint_every: int | None = None, threshold_split: str = "validation",
+                 val_fraction: float = 0.2) -> None:
         super().__init__(DataConfig(), ModelConfig(), train_cfg, retrain_lr, retrain_lr_schedule, init_scheme,
-                         device=device, checkpoint_every=checkpoint_every)
+                         device=device, checkpoint_every=checkpoint_every, threshold_split=threshold_split,
+                         val_fraction=val_fraction)
         self._model = model
         self._split = data
 

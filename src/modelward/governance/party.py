@@ -541,6 +541,8 @@ class Party:
             bk = self._backup = {k: torch.empty_like(v) for k, v in live.items()}
         torch._foreach_copy_(list(bk.values()), list(live.values()))
         opt_state: dict[int, dict[str, Any]] = {}
+        dst: list[torch.Tensor] = []
+        src: list[torch.Tensor] = []
         for i, p in enumerate(self.params.values()):
             st = self.opt.state.get(p)
             if not st:
@@ -548,15 +550,17 @@ class Party:
             saved: dict[str, Any] = {}
             for k, v in st.items():
                 if torch.is_tensor(v):
-                    key = (i, k)
-                    buf = self._opt_backup.get(key)
+                    buf = self._opt_backup.get((i, k))
                     if buf is None or buf.shape != v.shape or buf.dtype != v.dtype:
-                        buf = self._opt_backup[key] = torch.empty_like(v)
-                    buf.copy_(v)
+                        buf = self._opt_backup[(i, k)] = torch.empty_like(v)
+                    dst.append(buf)
+                    src.append(v)
                     saved[k] = buf
                 else:
                     saved[k] = copy.deepcopy(v)
             opt_state[i] = saved
+        if dst:
+            torch._foreach_copy_(dst, src)
         groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
         return _Prepared(self.step, bk, {"state": opt_state, "groups": groups})
 

@@ -170,6 +170,27 @@ class ModelGuardS(PredictionDefense):
         self.queries_seen = int(state["queries_seen"][0]) if "queries_seen" in state else 0
         self.growth = [tuple(r) for r in state["growth"].tolist()] if "growth" in state else []
 
+    def centroids_since(self, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """The centroids added after the first ``start`` (global insertion order): (labels (n,), vectors (n, K))."""
+        new = self._order[start:]
+        k = self.num_classes or 0
+        if not new:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, k))
+        return (np.array([c for c, _ in new], dtype=np.int64),
+                np.stack([self._classes[c].centroid(i) for c, i in new]))
+
+    def extend_centroids(self, labels: np.ndarray, vectors: np.ndarray) -> None:
+        """Append centroids in order (replaying :meth:`centroids_since` of a later state onto an earlier one)."""
+        if len(labels) == 0:
+            return
+        vectors = np.asarray(vectors, dtype=np.float64)
+        self._ensure_classes(vectors.shape[1])
+        k = self.num_classes or 0
+        if labels.min() < 0 or labels.max() >= k:
+            raise DataError("modelguard_s state: centroid labels out of range")
+        for y, c in zip(vectors, labels, strict=True):
+            self._order.append((int(c), self._classes[int(c)].append(y)))
+
     def save(self, path: str | Path) -> None:
         from modelward.core.io import save_tensors
 
