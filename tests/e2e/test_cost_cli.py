@@ -28,7 +28,7 @@ def test_cost_cli_names_the_layer_and_keeps_the_crypten_row(tmp_path) -> None:
     assert rows["plain"]["status"] == "ok" and rows["plain"]["latency_sample_ms"] > 0
     for b in ("he", "mpc"):  # the zoo MLP uses ReLU: no polynomial evaluation possible, and the error says where
         assert rows[b]["status"] == "unsupported"
-        assert f"backend {b} cannot run layer 'relu' (torch relu after 'fc1')" in rows[b]["reason"]
+        assert f"UnsupportedLayer: backend {b} cannot run layer 'relu' (torch relu after 'fc1')" in rows[b]["reason"]
         assert rows[b]["latency_sample_ms"] is None  # no speed for a backend that did not run
     assert rows["crypten"]["status"] == "unavailable" and "torch" in rows["crypten"]["reason"]
     md = (out / "results.md").read_text()

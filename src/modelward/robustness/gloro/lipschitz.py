@@ -140,7 +140,7 @@ class _PowerBound(_Bound):
     def matrix(self) -> torch.Tensor:
         """The explicit matrix of ``A`` (rows = outputs), built by applying ``A`` to the standard basis."""
         n = math.prod(self.in_shape)
-        basis = torch.eye(n, dtype=torch.float64).view(n, *self.in_shape)
+        basis = torch.eye(n, dtype=torch.float64, device=self.u.device).view(n, *self.in_shape)
         return self.apply(basis, True).reshape(n, -1).T
 
     def n_out(self) -> int:
@@ -227,7 +227,7 @@ class AutogradLinearBound(_PowerBound):
 
     def adjoint(self, y: torch.Tensor, double: bool = False) -> torch.Tensor:
         with torch.enable_grad():
-            x = torch.zeros((y.shape[0], *self.in_shape), dtype=y.dtype, requires_grad=True)
+            x = torch.zeros((y.shape[0], *self.in_shape), dtype=y.dtype, device=y.device, requires_grad=True)
             (g,) = torch.autograd.grad(self.module(x), x, y)
         return g
 
@@ -235,7 +235,7 @@ class AutogradLinearBound(_PowerBound):
     def upper_bound(self) -> tuple[str, float]:
         # Schur test for a matrix with non-negative entries (average pooling): ‖A‖₂² ≤ ‖A‖₁‖A‖∞, and for A ≥ 0 the
         # row / column sums are A·1 and Aᵀ·1
-        ones = torch.ones((1, *self.in_shape), dtype=torch.float64)
+        ones = torch.ones((1, *self.in_shape), dtype=torch.float64, device=self.u.device)
         rows = self.apply(ones, True)
         cols = self.adjoint(torch.ones_like(rows), True)
         return "schur", math.sqrt(float(rows.max()) * float(cols.max()))
