@@ -95,6 +95,9 @@ def robust_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attack_f
         True
     """
     params = dict(attack_params or {})
+    from modelward.core.device import model_device
+
+    x, y = x.to(model_device(model)), y.to(model_device(model))  # evaluated where the model is
     tm = None
     if isinstance(attack_factory, str):
         params, tm = prepare_params(attack_factory, params, norm)

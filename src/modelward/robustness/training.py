@@ -35,6 +35,7 @@ from pydantic import Field
 from torch import nn
 
 from modelward.core.config import StrictModel
+from modelward.core.device import autocast, model_device
 from modelward.core.train import TrainConfig, batch_order, evaluate, make_optimizer
 from modelward.robustness.attacks.base import attack_mode, l2_norms, project_l2, project_linf
 from modelward.robustness.attacks.pgd import PGD
@@ -78,12 +79,15 @@ def _loop(model: nn.Module, x_train: torch.Tensor, y_train: torch.Tensor, cfg: T
     res = AdvTrainResult(0, 0.0)
     recent: list[tuple[int, int]] = []  # (correct, n) on adversarial batches
     running, k = 0.0, 0
+    dev = model_device(model)  # batches go to the model's device
     model.train()
     for step in range(1, cfg.steps + 1):
         idx = next(batches)
         for g in opt.param_groups:
             g["lr"] = cfg.lr_at(step - 1)
-        loss, correct = batch_loss(x_train[idx], y_train[idx], step)
+        with autocast(dev, cfg.amp):  # the inner attack runs in autocast too (amp = "bf16" only)
+            loss, correct = batch_loss(x_train[idx].to(dev, non_blocking=True),
+                                       y_train[idx].to(dev, non_blocking=True), step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -151,7 +155,9 @@ def trades_adversary(model: nn.Module, x: torch.Tensor, adv: AdversarialConfig, 
     with attack_mode(model):
         with torch.no_grad():
             p_clean = F.softmax(model(x), dim=1)
-        x_adv = (x + 0.001 * torch.randn(x.shape, generator=gen, dtype=x.dtype, device=x.device)).clamp(*adv.clip)
+        # drawn on the CPU generator (the same noise on every device), then moved to the batch's device
+        noise = torch.randn(x.shape, generator=gen, dtype=x.dtype, device=gen.device).to(x.device)
+        x_adv = (x + 0.001 * noise).clamp(*adv.clip)
         for _ in range(adv.attack_steps):
             x_adv = x_adv.detach().requires_grad_(True)
             with torch.enable_grad():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from modelward.core.device import model_device
 from modelward.extraction.attacks.base import (
     AttackError,
     AttackStrategy,
@@ -86,8 +87,8 @@ class JBDA(_JacobianAugmentation):
     def _augment(self, ctx: Context, model: torch.nn.Module, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         model.eval()
         xr = x.clone().requires_grad_(True)
-        out = model(xr)
-        grad, = torch.autograd.grad(out.gather(1, labels[:, None]).sum(), xr)
+        out = model(xr.to(model_device(model)))  # the gradient flows back to the CPU copy
+        grad, = torch.autograd.grad(out.gather(1, labels[:, None].to(out.device)).sum(), xr)
         return self._clip(x + self.epsilon * grad.sign()).detach()
 
 
@@ -133,7 +134,8 @@ class JBDATR(_JacobianAugmentation):
         for _ in range(self.steps):
             target = torch.randint(0, ctx.num_classes, (len(xs),), generator=ctx.generator)
             delta.requires_grad_(True)
-            loss = F.cross_entropy(model(self._clip(xs + delta)), target)
+            dev = model_device(model)  # the loss on the substitute's device; delta and its gradient on the CPU
+            loss = F.cross_entropy(model(self._clip(xs + delta).to(dev)), target.to(dev))
             grad, = torch.autograd.grad(loss, delta)
             delta = (delta.detach() - self.alpha * grad.sign()).clamp(-self.epsilon, self.epsilon)
         for p in model.parameters():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from modelward.core.device import model_device
 from modelward.extraction.attacks.base import (
     AttackError,
     AttackStrategy,
@@ -98,6 +99,7 @@ class KnockoffAdaptive(QueryStrategy):
         stats = torch.zeros(3, 3)  # per reward: count, mean, M2 (Welford)
         online = seeded_model(ctx.substitute_factory, ctx.seed + 7)
         opt = torch.optim.SGD(online.parameters(), lr=self.online_lr, momentum=0.5)
+        dev = model_device(online)  # the online model's device; the bandit's statistics stay on the CPU
         xs, ys, recent = [], [], []
         total = min(budget, len(ctx.transfer))
         while sum(len(x) for x in xs) < total:
@@ -119,7 +121,7 @@ class KnockoffAdaptive(QueryStrategy):
             yhat = strategy.answer(ctx, x)
             with torch.no_grad():
                 online.eval()
-                loss_r = -(yhat * F.log_softmax(online(x), 1)).sum(1)
+                loss_r = -(yhat * F.log_softmax(online(x.to(dev)), 1).cpu()).sum(1)
             top2 = yhat.topk(min(2, yhat.shape[1]), dim=1).values
             cert = top2[:, 0] - (top2[:, 1] if top2.shape[1] > 1 else 0.0)
             mean_recent = torch.cat(recent[-self.window:]).mean(0) if recent else torch.zeros(yhat.shape[1])
@@ -142,7 +144,7 @@ class KnockoffAdaptive(QueryStrategy):
                 h[a] += step
             online.train()
             if len(idx) > 1:
-                loss = soft_cross_entropy(online(x), yhat)
+                loss = soft_cross_entropy(online(x.to(dev)), yhat.to(dev))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()

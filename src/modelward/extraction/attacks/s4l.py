@@ -58,16 +58,16 @@ class S4L(AttackStrategy):
             raise AttackError(f"s4l: needs square images (N, C, H, H), got shape {tuple(x.shape)}")
         lin = last_linear(model)
         with seeded(seed):
-            head = nn.Linear(lin.in_features, 4)
+            head = nn.Linear(lin.in_features, 4).to(lin.weight.device)
         feats: list[torch.Tensor] = []
         hook = lin.register_forward_pre_hook(lambda _m, inp: feats.append(inp[0]))
         pool = ctx.transfer.x
 
         def rotation_loss(m: nn.Module, xb: torch.Tensor, g: torch.Generator) -> torch.Tensor:
             idx = torch.randint(0, len(pool), (len(xb),), generator=g)
-            xr = pool[idx]
+            xr = pool[idx].to(xb.device)
             rots = torch.cat([torch.rot90(xr, j, dims=(-2, -1)) for j in range(4)])
-            lab = torch.arange(4).repeat_interleave(len(xr))
+            lab = torch.arange(4, device=xb.device).repeat_interleave(len(xr))
             feats.clear()
             m(rots)
             return self.weight * F.cross_entropy(head(feats[-1]), lab)

@@ -65,7 +65,7 @@ class CarliniWagnerL2(EvasionAttack):
     def _margin(self, logits: torch.Tensor, label: torch.Tensor, targeted: bool) -> torch.Tensor:
         own = logits.gather(1, label[:, None]).squeeze(1)
         other = logits.clone()
-        other[torch.arange(len(label)), label] = float("-inf")
+        other[torch.arange(len(label), device=label.device), label] = float("-inf")
         best_other = other.max(1).values
         m = best_other - own if targeted else own - best_other
         return m.clamp(min=-self.kappa)

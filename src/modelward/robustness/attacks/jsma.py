@@ -72,7 +72,7 @@ class JSMA(EvasionAttack):
         if target is None:
             with torch.no_grad():
                 logits = self.model(x).clone()
-            logits[torch.arange(n), y] = float("-inf")
+            logits[torch.arange(n, device=y.device), y] = float("-inf")
             label = logits.argmax(1)
         else:
             label = target
@@ -80,9 +80,9 @@ class JSMA(EvasionAttack):
         # a feature is free while it can still move in θ's direction
         free = xa < hi if self.theta > 0 else xa > lo
         budget = self.max_features(x)
-        changed = torch.zeros(n, dtype=torch.long)
-        rows = torch.arange(n)
-        eye = ~torch.eye(d, dtype=torch.bool)
+        changed = torch.zeros(n, dtype=torch.long, device=x.device)
+        rows = torch.arange(n, device=x.device)
+        eye = ~torch.eye(d, dtype=torch.bool, device=x.device)
         for _ in range((budget + 1) // 2):
             xin = xa.view_as(x).detach().requires_grad_(True)
             with torch.enable_grad():

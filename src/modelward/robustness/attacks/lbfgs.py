@@ -87,12 +87,12 @@ class LBFGS(EvasionAttack):
         if target is None:
             with torch.no_grad():
                 logits = self.model(x).clone()
-            logits[torch.arange(len(y)), y] = float("-inf")
+            logits[torch.arange(len(y), device=y.device), y] = float("-inf")
             label = logits.argmax(1)  # runner-up class
         else:
             label = target
         n = len(x)
-        c = torch.full((n,), self.c, dtype=x.dtype)
+        c = torch.full((n,), self.c, dtype=x.dtype, device=x.device)
         lower = torch.zeros_like(c)
         upper = torch.full_like(c, float("inf"))
         best = x.clone()

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from modelward.core.device import model_device
 from modelward.core.seed import seeded
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
@@ -85,6 +86,7 @@ class TransferAttack(EvasionAttack):
             cfg = ModelConfig(arch=self.proxy_arch, hidden=self.proxy_hidden)  # type: ignore[arg-type]
             with seeded(self.seed):  # the base class's contract: the attack's randomness depends on seed only
                 self.proxy = build_model(cfg, tuple(x_query.shape[1:]), num_classes)
+            self.proxy.to(model_device(self.model))  # initialised on the CPU, trained beside the victim
         tcfg = TrainConfig(optimizer="adam", lr=1e-3, weight_decay=0.0, steps=self.proxy_steps,
                            batch_size=min(64, len(x_query)), eval_every=self.proxy_steps)
         with seeded(self.seed):  # ... and leaves the caller's global RNG untouched
