@@ -83,6 +83,20 @@ class RobustEvalConfig(StrictModel):
 
 
 class RobustConfig(StrictModel):
+    """The ``modelward robust`` configuration (see examples/robust_gloro.toml).
+
+    Args:
+        seed: seeds data, model and training.
+        data: the data source (``[data]``).
+        model: the GloRo architecture (``[model]``).
+        train: the training mode and schedule (``[train]``: gloro / rtk / affinity / standard / pgd / trades).
+        evaluate: the attack sweep (``[evaluate]``).
+
+    Example:
+        >>> RobustConfig().train.mode
+        'gloro'
+    """
+
     seed: int = 0
     # where training, certification and attacks run (docs/devices.md); not part of the run's identity: a run
     # may resume on another device

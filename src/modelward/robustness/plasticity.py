@@ -69,6 +69,21 @@ class EvalAttackConfig(StrictModel):
 
 
 class PlasticityConfig(StrictModel):
+    """The plasticity study (seed 004 §5.4; ``modelward study plasticity``): clean then adversarial training.
+
+    Args:
+        data: the data source.
+        models: the compared architectures (default: shallow, deep, shallow with the deep model's parameter count).
+        optim: the optimizer schedule of both phases.
+        clean_epochs, adv_epochs: epochs of clean pre-training and of adversarial training.
+        adversarial: the training adversary; eval_attack: the evaluation attack.
+        seeds: one run per model and seed; threads: torch CPU threads.
+
+    Example:
+        >>> [m.name for m in PlasticityConfig().models]
+        ['shallow', 'deep', 'shallow_matched']
+    """
+
     data: DataConfig = Field(default_factory=DataConfig)
     models: list[StudyModel] = Field(default_factory=_default_models)
     optim: TrainConfig = Field(default_factory=lambda: TrainConfig(optimizer="adam", lr=1e-3, weight_decay=0.0,

@@ -113,7 +113,29 @@ def pgd_adversarial_training(model: nn.Module, x_train: torch.Tensor, y_train: t
                              adv: AdversarialConfig, seed: int = 0, x_test: torch.Tensor | None = None,
                              y_test: torch.Tensor | None = None,
                              on_step: Callable[[int, float], None] | None = None) -> AdvTrainResult:
-    """Madry et al.: every minibatch is replaced by its PGD adversarial examples (eq 5.2)."""
+    """Madry et al.: every minibatch is replaced by its PGD adversarial examples (eq 5.2).
+
+    Args:
+        model: the network to train (in place).
+        x_train, y_train: training inputs and labels.
+        train_cfg: optimizer, steps, batch size, schedule (:class:`~modelward.core.train.TrainConfig`).
+        adv: the adversary (ε, norm, attack steps, step size, clean weight).
+        seed: seeds batches and the attack.
+        x_test, y_test: optional test set for clean / robust accuracy in the result.
+        on_step: called with ``(step, loss)`` after every update.
+
+    Returns:
+        :class:`AdvTrainResult` (steps run, adversarial training accuracy, seconds, optional test metrics).
+
+    Example:
+        >>> from torch import nn
+        >>> from modelward.core.train import TrainConfig
+        >>> model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+        >>> x, y = torch.rand(64, 16), torch.randint(3, (64,))
+        >>> res = pgd_adversarial_training(model, x, y, TrainConfig(steps=3, batch_size=16), AdversarialConfig(eps=0.1))
+        >>> res.steps_run
+        3
+    """
 
     def batch_loss(xb: torch.Tensor, yb: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         attack = PGD(model, adv.eps, adv.step_size(), adv.attack_steps, adv.norm, adv.random_start, 1, adv.clip,
@@ -154,7 +176,29 @@ def trades_training(model: nn.Module, x_train: torch.Tensor, y_train: torch.Tens
                     adv: AdversarialConfig, seed: int = 0, x_test: torch.Tensor | None = None,
                     y_test: torch.Tensor | None = None,
                     on_step: Callable[[int, float], None] | None = None) -> AdvTrainResult:
-    """TRADES: ``ℓ(f(x), y) + β · KL(f(x) ‖ f(x_adv))`` with x_adv the KL-maximising point of the ε-ball."""
+    """TRADES: ``ℓ(f(x), y) + β · KL(f(x) ‖ f(x_adv))`` with x_adv the KL-maximising point of the ε-ball.
+
+    Args:
+        model: the network to train (in place).
+        x_train, y_train: training inputs and labels.
+        train_cfg: optimizer, steps, batch size, schedule (:class:`~modelward.core.train.TrainConfig`).
+        adv: the adversary (ε, norm, attack steps, step size, β).
+        seed: seeds batches and the attack.
+        x_test, y_test: optional test set for clean / robust accuracy in the result.
+        on_step: called with ``(step, loss)`` after every update.
+
+    Returns:
+        :class:`AdvTrainResult` (steps run, adversarial training accuracy, seconds, optional test metrics).
+
+    Example:
+        >>> from torch import nn
+        >>> from modelward.core.train import TrainConfig
+        >>> model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+        >>> x, y = torch.rand(64, 16), torch.randint(3, (64,))
+        >>> res = trades_training(model, x, y, TrainConfig(steps=3, batch_size=16), AdversarialConfig(eps=0.1))
+        >>> res.steps_run
+        3
+    """
     gen = torch.Generator().manual_seed(seed)
 
     def batch_loss(xb: torch.Tensor, yb: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -62,7 +62,25 @@ class _JacobianAugmentation(QueryStrategy):
 
 
 class JBDA(_JacobianAugmentation):
-    """Papernot's Jacobian-based augmentation: x' = x + λ·sign(∇_x f_s(x)_ỹ), one copy per sample per round."""
+    """Papernot's Jacobian-based augmentation: x' = x + λ·sign(∇_x f_s(x)_ỹ), one copy per sample per round.
+
+    Args:
+        seed_size: labelled seed queries drawn from the transfer set.
+        epsilon: augmentation step λ.
+        rounds: augmentation rounds (default: as many as the budget allows, doubling the set each round).
+        clip: input box of the augmented points (None: unclipped).
+
+    Returns:
+        A query strategy; combine it with an attack strategy in :class:`ExtractionAttack` (or build both by name
+        with :func:`~modelward.extraction.attacks.make_extraction_attack`), whose ``run(...)`` returns an
+        :class:`ExtractionResult`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("jbda", "top1", {"seed_size": 20})
+        >>> attack.query.seed_size
+        20
+    """
 
     name = "jbda"
 
@@ -75,7 +93,27 @@ class JBDA(_JacobianAugmentation):
 
 
 class JBDATR(_JacobianAugmentation):
-    """JBDA-TR: k random-target I-FGSM copies per sample per round (official ``jbtr3``; ε = 0.1, T = 8)."""
+    """JBDA-TR: k random-target I-FGSM copies per sample per round (official ``jbtr3``; ε = 0.1, T = 8).
+
+    Args:
+        seed_size: labelled seed queries drawn from the transfer set.
+        epsilon: ℓ∞ budget of each I-FGSM copy.
+        steps: I-FGSM steps T.
+        copies: random-target copies per sample and round.
+        rounds: augmentation rounds (default: as many as the budget allows).
+        clip: input box of the augmented points (None: unclipped).
+
+    Returns:
+        A query strategy; combine it with an attack strategy in :class:`ExtractionAttack` (or build both by name
+        with :func:`~modelward.extraction.attacks.make_extraction_attack`), whose ``run(...)`` returns an
+        :class:`ExtractionResult`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("jbda_tr", "naive", {"seed_size": 50, "copies": 2})
+        >>> attack.query.copies
+        2
+    """
 
     name = "jbda_tr"
 

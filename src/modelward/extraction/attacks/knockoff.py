@@ -27,7 +27,22 @@ from modelward.extraction.attacks.base import (
 
 
 class KnockoffRandom(QueryStrategy):
-    """Random natural queries from the transfer set (the paper's KnockoffNets setting)."""
+    """Random natural queries from the transfer set (the paper's KnockoffNets setting).
+
+    Args:
+        (none): queries are drawn uniformly without replacement from the transfer set, seeded by ``run(seed=...)``.
+
+    Returns:
+        A query strategy; combine it with an attack strategy in :class:`ExtractionAttack` (or build both by name
+        with :func:`~modelward.extraction.attacks.make_extraction_attack`), whose ``run(...)`` returns an
+        :class:`ExtractionResult`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("knockoff", "naive")
+        >>> type(attack.query).__name__
+        'KnockoffRandom'
+    """
 
     name = "knockoff"
 
@@ -39,7 +54,27 @@ class KnockoffRandom(QueryStrategy):
 
 
 class KnockoffAdaptive(QueryStrategy):
-    """Gradient-bandit selection over the transfer set's labels (KnockoffNets "adaptive" policy)."""
+    """Gradient-bandit selection over the transfer set's labels (KnockoffNets "adaptive" policy).
+
+    Args:
+        batch: queries per bandit step.
+        alpha: learning rate of the gradient bandit's preferences.
+        window: reward baseline window (steps).
+        online_lr: learning rate of the substitute's online updates between steps.
+
+    The transfer set must be labelled (the arms are its labels).
+
+    Returns:
+        A query strategy; combine it with an attack strategy in :class:`ExtractionAttack` (or build both by name
+        with :func:`~modelward.extraction.attacks.make_extraction_attack`), whose ``run(...)`` returns an
+        :class:`ExtractionResult`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("knockoff_adaptive", "naive", {"batch": 8})
+        >>> attack.query.batch
+        8
+    """
 
     name = "knockoff_adaptive"
 

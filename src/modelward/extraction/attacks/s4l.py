@@ -31,7 +31,21 @@ def last_linear(model: nn.Module) -> nn.Linear:
 
 
 class S4L(AttackStrategy):
-    """Soft-label CE plus a 4-way rotation-prediction head on the shared features."""
+    """Soft-label CE plus a 4-way rotation-prediction head on the shared features.
+
+    Args:
+        weight: weight of the rotation-prediction loss (images only).
+
+    Returns:
+        An attack strategy (how the substitute learns from the answers); combine it with a query strategy in
+        :class:`ExtractionAttack` or by name with :func:`~modelward.extraction.attacks.make_extraction_attack`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("knockoff", "s4l", strategy_params={"weight": 0.5})
+        >>> attack.strategy.weight
+        0.5
+    """
 
     name = "s4l"
 

@@ -61,6 +61,24 @@ def certify(net: GloroNet, x: torch.Tensor, y: torch.Tensor | None = None, epsil
 
     Freezes the net first (converged / exact Lipschitz bound) if it is not frozen. Labels are optional: without
     them ``correct`` / ``robust_correct`` are all False and only the certified mask is meaningful.
+
+    Args:
+        net: the GloRo net.
+        x: inputs, batch first.
+        y: labels (optional).
+        epsilon: the ℓ2 radius to certify (default: the net's training ε).
+        batch_size: points per forward pass.
+
+    Returns:
+        :class:`Certification` (per-point ``certified`` mask and predictions; ``vra``, ``clean_accuracy``,
+        ``rejection_rate``).
+
+    Example:
+        >>> from modelward.robustness.gloro import GloroNet, build_gloro_model
+        >>> net = GloroNet(build_gloro_model("d(8)", (4,), 3, seed=0), (4,), epsilon=0.1)
+        >>> c = certify(net, torch.rand(16, 4), torch.randint(3, (16,)))
+        >>> 0.0 <= c.vra <= c.clean_accuracy
+        True
     """
     was_training = net.training
     net.eval()
