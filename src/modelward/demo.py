@@ -7,6 +7,9 @@
    use the model without Bob) and conv1 ("Alice's part"), next to the from-scratch reference T0 (2 seeds, to keep
    the demo short). Thresholds are measured on a validation split held out from training (20 %).
 3. Extraction defense: the model is served behind a ModelGuard-S guarded prediction API and attacked.
+4. Security report: `modelward assess` (quick profile) on the split-trained model — robustness, privacy,
+   extraction, the split's completion hardness (read from step 2) and explanations/bias — as one self-contained
+   report.html.
 Re-running the same command resumes: finished work is kept.
 """
 
@@ -156,6 +159,41 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
         model.load_state_dict(state)
         model.eval()
         summary["extraction"] = run_extraction_demo(out / "extraction", model, cfg.model, data, console, seed=0)
+
+    # 4. one security report for the model ---------------------------------------------------------------------------
+    summary["report"] = str(_assess(out, cfg, study_dir, ledger_path, console, quick, workers))
     console.print(Rule("done"))
     console.print(f"everything is in {out}/")
+    console.print(f"security report: [bold]{summary['report']}[/]")
     return summary
+
+
+def _assess(out: Path, cfg: Any, study_dir: Path, ledger_path: Path, console: Console, quick: bool,
+            workers: int | None) -> Path:
+    """Step 4: `modelward assess` on the split-trained model (seed 0's original), reusing step 2's study."""
+    import json
+
+    from modelward.assess import AssessConfig, SplitConfig, run_assessment
+    from modelward.completion.study import orig_id
+    from modelward.core.io import load_state_dict, save_state_dict
+    from modelward.core.ledger import RunLedger
+    from modelward.core.progress import RichProgress
+
+    console.print(Rule("4 · security report: every threat on the split-trained model"))
+    orig = RunLedger(ledger_path).results()[orig_id("", 0)]
+    state, _ = load_state_dict(study_dir / orig["checkpoint"])
+    ckpt = out / "model.safetensors"
+    save_state_dict(ckpt, state, {"model": cfg.model.model_dump(mode="json"), "data": cfg.data.model_dump(mode="json"),
+                                  "trained": "split between parties (demo step 1)"})
+    sections = ["robustness", "completion", "explanations"] if quick else \
+        ["robustness", "privacy", "extraction", "completion", "explanations"]
+    acfg = AssessConfig(name="demo digits CNN (split-trained)", checkpoint=str(ckpt), train=cfg.train,
+                        profile="quick", sections=sections,
+                        split=SplitConfig(parties={"alice": [ALICE_PART], "bob": BOB_PART.split("+")},
+                                          study=str(study_dir)))
+    with RichProgress(console) as progress:
+        run_assessment(acfg, out / "report", workers=min(2, workers or 2), progress=progress)
+    for s in json.loads((out / "report" / "report.json").read_text())["sections"]:
+        head = s["headline"]["text"] + " — " + s["headline"]["label"] if s.get("headline") else s["reason"]
+        console.print(f"  {s['title']}: [bold]{s['verdict']}[/] ({head})", highlight=False)
+    return out / "report" / "report.html"

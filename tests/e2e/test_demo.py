@@ -21,3 +21,11 @@ def test_quick_demo_end_to_end(tmp_path):
     # seed 0's original model is the one trained split between the parties
     assert list((out / "completion" / "checkpoints").glob("original_seed0_split.safetensors"))
     assert "audit logs verified" in r.stdout
+    # step 4: one security report, with the split's completion hardness read from step 2's study
+    import json
+
+    report = json.loads((out / "report" / "report.json").read_text())
+    by = {s["section"]: s for s in report["sections"]}
+    assert by["completion"]["status"] == "assessed", by["completion"]
+    assert {r["party"] for r in by["completion"]["tables"][0]["rows"]} == {"alice", "bob"}
+    assert (out / "report" / "report.html").is_file() and "security report:" in r.stdout

@@ -292,3 +292,34 @@ def test_accepted_connections_have_tcp_nodelay():
                 assert client.fileno() >= 0
     finally:
         lsock.close()
+
+
+def test_centroids_persist_incrementally_and_survive_a_crash(tmp_path):
+    """ModelGuard-S centroids go to SQLite as they appear; a service that dies without its shutdown snapshot
+    (kill -9) restarts with every centroid, so earlier answers never change."""
+    cfg = ModelConfig(arch="mlp", hidden=[16])
+    torch.manual_seed(0)
+    model = build_model(cfg, SHAPE, K)
+    path = write_guard_config(tmp_path, model, cfg, SHAPE, K, defense="modelguard_s",
+                              defense_params={"epsilon": 0.05}, keys={KEY: None}, name="tiny")
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.rand(20, *SHAPE, generator=g) * 4 for _ in range(3)]
+    svc = build_service(path)
+    first = [svc.answer(svc.keys[KEY], x)[0] for x in xs[:2]]
+    svc.close()  # clean shutdown: snapshot written
+    svc = build_service(path)
+    n_snapshot = svc.defense.num_centroids
+    first.append(svc.answer(svc.keys[KEY], xs[2])[0])  # adds centroids after the snapshot
+    n_all = svc.defense.num_centroids
+    assert n_all > n_snapshot > 0
+    svc._closed = True  # simulate a crash: no shutdown snapshot, only the lock is dropped
+    svc.log.close()
+    svc._folder_lock.release()
+    svc = build_service(path)
+    assert svc.defense.num_centroids == n_all
+    again = [svc.answer(svc.keys[KEY], x)[0] for x in xs]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    svc.close()
+    svc = build_service(path, reset=True)  # --reset clears the snapshot and the rows
+    assert svc.defense.num_centroids == 0
+    svc.close()

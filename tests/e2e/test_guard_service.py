@@ -58,7 +58,8 @@ def test_service_end_to_end(setup):
         assert float(l1_distortion(clean, ans).max()) <= 0.5 + 1e-5
         assert not torch.allclose(ans, clean, atol=1e-4)  # the defense did perturb something
         # same answers as a local ModelGuard-S fed the same stream
-        local = LocalVictim(model, make_defense("modelguard_s", epsilon=0.5), batch_size=32).query(x)
+        local_defense = make_defense("modelguard_s", epsilon=0.5)
+        local = LocalVictim(model, local_defense, batch_size=32).query(x)
         assert torch.allclose(ans, local, atol=1e-6)
         # bad requests get 4xx JSON errors, and the server keeps serving
         bad = [
@@ -96,13 +97,22 @@ def test_service_end_to_end(setup):
         # still serving after all of that, and deterministic for repeated queries
         with HttpVictim(url, "tiny", KEY) as victim:
             assert torch.equal(victim.query(x), ans)
+        server.proc.kill()  # kill -9: no shutdown snapshot
+        server.proc.wait(10)
+    # every centroid was persisted as it appeared (SQLite), so a crash loses none
+    n = local_defense.num_centroids
+    db = sqlite3.connect(str(Path(d) / "guard_state" / "queries.sqlite"))
+    assert db.execute("SELECT COUNT(*), MAX(seq) FROM centroids_tiny_modelguard_s").fetchone() == (n, n - 1)
+    db.close()
     # restart: ModelGuard-S centroids and budgets persist
-    state = next((d / "guard_state").glob("*.state.safetensors"))
-    assert state.is_file()
     with start_guard_server(path) as server, HttpVictim(server.url, "tiny", KEY) as victim:
         assert torch.equal(victim.query(x), ans)
         with HttpVictim(server.url, "tiny", SMALL_KEY) as v, pytest.raises(QueryBudgetExceeded):
             v.query(x[:1])
+    state = next((d / "guard_state").glob("*.state.safetensors"))  # the graceful stop wrote the snapshot
+    from modelward.core.io import load_tensors
+
+    assert load_tensors(state)["centroids"].shape[0] == n
     # every request was logged, answered or not
     db = sqlite3.connect(str(Path(d) / "guard_state" / "queries.sqlite"))
     codes = dict(db.execute("SELECT code, COUNT(*) FROM queries GROUP BY code").fetchall())

@@ -93,13 +93,14 @@ def test_bad_audit_config_names_the_field(tmp_path: Path) -> None:
 
 def test_invert_and_property_write_image_grids(tmp_path: Path) -> None:
     _run("privacy", "invert", str(EXAMPLES / "privacy_invert.toml"), "--out", str(tmp_path / "inv"),
-         "--set", "trainers=[\"gloro\"]", "--set", "train.hidden=[32]", "--set", "train.epochs=2",
-         "--set", "inversion.steps=10", "--set", "max_train=60")
+         "--set", "trainers=[\"gloro\"]", "--set", "train.hidden=[16]", "--set", "train.epochs=1",
+         "--set", "inversion.steps=5", "--set", "max_train=30", "--set", "matches=4")
     assert (tmp_path / "inv" / "inversions_gloro.png").is_file() and (tmp_path / "inv" / "columns_gloro.png").is_file()
     _run("privacy", "property", str(EXAMPLES / "privacy_property.toml"), "--out", str(tmp_path / "prop"),
-         "--set", "shadow_models=6", "--set", "properties=3", "--set", "universe=5", "--set", "trainers=[\"pgd\"]",
-         "--set", "train.hidden=[16]", "--set", "train.epochs=1", "--set", "subsample=0.1",
-         "--set", "inversion.reconstructions=4", "--set", "inversion.steps=5", "--set", "meta.epochs=2")
+         "--set", "shadow_models=5", "--set", "properties=2", "--set", "universe=3", "--set", "trainers=[\"pgd\"]",
+         "--set", "train.hidden=[8]", "--set", "train.epochs=1", "--set", "train.pgd_steps=2",
+         "--set", "subsample=0.05", "--set", "inversion.reconstructions=2", "--set", "inversion.steps=3",
+         "--set", "meta.epochs=1", "--set", "meta.hidden=8")
     res = json.loads((tmp_path / "prop" / "results.json").read_text())
     assert res[0]["trainer"] == "pgd" and res[0]["test_models"] == 1
     assert (tmp_path / "prop" / "reconstructions_pgd_model0.png").is_file()

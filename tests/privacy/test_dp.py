@@ -38,7 +38,7 @@ def test_noise_for_target_epsilon_meets_the_target() -> None:
     sigma = noise_for_epsilon(1.0, 1e-4, 0.05, 3)
     eps = epsilon_spent(sigma, 0.05, 3 * 20, 1e-4)
     assert eps <= 1.0 and eps > 0.9
-    assert noise_for_epsilon(4.0, 1e-4, 0.05, 3) < sigma  # more budget, less noise
+    assert epsilon_spent(0.9 * sigma, 0.05, 3 * 20, 1e-4) > 1.0  # less noise would overspend the budget
 
 
 def test_dp_config_errors_and_advantage_check() -> None:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from modelward.errors import ConfigError
-from modelward.privacy.property import column_matches, f1_scores, ssim, stamp, watermark_universe
+from modelward.privacy.property import column_matches, decode, f1_scores, ssim, stamp, watermark_universe
 
 
 def test_watermarks_are_distinct_and_stamped_on_exactly_80_percent() -> None:
@@ -55,3 +55,8 @@ def test_f1_scores() -> None:
     pred = np.array([[1, 0], [1, 1], [0, 0]], bool)
     f = f1_scores(pred, true)
     assert f["f1_micro"] == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
+
+
+def test_decode_predicts_at_least_the_most_likely_property() -> None:
+    logits = torch.tensor([[-3.0, -1.0, -2.0], [2.0, -1.0, 0.5]])
+    assert decode(logits).tolist() == [[False, True, False], [True, False, True]]

@@ -28,6 +28,7 @@ class SplitConfig(StrictModel):
     (names, globs and ``a+b`` unions as ``modelward parts`` prints them)."""
 
     parties: dict[str, list[str]] = Field(min_length=2)
+    study: str | None = None  # an existing completion study folder with these parts (e.g. the demo's): read, not rerun
 
     @field_validator("parties")
     @classmethod
@@ -79,4 +80,6 @@ class AssessConfig(StrictModel):
         upd = {}
         if self.checkpoint and not Path(self.checkpoint).is_absolute():
             upd["checkpoint"] = str((base / self.checkpoint).resolve())
+        if self.split is not None and self.split.study and not Path(self.split.study).is_absolute():
+            upd["split"] = self.split.model_copy(update={"study": str((base / self.split.study).resolve())})
         return self.model_copy(update=upd)

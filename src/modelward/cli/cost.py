@@ -44,7 +44,8 @@ def register(app: typer.Typer) -> None:
                           f"{'holds' if c['holds'] else ('not measured' if c['holds'] is None else 'does not hold')}",
                           highlight=False)
         console.print(f"wrote {paths['md']}, {paths['csv']}, {paths['json']}, {paths['plot']}")
-        failed = [r for r in rows if r["status"] == "FAILED" or str(r.get("train_note", "")).startswith("FAILED")]
+        failed = [r for r in rows if r["status"] in ("FAILED", "error")
+                  or str(r.get("train_note", "")).startswith("FAILED")]
         if failed:
             for r in failed:
                 console.print(f"[bold red]FAILED[/] {r['backend']}: {r['reason'] or r['train_note']}", highlight=False)

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from modelward.cli._device import DEVICE_HELP
 from modelward.cli._outdir import check_out_dir
 from modelward.core.config import load_config
 
@@ -24,12 +25,15 @@ def audit(
     set_: list[str] = typer.Option(None, "--set", help=SET_HELP),
     workers: int = typer.Option(1, "--workers", min=1, help="Parallel runs (processes)."),
     executor: str = typer.Option("local", "--executor", help="Runner executor: local, sequential, process, ray."),
+    device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
     """Membership-inference audit: results.csv/md/json, targets.*, roc.png (log FPR), score arrays."""
+    from modelward.cli._device import require_device, with_device
     from modelward.core.progress import RichProgress
     from modelward.privacy.audit import AuditConfig, run_audit
 
-    cfg = load_config(config, AuditConfig, set_)
+    cfg = load_config(config, AuditConfig, with_device(set_, device))
+    require_device(cfg.device)
     check_out_dir(out)
     with RichProgress(console) as progress:
         rows = run_audit(cfg, out, workers=workers, executor=executor, progress=progress)
@@ -40,6 +44,14 @@ def audit(
         table.add_row(r["attack"], f"{r['accuracy']:.3f}", f"{r['advantage']:.3f}", f"{r['precision']:.3f}",
                       f"{r['auc']:.3f}", f"{r['tpr_at_0_1pct_fpr']:.3f}", f"{r['tpr_at_1pct_fpr']:.3f}")
     console.print(table)
+    if cfg.defense.kind == "dp":
+        import json
+
+        for t in json.loads((out / "targets.json").read_text()):
+            console.print(f"repetition {t['repetition']}: ε = {t['epsilon']:.3g} at δ = {t['delta']:.2g} "
+                          f"({t['accountant']} accountant), test accuracy {t['test_accuracy']:.3f}; best attack "
+                          f"advantage {t['best_attack_advantage']:.3f} vs (ε, δ) bound {t['bound_eps_delta']:.3f} "
+                          f"({'within' if t['within_bound'] else 'ABOVE'})")
     console.print(f"wrote {out}/results.md, results.csv, results.json, targets.md, roc.png, scores/")
 
 

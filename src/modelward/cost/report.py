@@ -87,7 +87,8 @@ def bar_plot(path: Path, rows: list[dict[str, Any]]) -> Path:
         ax.bar(xs + off, vals, 0.4, label=label)
     for i, r in enumerate(rows):
         if r["status"] != "ok":
-            ax.text(i, 1.0, r["status"], ha="center", va="bottom", rotation=90, fontsize=8)
+            ax.text(i, 0.03, r["status"], ha="center", va="bottom", rotation=90, fontsize=8,
+                    transform=ax.get_xaxis_transform())  # x in data, y in axes fraction: safe on a log axis
         elif math.isfinite(r["slowdown_sample"]) and r["backend"] != "plain":
             ax.text(i - 0.2, r["latency_sample_ms"], f"{r['slowdown_sample']:.3g}×", ha="center", va="bottom",
                     fontsize=7)

@@ -25,8 +25,8 @@ class BackendResult:
     """What one backend measured on the same model and inputs.
 
     ``status`` is ``ok``, ``unavailable`` (library not installed / does not import), ``unsupported`` (the model has
-    a layer the backend cannot run) or ``FAILED`` (outputs drifted beyond the stated precision: no speed is
-    reported then). Latencies are medians over repeats; bytes are measured on the real transport.
+    a layer the backend cannot run, cannot be cut, or is too deep), ``error`` (a party process failed) or
+    ``FAILED`` (outputs drifted beyond the stated precision: no speed is reported then). Latencies are medians over repeats; bytes are measured on the real transport.
     """
 
     backend: str

@@ -28,7 +28,8 @@ from modelward.cost.he import HEConfig, run_he
 from modelward.cost.mpc import MPCConfig, run_mpc
 from modelward.cost.program import UnsupportedLayer, lower
 from modelward.cost.result import BackendResult, PrecisionError, check_agreement
-from modelward.errors import ConfigError, DataError
+from modelward.errors import ConfigError, DataError, ModelwardError
+from modelward.governance.plan import PlanError
 
 Backend = Literal["plain", "split", "he", "mpc", "crypten"]
 ALL_BACKENDS: tuple[str, ...] = ("plain", "split", "he", "mpc", "crypten")
@@ -245,8 +246,10 @@ def run_cost(cfg: CostConfig, work_dir: Path | None = None, progress: ProgressSi
                         mpc_training = {"note": "cannot train in MPC here: the secret-shared SGD step trains "
                                         "nn.Linear layers only; convolutions/pooling are lowered to dense matrices "
                                         "(their weight sharing would be lost)"}
-        except UnsupportedLayer as e:
-            res = BackendResult(b, status="unsupported", reason=str(e))
+        except (UnsupportedLayer, PlanError, ConfigError) as e:  # the model (or its depth) does not fit the backend
+            res = BackendResult(b, status="unsupported", reason=f"{type(e).__name__}: {e}")
+        except ModelwardError as e:  # a party process or the MPC run failed: say so, measure the other backends
+            res = BackendResult(b, status="error", reason=f"{type(e).__name__}: {e}")
         if res.status == "ok" and res.outputs is not None:
             tol = float(res.extra.get("tol_scale", 0.0)) * (1.0 + float(np.abs(ref).max()))
             res.tolerance = tol

@@ -178,6 +178,8 @@ def _train_compare(drv: SplitDriver, model: nn.Module, xt: torch.Tensor, yt: tor
         split_loss.append(drv.train_step(s, idx))
         split_t.append(time.perf_counter() - t)
         wire.append((_bytes(drv)["cross"] - b0) / bs)
+    warm = copy.deepcopy(model).float().train()  # warm-up on a throw-away copy (the parties warm up on open too)
+    F.cross_entropy(warm(xt[batches[0]].float()), yt[batches[0]].long()).backward()
     plain = copy.deepcopy(model).float().train()
     opt = make_optimizer(list(plain.parameters()), tc)
     plain_t, plain_loss = [], []

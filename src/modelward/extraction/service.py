@@ -32,6 +32,7 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from modelward.core.config import StrictModel, load_config
+from modelward.core.device import DeviceSetting, resolve_device
 from modelward.core.io import load_state_dict
 from modelward.core.lock import FolderLock
 from modelward.core.seed import seeded
@@ -78,6 +79,7 @@ class ModelSection(StrictModel):
     input_shape: list[int]
     num_classes: int = Field(ge=2)
     net: ModelConfig = Field(default_factory=ModelConfig)
+    device: DeviceSetting = "cpu"  # where the model answers (docs/devices.md); defenses work on the CPU
 
     @field_validator("name")
     @classmethod
@@ -193,6 +195,32 @@ class QueryLog:
         raise ServiceError(429, "query_budget_exceeded", f"query budget of key {key_name!r} exhausted: "
                            f"{used} of {budget} used, {rows} requested")
 
+    def append_centroids(self, table: str, start: int, labels: np.ndarray, vectors: np.ndarray) -> None:
+        """Persist centroids ``start, start + 1, ...`` (one transaction; float64 bytes)."""
+        rows = [(start + i, int(c), np.ascontiguousarray(v, dtype="<f8").tobytes())
+                for i, (c, v) in enumerate(zip(labels, vectors, strict=True))]
+        with self._lock:
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS {table} (seq INTEGER PRIMARY KEY, label INTEGER, vec BLOB)")
+            self.db.execute("BEGIN")
+            self.db.executemany(f"INSERT OR REPLACE INTO {table}(seq, label, vec) VALUES(?,?,?)", rows)
+            self.db.execute("COMMIT")
+
+    def centroids_from(self, table: str, start: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Centroids with index >= ``start`` in order; they must be contiguous (else the state is inconsistent)."""
+        with self._lock:
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS {table} (seq INTEGER PRIMARY KEY, label INTEGER, vec BLOB)")
+            rows = self.db.execute(f"SELECT seq, label, vec FROM {table} WHERE seq >= ? ORDER BY seq",
+                                   (start,)).fetchall()
+        if rows and [r[0] for r in rows] != list(range(start, start + len(rows))):
+            raise DataError(f"{table}: centroid rows are not contiguous after {start}; start a new state with --reset")
+        labels = np.array([r[1] for r in rows], dtype=np.int64)
+        vecs = np.stack([np.frombuffer(r[2], dtype="<f8") for r in rows]) if rows else np.zeros((0, k))
+        return labels, vecs
+
+    def clear_centroids(self, table: str) -> None:
+        with self._lock:
+            self.db.execute(f"DROP TABLE IF EXISTS {table}")
+
     def refund(self, key_name: str, rows: int) -> None:
         """Give back a reservation whose request failed before it was answered."""
         with self._lock:
@@ -276,12 +304,18 @@ class GuardService:
         self.num_classes = cfg.model.num_classes
         self.model = build_model(cfg.model.net, self.input_shape, self.num_classes)
         _load_weights(self.model, base_dir / cfg.model.checkpoint, "model.checkpoint")
+        self.device = resolve_device(cfg.model.device)  # an unusable device is refused before serving
+        self.model.to(self.device)
         self.defense = build_service_defense(cfg, base_dir)
         self.state_dir = base_dir / cfg.server.state_dir
         self.state_path = self.state_dir / f"{self.name}.{self.defense.name}.state.safetensors"
         self.keys = {k.key: k for k in cfg.keys}
         self._lock = threading.Lock()  # model and defense state change together
         self._closed = check_only  # check_only: no lock, no state, no log (``guard check`` beside a running server)
+        # ModelGuard-S: new centroids are appended to SQLite as they appear (a full snapshot costs ~60 ms at 10k
+        # centroids); the safetensors snapshot is written on shutdown, and the rows after it are replayed on start
+        self._incremental = hasattr(self.defense, "centroids_since")
+        self._centroid_table = f"centroids_{self.name}_{self.defense.name}".replace("-", "_").replace(".", "_")
         self.changes = self.fingerprint_changes()
         if check_only:
             return
@@ -296,6 +330,10 @@ class GuardService:
 
                 self.defense.load_state_dict(load_tensors(self.state_path))
             self.log = QueryLog(self.state_dir / cfg.server.query_log)
+            if self._incremental:
+                if reset:
+                    self.log.clear_centroids(self._centroid_table)
+                self._replay_centroids()
         except BaseException:
             self._folder_lock.__exit__(None, None, None)
             raise
@@ -469,11 +507,15 @@ class GuardService:
         self.log.reserve(key.name, n, key.budget)  # atomic: 429 before any work if the budget is spent
         try:
             with self._lock:
-                probs = torch.softmax(self.model(x).float(), dim=1)
+                # the model runs on its device; the defense and the answer work on CPU probabilities
+                probs = torch.softmax(self.model(x.to(self.device)).float(), dim=1).cpu()
                 before = self.defense.num_centroids if hasattr(self.defense, "num_centroids") else None
                 y_hat = self.defense.defend(probs, x) if self.defense.needs_inputs else self.defense.defend(probs)
                 if self.defense.stateful and (before is None or self.defense.num_centroids != before):
-                    self.save_state()
+                    if self._incremental:
+                        self._append_centroids(before)
+                    else:
+                        self.save_state()
         except BaseException:
             self.log.refund(key.name, n)
             raise
@@ -504,6 +546,16 @@ class GuardService:
         y_hat, max_l1 = self.answer(key, req.x)
         payload, hl = self.encode(req, y_hat)
         return InferAnswer(payload, hl, int(req.x.shape[0]), max_l1)
+
+    def _append_centroids(self, start: int) -> None:
+        labels, vecs = self.defense.centroids_since(start)
+        self.log.append_centroids(self._centroid_table, start, labels, vecs)
+
+    def _replay_centroids(self) -> None:
+        n = self.defense.num_centroids
+        labels, vecs = self.log.centroids_from(self._centroid_table, n, self.num_classes)
+        if len(labels):
+            self.defense.extend_centroids(labels, vecs)
 
     def save_state(self) -> None:
         if self.defense.stateful:

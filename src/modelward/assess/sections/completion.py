@@ -36,33 +36,50 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     if sizes.completion_steps is not None:
         train = train.model_copy(update={"steps": min(train.steps, sizes.completion_steps),
                                          "eval_every": max(1, min(train.eval_every, sizes.completion_steps // 20))})
-    data_cfg = cfg.data or DataConfig()
-    study = StudyConfig(name=f"{cfg.name}-split", seeds=list(range(cfg.seed, cfg.seed + sizes.completion_seeds)),
-                        alphas=sorted({0.5, ALPHA, 1.0}), parts=sorted(set(missing.values())),
-                        data=data_cfg, model=target.model_cfg, train=train)
-    run_study(study, out / "study")
-    with (out / "study" / "hardness.csv").open() as f:
+    if cfg.split.study:  # reuse a finished study (e.g. the demo's) instead of retraining
+        study_dir = Path(cfg.split.study)
+        if not (study_dir / "hardness.csv").is_file():
+            raise NotAssessed(f"split.study {study_dir} has no hardness.csv (run `modelward complete run` there first)")
+        res.notes.append(f"MC-hardness read from the existing study {study_dir}")
+    else:
+        data_cfg = cfg.data or DataConfig()
+        study = StudyConfig(name=f"{cfg.name}-split",
+                            seeds=list(range(cfg.seed, cfg.seed + sizes.completion_seeds)),
+                            alphas=sorted({0.5, ALPHA, 1.0}), parts=sorted(set(missing.values())),
+                            data=data_cfg, model=target.model_cfg, train=train)
+        study_dir = out / "study"
+        run_study(study, study_dir)
+    with (study_dir / "hardness.csv").open() as f:
         table = list(csv.DictReader(f))
+    alphas = sorted({float(r["alpha"]) for r in table})
+    below = [a for a in alphas if a < 1.0]
+    alpha = ALPHA if ALPHA in alphas else (max(below) if below else max(alphas, default=ALPHA))
     rows = []
     for party, part in missing.items():
         for r in table:
-            if r["part"] == part and abs(float(r["alpha"]) - ALPHA) < 1e-9:
+            if r["part"] == part and abs(float(r["alpha"]) - alpha) < 1e-9:
                 rows.append({"party": party, "must complete": part, "procedure": r["procedure"],
-                             "alpha": ALPHA, "mc_hardness_mean": float(r["mean"]), "sd": r.get("sd", ""),
+                             "alpha": alpha, "mc_hardness_mean": float(r["mean"]), "sd": r.get("sd", ""),
                              "n": r.get("n", "")})
     if not rows:
-        raise NotAssessed(f"the completion study produced no α = {ALPHA} rows for parts {sorted(missing.values())}")
-    res.add_table(out, "completion", f"MC-hardness at α = {ALPHA} of what each party lacks", rows)
-    for png in sorted((out / "study").glob("hardness_*.png")):
+        raise NotAssessed(f"the completion study has no rows for the parts {sorted(missing.values())} (its parts: "
+                          f"{sorted({r['part'] for r in table})})")
+    res.add_table(out, "completion", f"MC-hardness at α = {alpha} of what each party lacks", rows)
+    for png in sorted(study_dir.glob("hardness_*.png")):
+        if study_dir != out / "study":  # the report embeds figures from its own folder
+            import shutil
+
+            png = Path(shutil.copy(png, out / png.name))
         res.add_figure(png, root, f"MC-hardness by part ({png.stem.removeprefix('hardness_')})",
                        "Retraining cost relative to the original training, per part and α (the study's own plot).")
-    weakest = min(rows, key=lambda r: r["mc_hardness_mean"])
+    attacks = [r for r in rows if not str(r["procedure"]).startswith("T0")]  # T0: the from-scratch reference
+    weakest = min(attacks or rows, key=lambda r: r["mc_hardness_mean"])
     value = weakest["mc_hardness_mean"]
-    res.headline = Headline(f"lowest MC-hardness at α = {ALPHA} ({weakest['party']} completing "
+    res.headline = Headline(f"lowest MC-hardness at α = {alpha} ({weakest['party']} completing "
                             f"{weakest['must complete']})", value, f"{value:.2f}")
     res.verdict = traffic_light(value, 0.8, 0.5)
     res.rule = ("green ≥ 0.8, amber ≥ 0.5, red below (1.0 = completing costs as much as training from scratch)")
     res.summary = (f"The cheapest completion is {weakest['party']} rebuilding {weakest['must complete']}: "
-                   f"{value:.2f} of the original training cost to reach {int(ALPHA * 100)} % of its improvement "
-                   f"({sizes.completion_seeds} seed(s), {train.steps} steps).")
+                   f"{value:.2f} of the original training cost to reach {alpha:.0%} of its improvement "
+                   f"(study: {study_dir}).")
     return res

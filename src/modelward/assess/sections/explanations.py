@@ -1,14 +1,87 @@
-"""Explanations section (filled in once the explanations area lands on main)."""
+"""Explanations and bias section: the most influential internal units per class (internal influence, seed 002
+Ch. 3) with input attributions, and bias amplification on the test set (Def. 9.1, one class against the rest).
+
+For a class c, B_c = Pr[F(x) = c] − Pr[y = c] on the test set: a positive value means the model predicts c more
+often than it occurs (the thesis' B for the binary task "c vs the rest"). The verdict uses the largest |B_c|.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from modelward.assess.config import AssessConfig
 from modelward.assess.profiles import ProfileSizes
-from modelward.assess.sections.common import NotAssessed, SectionResult
+from modelward.assess.sections.common import Headline, SectionResult, traffic_light
 from modelward.assess.target import Target
 
 
+def _unit_layer(model: torch.nn.Module) -> str:
+    """The module whose output feeds the final linear layer (the penultimate representation)."""
+    named = [(n, m) for n, m in model.named_modules() if n and any(True for _ in m.parameters(recurse=False))]
+    linear = [i for i, (_, m) in enumerate(named) if isinstance(m, torch.nn.Linear)]
+    if not linear or linear[-1] == 0:
+        return named[-1][0]
+    return named[linear[-1] - 1][0]
+
+
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
-    raise NotAssessed("this version of modelward has no explanations audit yet")
+    from modelward.bias.amplification import bias_amplification
+    from modelward.explain.interpret import attribute, top_units
+    from modelward.explain.plots import attribution_grid
+
+    res = SectionResult("explanations", "Explanations and bias amplification")
+    d, model = target.data, target.model
+    x, y = d.x_test[: sizes.explain_points], d.y_test[: sizes.explain_points]
+    layer = _unit_layer(model)
+    unit_rows = []
+    for c in range(d.num_classes):
+        xc = x[y == c]
+        if len(xc) == 0:
+            continue
+        for rank, u in enumerate(top_units(model, layer, xc, target=c, k=3), start=1):
+            unit_rows.append({"class": d.class_names[c], "rank": rank, "layer": layer, "unit": u.unit,
+                              "influence": u.score})
+    res.add_table(out, "top_units", f"Most influential units of '{layer}' per class", unit_rows,
+                  notes=["internal influence (point DoI over the test points of the class, the class logit as QoI)"])
+    if d.is_image:
+        pick = [int((y == c).nonzero()[0]) for c in range(d.num_classes) if (y == c).any()][:10]
+        xs = x[pick]
+        maps = {"integrated gradients": torch.cat([attribute(model, xs[i : i + 1], int(y[pick[i]]),
+                                                              "integrated_gradients", steps=32)
+                                                    for i in range(len(pick))]),
+                "saliency": torch.cat([attribute(model, xs[i : i + 1], int(y[pick[i]]), "saliency")
+                                       for i in range(len(pick))])}
+        p = attribution_grid(out / "attributions.png", xs, maps, [d.class_names[int(y[i])] for i in pick],
+                             "Input attributions of the true class")
+        res.add_figure(p, root, "What the model looks at", "One test image per class (top row) and the pixels "
+                       "that raise (red) or lower (blue) its class score.")
+    with torch.no_grad():
+        pred = torch.cat([model(d.x_test[i : i + 1024]).argmax(1) for i in range(0, len(d.x_test), 1024)]).numpy()
+    truth = d.y_test.numpy()
+    bias_rows = [{"class": d.class_names[c], "prior": float((truth == c).mean()),
+                  "predicted_rate": float((pred == c).mean()),
+                  "bias_amplification": bias_amplification((pred == c).astype(int), (truth == c).astype(int))}
+                 for c in range(d.num_classes)]
+    res.add_table(out, "bias", "Bias amplification per class (B_c = predicted rate − prior, test set)", bias_rows)
+    worst = max(bias_rows, key=lambda r: abs(r["bias_amplification"]))
+    value = abs(worst["bias_amplification"])
+    from modelward.core.plots import grouped_bars
+
+    p = grouped_bars(out / "bias.png", [r["class"] for r in bias_rows],
+                     {"B_c": ([r["bias_amplification"] for r in bias_rows], [0.0] * len(bias_rows))},
+                     "Bias amplification per class (test set)", "predicted rate − prior")
+    res.add_figure(p, root, "Bias amplification", "Above zero: the class is predicted more often than it occurs.")
+    res.headline = Headline(f"largest |B_c| (class {worst['class']})", value, f"{100 * value:.1f} pts")
+    res.verdict = traffic_light(value, 0.02, 0.05, higher_is_better=False)
+    res.rule = "green ≤ 2 points, amber ≤ 5 points, red above (|predicted rate − prior| of the worst class)"
+    acc = float((pred == truth).mean())
+    res.summary = (f"Test accuracy {100 * acc:.1f} %; class {worst['class']} is predicted "
+                   f"{100 * worst['predicted_rate']:.1f} % of the time against a prior of {100 * worst['prior']:.1f} %"
+                   f" (B = {100 * worst['bias_amplification']:+.1f} points). The top units of '{layer}' per class are "
+                   "listed below.")
+    if np.isnan(value):
+        res.verdict = "info"
+    return res

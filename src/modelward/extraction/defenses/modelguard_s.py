@@ -107,6 +107,23 @@ class ModelGuardS(PredictionDefense):
     "drop entries above ε" filter removes it; an empty class answers y itself). The state
     (centroids in global insertion order with their classes) round-trips through :meth:`state_dict` /
     :meth:`load_state_dict` and :meth:`save` / :meth:`load` (safetensors).
+
+    Args:
+        epsilon: the ℓ1 radius ε of Algorithm 1, in [0, 2].
+        ordered: answer with the *first* centroid within ε (the paper's order-preserving rule); False = the
+            nearest-centroid quantizer of the Table 6 ablation.
+
+    Returns:
+        ``defense.defend(probs)`` (``probs``: a B × K batch of probability vectors) returns the perturbed vectors,
+        B × K on the simplex; ``x=`` passes the queried inputs to defenses that need them.
+
+    Example:
+        >>> import torch
+        >>> y = torch.tensor([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]])
+        >>> guard = ModelGuardS(epsilon=0.5)
+        >>> a = guard.defend(y)
+        >>> torch.equal(guard.defend(y), a), guard.num_centroids  # repeated queries: same answers, no new centroid
+        (True, 2)
     """
 
     name = "modelguard_s"
@@ -169,6 +186,27 @@ class ModelGuardS(PredictionDefense):
                 self._order.append((int(c), self._classes[int(c)].append(y)))
         self.queries_seen = int(state["queries_seen"][0]) if "queries_seen" in state else 0
         self.growth = [tuple(r) for r in state["growth"].tolist()] if "growth" in state else []
+
+    def centroids_since(self, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """The centroids added after the first ``start`` (global insertion order): (labels (n,), vectors (n, K))."""
+        new = self._order[start:]
+        k = self.num_classes or 0
+        if not new:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, k))
+        return (np.array([c for c, _ in new], dtype=np.int64),
+                np.stack([self._classes[c].centroid(i) for c, i in new]))
+
+    def extend_centroids(self, labels: np.ndarray, vectors: np.ndarray) -> None:
+        """Append centroids in order (replaying :meth:`centroids_since` of a later state onto an earlier one)."""
+        if len(labels) == 0:
+            return
+        vectors = np.asarray(vectors, dtype=np.float64)
+        self._ensure_classes(vectors.shape[1])
+        k = self.num_classes or 0
+        if labels.min() < 0 or labels.max() >= k:
+            raise DataError("modelguard_s state: centroid labels out of range")
+        for y, c in zip(vectors, labels, strict=True):
+            self._order.append((int(c), self._classes[int(c)].append(y)))
 
     def save(self, path: str | Path) -> None:
         from modelward.core.io import save_tensors
