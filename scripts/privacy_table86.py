@@ -20,7 +20,7 @@ from torch import nn
 
 from modelward.core.train import TrainConfig
 from modelward.privacy import metrics
-from modelward.privacy.membership import AttackData, make_attack
+from modelward.privacy.membership import AttackData, make_membership_attack
 from modelward.privacy.membership.gnb import GaussianNBAttack, gaussian_classes
 from modelward.privacy.protocol import membership_split
 from modelward.privacy.shadows import ModelTrainer
@@ -59,7 +59,7 @@ def main() -> None:
             for key, name, params in (("bayesian_wb", "bayesian_wb", {"proxies": 10}),
                                       ("nn_wb_min", "nn_wb", {"splits": 10, "hidden": 0}),
                                       ("nn_wb_extra", "nn_wb", {"splits": 10, "hidden": 16})):
-                att = make_attack(name, **params).fit(data)
+                att = make_membership_attack(name, **params).fit(data)
                 accs[key].append(metrics.evaluate(att.score(xe, ye), members, att.threshold).accuracy)
         n = n_total // 4
         mean = {k: float(np.mean(v)) for k, v in accs.items()}

@@ -184,6 +184,7 @@ class ModuleProblem(SupervisedProblem):
         train_cfg: procedure T (optimizer, steps, schedule, evaluation every k steps, loss "error"/"ce").
         retrain_lr, retrain_lr_schedule: retraining overrides (the paper's SL retraining is 50% faster).
         init_scheme: the init scheme of the original training and of reset parts.
+        device: where runs train and are evaluated ("cpu", "cuda", "auto", ...; docs/devices.md).
 
     Example:
         >>> from modelward.core.data import DataConfig, load_data

@@ -17,11 +17,12 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, field_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 from torch import nn
 from torch.utils.data import Dataset
 
 from modelward.core.config import StrictModel
+from modelward.core.device import AmpSetting, autocast
 
 LossMetric = Literal["error", "cross_entropy"]
 
@@ -39,6 +40,17 @@ class TrainConfig(StrictModel):
     eval_every: int = Field(20, ge=1)
     loss: LossMetric = "error"
     eval_batch_size: int = Field(1024, ge=1)
+    # "bf16": forward pass and loss of each training step under torch.autocast(bfloat16) (docs/devices.md §5);
+    # evaluation stays in full precision
+    amp: AmpSetting = "none"
+
+    @model_serializer(mode="wrap")
+    def _omit_default_amp(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # "none" is left out of dumps so the fingerprints of studies recorded before `amp` existed still match
+        data = handler(self)
+        if data.get("amp") == "none":
+            data.pop("amp")
+        return data
 
     @field_validator("lr_schedule")
     @classmethod
@@ -70,8 +82,9 @@ class TrainResult:
 
 
 def _model_device(model: nn.Module) -> torch.device:
-    p = next(iter(model.parameters()), None)
-    return p.device if p is not None else torch.device("cpu")
+    from modelward.core.device import model_device
+
+    return model_device(model)
 
 
 def _eval_batches(x: torch.Tensor | Dataset, y: torch.Tensor | None, batch_size: int,
@@ -282,7 +295,8 @@ def train(
         for g in opt.param_groups:
             g["lr"] = lr
         xb, yb = _train_batch(x_train, y_train, idx, device)
-        loss = F.cross_entropy(model(xb), yb)
+        with autocast(device, cfg.amp):
+            loss = F.cross_entropy(model(xb), yb)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -308,9 +322,12 @@ def train(
 
 def fit_from_config(data_cfg: object, model_cfg: object, train_cfg: TrainConfig, seed: int = 0,
                     init_scheme: str = "glorot_uniform",
-                    on_eval: Callable[[int, float], None] | None = None) -> tuple[nn.Module, TrainResult, object]:
-    """Load the data, build and initialise the zoo model, train it with T; returns (model, result, data)."""
+                    on_eval: Callable[[int, float], None] | None = None,
+                    device: str | torch.device = "cpu") -> tuple[nn.Module, TrainResult, object]:
+    """Load the data, build and initialise the zoo model, train it with T on `device` (initialised on the CPU
+    first, so the initial weights are the same on every device); returns (model on `device`, result, data)."""
     from modelward.core.data import load_data
+    from modelward.core.device import resolve_device
     from modelward.core.init import init_model_
     from modelward.core.seed import seeded
     from modelward.core.zoo import build_model
@@ -318,6 +335,7 @@ def fit_from_config(data_cfg: object, model_cfg: object, train_cfg: TrainConfig,
     data = load_data(data_cfg)  # type: ignore[arg-type]
     with seeded(seed):  # the zoo constructors draw from the global RNG
         model = init_model_(build_model(model_cfg, data.input_shape, data.num_classes), init_scheme, seed)  # type: ignore[arg-type]
+        model.to(resolve_device(device))
         result = train(model, data.x_train, data.y_train, data.x_test, data.y_test, train_cfg, seed, on_eval=on_eval)
     model.eval()
     return model, result, data

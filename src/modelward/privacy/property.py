@@ -295,8 +295,8 @@ def run_property(cfg: PropertyConfig, out: Path, progress: ProgressSink | None =
         with torch.no_grad():
             lt, ltr = meta(S[te]), meta(S[tr])
         onehot = F.one_hot(labels, cfg.properties).numpy().astype(bool)
-        f1 = f1_scores((lt > 0).numpy(), onehot[te])
-        f1_tr = f1_scores((ltr > 0).numpy(), onehot[tr])
+        f1 = f1_scores(decode(lt), onehot[te])
+        f1_tr = f1_scores(decode(ltr), onehot[tr])
         top1 = float((lt.argmax(1) == labels[te]).float().mean())
         results.append(PropertyResult(kind, cfg.shadow_models, n_test, f1["f1_micro"], f1["f1_macro"], top1,
                                       f1_tr["f1_micro"], 1.0 / cfg.properties, float(np.mean(accs))))

@@ -39,6 +39,7 @@ from pydantic import Field
 from modelward.completion.problem import CompletionProblem, Curve, OnEval, OriginalRun, ProcedureSpec
 from modelward.completion.procedures import ALL_PARTS, paired_seeds, prepare_retraining, stable_seed
 from modelward.core.config import StrictModel, validate
+from modelward.core.device import resolve_device
 from modelward.core.init import InitScheme, init_model_
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.parts import parts_table, resolve_part
@@ -95,11 +96,16 @@ class RLProblem(CompletionProblem):
         self.tasks = games
         self._random: dict[str, float] = {}
         self._specs: dict[str, EnvSpec] = {}
+        # where the A2C / DQN / Rainbow learners train and act (the study's device); IMPALA's learner shares its
+        # weights with actor processes through CPU shared memory, so it stays on the CPU (docs/devices.md)
+        self.device = "cpu"
 
     @classmethod
     def from_study(cls, study_cfg: Any) -> RLProblem:
         raw = getattr(study_cfg, "rl", None) or {}
-        return cls(validate(RLConfig, dict(raw), "rl"), getattr(study_cfg, "checkpoint_every", None))
+        problem = cls(validate(RLConfig, dict(raw), "rl"), getattr(study_cfg, "checkpoint_every", None))
+        problem.device = getattr(study_cfg, "device", "cpu")
+        return problem
 
     # -- building blocks ------------------------------------------------------------------------------------
     def spec(self, task: str) -> EnvSpec:
@@ -187,6 +193,8 @@ class RLProblem(CompletionProblem):
             torch.set_num_threads(self.cfg.torch_threads)
         cap = episode_cap(task, self.cfg.max_episode_steps)
         upd = {} if lr is None else {"lr": lr}
+        if self.cfg.agent != "impala":  # initialised / reset on the CPU, trained on the device
+            net.to(resolve_device(self.device))
         if isinstance(net, QNetwork):
             dcfg = self.q_cfg.model_copy(update=upd)
             keep = not from_scratch and dcfg.retrain_exploration == "continue"

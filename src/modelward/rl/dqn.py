@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from modelward.core.config import StrictModel
+from modelward.core.device import model_device
 from modelward.errors import ConfigError
 from modelward.rl.checkpoint import RLCheckpoint
 from modelward.rl.envs import EnvSpec, env_seeds, make_vector_env
@@ -131,6 +132,7 @@ def train_dqn(net: QNetwork, env_id: str, cfg: DQNConfig, seed: int, steps: int,
     gen = torch.Generator().manual_seed(seed)  # the noisy layers' noise
     net.train()
     reset_noise(net, gen)
+    dev = model_device(net)  # the nets act and learn there; the replay buffer stays on the CPU
     n = cfg.n_envs
     venv = make_vector_env(env_id, n, seed, max_episode_steps)
     try:
@@ -157,7 +159,7 @@ def train_dqn(net: QNetwork, env_id: str, cfg: DQNConfig, seed: int, steps: int,
             frac = max(0.0, 1.0 - cost / eps_steps) if exploration == "schedule" else 0.0
             eps = cfg.eps_end + (cfg.eps_start - cfg.eps_end) * frac
             with torch.no_grad():
-                greedy = net(torch.as_tensor(obs)).argmax(1).numpy()
+                greedy = net(torch.as_tensor(obs).to(dev)).argmax(1).cpu().numpy()
             explore = rng.random(n) < eps
             actions = np.where(explore, rng.integers(0, venv.single_action_space.n, size=n), greedy)
             nxt, r, term, trunc, info = venv.step(actions)
@@ -208,11 +210,13 @@ def train_dqn(net: QNetwork, env_id: str, cfg: DQNConfig, seed: int, steps: int,
 def _update(net: QNetwork, target: QNetwork, opt: torch.optim.Optimizer, params: list[torch.nn.Parameter],
             buffer: ReplayBuffer, cfg: DQNConfig, rng: np.random.Generator, beta: float) -> None:
     b, idx = buffer.sample(cfg.batch_size, rng, beta)
+    dev = model_device(net)
+    b = {k: v.to(dev, non_blocking=True) for k, v in b.items()}  # the sampled batch goes to the nets' device
     if net.atoms > 1:
         loss_i = distributional_loss(net, target, b, cfg.double)
         loss = (b["weight"] * loss_i).mean()
         _step(opt, params, loss, cfg.max_grad_norm)
-        buffer.update_priorities(idx, loss_i.detach().numpy())
+        buffer.update_priorities(idx, loss_i.detach().cpu().numpy())
         return
     q = net(b["obs"]).gather(1, b["action"].unsqueeze(1)).squeeze(1)
     with torch.no_grad():
@@ -226,7 +230,7 @@ def _update(net: QNetwork, target: QNetwork, opt: torch.optim.Optimizer, params:
     td = y - q
     loss = (b["weight"] * F.smooth_l1_loss(q, y, reduction="none")).mean()
     _step(opt, params, loss, cfg.max_grad_norm)
-    buffer.update_priorities(idx, td.detach().abs().numpy())
+    buffer.update_priorities(idx, td.detach().abs().cpu().numpy())
 
 
 def _step(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], loss: torch.Tensor, clip: float) -> None:
@@ -263,7 +267,7 @@ def project_distribution(probs: torch.Tensor, reward: torch.Tensor, discount: to
 def distributional_loss(net: QNetwork, target: QNetwork, b: dict[str, torch.Tensor], double: bool) -> torch.Tensor:
     """Per-transition cross-entropy −Σ_j m_j log p_j(s_t, a_t) against the projected n-step target; with `double`
     the bootstrap action is argmax of the online net's Q (Rainbow), else of the target net's."""
-    rows = torch.arange(len(b["action"]))
+    rows = torch.arange(len(b["action"]), device=b["action"].device)
     logp = net.log_dist(b["obs"])[rows, b["action"]]
     with torch.no_grad():
         a_star = (net if double else target)(b["next_obs"]).argmax(1)
@@ -282,7 +286,7 @@ def q_policy(net: QNetwork, n_actions: int, epsilon: float, seed: int) -> ActFn:
         net.eval()  # noisy layers: the mean weights
         try:
             with torch.no_grad():
-                greedy = net(torch.as_tensor(obs)).argmax(1).numpy()
+                greedy = net(torch.as_tensor(obs).to(model_device(net))).argmax(1).cpu().numpy()
         finally:
             net.train(was)
         explore = rng.random(len(obs)) < epsilon
