@@ -13,6 +13,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from modelward.cli._device import DeviceOption, with_device
+
 
 def register(app: typer.Typer) -> None:
     @app.command("bias")
@@ -23,6 +25,7 @@ def register(app: typer.Typer) -> None:
         set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value, e.g. "
                                                                       "datasets.0.splits=5")] = None,
         workers: Annotated[int | None, typer.Option("--workers", help="parallel runs (default: config)")] = None,
+        device: DeviceOption = None,
     ) -> None:
         """B_D(h) and accuracy before/after feature parity, experts and ℓ1; Theorem 9.1 vs Monte-Carlo; Fig. 9.3."""
         from modelward.bias.study import BiasConfig, execute, plan, summarize_results, write_outputs
@@ -35,7 +38,7 @@ def register(app: typer.Typer) -> None:
         from modelward.errors import ModelwardError
 
         console = Console()
-        cfg = load_config(config, BiasConfig, set_)
+        cfg = load_config(config, BiasConfig, with_device(set_, device))
         resolve_device(cfg.device)  # an unusable device is refused before any run starts
         check_out_dir(out)
         out.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from modelward.cli._device import DeviceOption
+
 app = typer.Typer(no_args_is_help=True)
 console = Console()
 
@@ -22,14 +24,16 @@ def run(
     executor: Annotated[str, typer.Option("--executor", help="local | process | ray")] = "local",
     address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (--executor ray; "
                                                                     "default: a private local Ray)")] = None,
-    device: Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N | mps")] = None,
+    device: DeviceOption = None,
 ) -> None:
     """Run (or resume) a completion study and write hardness tables and plots."""
+    from modelward.cli._device import require_device, with_device
     from modelward.cli._outdir import check_out_dir
     from modelward.completion.study import interrupted_runs, load_study, run_study
     from modelward.core.progress import RichProgress
 
-    cfg = load_study(study, [*(set_ or []), *([f"device={device}"] if device else [])])
+    cfg = load_study(study, with_device(set_, device))
+    require_device(cfg.device)  # "auto" is resolved again by each worker (a Ray node may have its own GPU)
     check_out_dir(out)
     recovered = interrupted_runs(out)
     if recovered:

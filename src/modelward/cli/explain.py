@@ -15,6 +15,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from modelward.cli._device import DeviceOption, with_device
+
 
 def register(app: typer.Typer) -> None:
     @app.command("explain")
@@ -24,6 +26,7 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option("--out", help="output folder (re-running resumes it)")],
         set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value, e.g. "
                                                                       "explain.n_inputs=4")] = None,
+        device: DeviceOption = None,
     ) -> None:
         """Explain models with internal influence: input attributions and top internal units per class."""
         from modelward.cli._outdir import check_out_dir
@@ -36,7 +39,7 @@ def register(app: typer.Typer) -> None:
         from modelward.explain.study import ExplainConfig, config_json, execute, plan
 
         console = Console()
-        cfg = load_config(config, ExplainConfig, set_)
+        cfg = load_config(config, ExplainConfig, with_device(set_, device))
         resolve_device(cfg.device)  # an unusable device is refused before any run starts
         check_out_dir(out)
         out.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from modelward.cli._device import DEVICE_HELP, require_device, with_device
 from modelward.cli._outdir import check_out_dir
 from modelward.core.config import load_config
 
@@ -20,13 +21,15 @@ def run(
     config: Path = typer.Argument(..., help="Evaluation TOML (see examples/extraction_digits.toml)."),
     out: Path = typer.Option(..., "--out", help="Run directory (resumable: rerun to finish the missing cells)."),
     set_: list[str] = typer.Option(None, "--set", help="Override a config value, e.g. budget=300."),
+    device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
     """Run every defense × ε × attack × seed cell; write results.csv, worst_case.csv, results.md and plots."""
     from modelward.core.progress import RichProgress
     from modelward.extraction.config import ExtractionConfig
     from modelward.extraction.study import run_evaluation
 
-    cfg = load_config(config, ExtractionConfig, set_)
+    cfg = load_config(config, ExtractionConfig, with_device(set_, device))
+    require_device(cfg.device)
     check_out_dir(out)
     with RichProgress(console) as progress:
         summary = run_evaluation(cfg, out, progress)

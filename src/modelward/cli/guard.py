@@ -15,12 +15,17 @@ def serve(config: Path = typer.Argument(..., help="GUARD.toml (see examples/guar
           port: int = typer.Option(None, help="override server.port"),
           set_: list[str] = typer.Option(None, "--set", help="override a config value, e.g. defense.params.epsilon=0.5"),
           reset: bool = typer.Option(False, "--reset", help="start a new defense state when the settings differ "
-                                     "from the ones server.state_dir was built with (keeps the query log)")
+                                     "from the ones server.state_dir was built with (keeps the query log)"),
+          device: str | None = typer.Option(None, "--device", help="where the model answers: auto | cpu | cuda | "
+                                            "cuda:N | mps (default: model.device, else cpu)"),
           ) -> None:
     """Serve the configured model, guarded by the configured defense, until interrupted."""
+    from modelward.cli._device import require_device, with_device
     from modelward.extraction.service import serve as run
 
-    run(config, host=host, port=port, overrides=set_, reset=reset)
+    if device is not None:
+        require_device(device)  # refused before the config, the model or the port are touched
+    run(config, host=host, port=port, overrides=with_device(set_, device, "model.device"), reset=reset)
 
 
 @app.command()

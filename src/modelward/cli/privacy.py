@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from modelward.cli._device import DEVICE_HELP
 from modelward.cli._outdir import check_out_dir
 from modelward.core.config import load_config
 
@@ -24,12 +25,15 @@ def audit(
     set_: list[str] = typer.Option(None, "--set", help=SET_HELP),
     workers: int = typer.Option(1, "--workers", min=1, help="Parallel runs (processes)."),
     executor: str = typer.Option("local", "--executor", help="Runner executor: local, sequential, process, ray."),
+    device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
     """Membership-inference audit: results.csv/md/json, targets.*, roc.png (log FPR), score arrays."""
+    from modelward.cli._device import require_device, with_device
     from modelward.core.progress import RichProgress
     from modelward.privacy.audit import AuditConfig, run_audit
 
-    cfg = load_config(config, AuditConfig, set_)
+    cfg = load_config(config, AuditConfig, with_device(set_, device))
+    require_device(cfg.device)
     check_out_dir(out)
     with RichProgress(console) as progress:
         rows = run_audit(cfg, out, workers=workers, executor=executor, progress=progress)

@@ -8,8 +8,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from modelward.cli._device import DEVICE_HELP, require_device, with_device
 from modelward.cli._outdir import check_out_dir, refuse_other_config
-from modelward.core.config import dump_config, load_config
+from modelward.core.config import load_config
 from modelward.core.progress import RichProgress
 from modelward.robustness.plasticity import PlasticityConfig, run_study, table_markdown
 
@@ -22,14 +23,18 @@ def plasticity(
     config: Path = typer.Argument(..., help="TOML study config (see examples/plasticity.toml)."),
     out: Path = typer.Option(..., "--out", help="Output folder; rerun with the same folder to resume."),
     set_: list[str] = typer.Option([], "--set", help="Override a config field, e.g. --set adv_epochs=5."),
+    device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
     """Train shallow / deep / parameter-matched models clean, then with PGD adversarial training (Table 5.1)."""
-    cfg = load_config(config, PlasticityConfig, set_)
+    cfg = load_config(config, PlasticityConfig, with_device(set_, device))
+    require_device(cfg.device)
     check_out_dir(out)
-    # before config.json is rewritten: a refused run must not replace the config of the results in the folder
-    refuse_other_config(out, "config.json", json.loads(json.dumps(cfg.model_dump(mode="json"))), ("ledger.sqlite",))
+    # before config.json is rewritten: a refused run must not replace the config of the results in the folder;
+    # the device is left out (a study may resume on another device)
+    recorded = json.loads(json.dumps(cfg.model_dump(mode="json", exclude={"device"})))
+    refuse_other_config(out, "config.json", recorded, ("ledger.sqlite",))
     out.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, out / "config.json")
+    (out / "config.json").write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
     with RichProgress(console) as progress:
         rows = run_study(cfg, out, progress)
     console.print(table_markdown(rows, cfg))

@@ -9,8 +9,10 @@ import typer
 from pydantic import ConfigDict
 from rich.console import Console
 
+from modelward.cli._device import DeviceOption, require_device, with_device
 from modelward.core.config import StrictModel, load_config
 from modelward.core.data import DataConfig
+from modelward.core.device import DeviceSetting
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig
 
@@ -23,6 +25,7 @@ class TrainFile(StrictModel):
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     seed: int = 0
+    device: DeviceSetting = "cpu"
 
 
 def register(app: typer.Typer) -> None:
@@ -32,6 +35,7 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option("--out", help="checkpoint to write (.safetensors)")],
         seed: Annotated[int | None, typer.Option("--seed", help="initialisation and data-order seed")] = None,
         set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
+        device: DeviceOption = None,
     ) -> None:
         """Train a model with procedure T and save its weights, e.g. for `modelward guard serve`."""
         from modelward.cli._outdir import check_out_dir
@@ -41,7 +45,8 @@ def register(app: typer.Typer) -> None:
         from modelward.errors import ConfigError
 
         console = Console()
-        cfg = load_config(config, TrainFile, set_)
+        cfg = load_config(config, TrainFile, with_device(set_, device))
+        require_device(cfg.device)
         # checked before training, not when saving after it
         if out.is_dir():
             raise ConfigError(f"--out {out}: is a folder; give the checkpoint file to write, e.g. "
@@ -54,7 +59,8 @@ def register(app: typer.Typer) -> None:
             def on_eval(step: int, loss: float) -> None:
                 progress.update(task, completed=step, info=f"test {cfg.train.loss} {loss:.4f}")
 
-            model, result, data = fit_from_config(cfg.data, cfg.model, cfg.train, s, on_eval=on_eval)
+            model, result, data = fit_from_config(cfg.data, cfg.model, cfg.train, s, on_eval=on_eval,
+                                                  device=cfg.device)
         meta = {"model": cfg.model.model_dump(mode="json"), "data": cfg.data.model_dump(mode="json"),
                 "input_shape": list(data.input_shape), "num_classes": data.num_classes, "seed": s,
                 "final_test_loss": result.curve[-1][1], "loss": cfg.train.loss}

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from modelward.completion.problem import ProcedureSpec
 from modelward.core.config import StrictModel, load_config
 from modelward.core.data import DataConfig
+from modelward.core.device import DeviceSetting
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig
 from modelward.errors import ConfigError
@@ -71,7 +72,9 @@ class StudyConfig(StrictModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     retrain: RetrainConfig = Field(default_factory=RetrainConfig)
     rl: dict[str, Any] | None = None  # validated by the RL problem (modelward.rl.completion)
-    device: str = "cpu"  # "auto" | "cpu" | "cuda" | "cuda:N" | "mps" (see docs/devices.md); not part of the fingerprint
+    # where every run trains and is evaluated ("auto" is resolved by the process that runs it, e.g. a Ray worker
+    # with a GPU); not part of the study's fingerprint: a study may resume on another device (docs/devices.md)
+    device: DeviceSetting = "cpu"
     checkpoint_every: int | None = Field(None, ge=1)  # mid-run checkpoints every k steps (long runs survive a crash)
 
     @field_validator("alphas")

@@ -7,9 +7,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
+from typing import Annotated, Literal
 
 import torch
+from pydantic import AfterValidator
+from torch import nn
 
 from modelward.errors import ConfigError
 
@@ -61,3 +66,46 @@ def resolve_device(spec: str | torch.device = "cpu") -> torch.device:
                               f"{[f'cuda:{i}' for i in range(n_cuda)]}")
         return torch.device("cuda", idx)
     raise ConfigError(f"device={spec!r}: valid choices: {VALID}")
+
+
+def check_device_spec(spec: str) -> str:
+    """The syntax of a device setting (not whether this machine has it: a config written on a laptop may name
+    the cluster's ``cuda``); :func:`resolve_device` checks availability where the work starts."""
+    s = str(spec).strip().lower()
+    if s in ("auto", "cpu", "mps") or re.fullmatch(r"cuda(?::\d+)?", s):
+        return s
+    raise ValueError(f"device={spec!r}: valid choices: {VALID}")
+
+
+# a config field: ``device: DeviceSetting = "cpu"`` (validated when the config loads, resolved when work starts)
+DeviceSetting = Annotated[str, AfterValidator(check_device_spec)]
+
+# mixed precision of training loops: "bf16" runs forward passes and losses under torch.autocast(bfloat16)
+AmpSetting = Literal["none", "bf16"]
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of a model's first parameter (or buffer); the CPU for a model with neither."""
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def autocast(device: torch.device | str, amp: str = "none") -> Iterator[None]:
+    """``torch.autocast`` in bfloat16 on `device` when ``amp == "bf16"``, else nothing (full precision).
+
+    bfloat16 keeps float32's exponent range, so no loss scaling is needed. Used around the forward pass and
+    loss of training loops only; certification, Lipschitz bounds and evaluation run in full precision
+    (docs/devices.md §5).
+    """
+    if amp == "none":
+        yield
+        return
+    if amp != "bf16":
+        raise ConfigError(f"amp={amp!r}: valid choices: 'none', 'bf16'")
+    dev = torch.device(device)
+    with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
+        yield

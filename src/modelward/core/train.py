@@ -17,11 +17,12 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, field_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 from torch import nn
 from torch.utils.data import Dataset
 
 from modelward.core.config import StrictModel
+from modelward.core.device import AmpSetting, autocast
 
 LossMetric = Literal["error", "cross_entropy"]
 
@@ -39,6 +40,17 @@ class TrainConfig(StrictModel):
     eval_every: int = Field(20, ge=1)
     loss: LossMetric = "error"
     eval_batch_size: int = Field(1024, ge=1)
+    # "bf16": forward pass and loss of each training step under torch.autocast(bfloat16) (docs/devices.md §5);
+    # evaluation stays in full precision
+    amp: AmpSetting = "none"
+
+    @model_serializer(mode="wrap")
+    def _omit_default_amp(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # "none" is left out of dumps so the fingerprints of studies recorded before `amp` existed still match
+        data = handler(self)
+        if data.get("amp") == "none":
+            data.pop("amp")
+        return data
 
     @field_validator("lr_schedule")
     @classmethod
@@ -70,8 +82,9 @@ class TrainResult:
 
 
 def _model_device(model: nn.Module) -> torch.device:
-    p = next(iter(model.parameters()), None)
-    return p.device if p is not None else torch.device("cpu")
+    from modelward.core.device import model_device
+
+    return model_device(model)
 
 
 def _eval_batches(x: torch.Tensor | Dataset, y: torch.Tensor | None, batch_size: int,
@@ -225,6 +238,27 @@ def _train_batch(x: torch.Tensor | Dataset, y: torch.Tensor | None, idx: torch.T
     return xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
 
 
+class _SameOrder(torch.utils.data.Sampler):
+    """Batch sampler replaying a copy of the run's :class:`BatchOrder` from its current position, so loader
+    workers decode exactly the batches the training loop draws, ahead of it."""
+
+    def __init__(self, order: BatchOrder) -> None:
+        self.order = BatchOrder(order.n, order.batch_size, 0)
+        self.order.load_state_dict(order.state_dict())
+
+    def __iter__(self) -> Iterator[list[int]]:
+        while True:
+            yield next(self.order).tolist()
+
+
+def _prefetching_loader(dataset: Dataset, order: BatchOrder, workers: int) -> Iterator[tuple[torch.Tensor, ...]]:
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(dataset, batch_sampler=_SameOrder(order), num_workers=workers, pin_memory=False,
+                        generator=torch.Generator().manual_seed(0))
+    return iter(loader)
+
+
 def train(
     model: nn.Module,
     x_train: torch.Tensor | Dataset,
@@ -238,6 +272,7 @@ def train(
     on_eval: Callable[[int, float], None] | None = None,
     *,
     checkpoint: Checkpointing | None = None,
+    workers: int = 0,
 ) -> TrainResult:
     """Run T: `cfg.steps` SGD/Adam steps; evaluate L at step 0, every `eval_every` steps and at the end.
 
@@ -245,7 +280,8 @@ def train(
     evaluation with L ≤ stop_at (used for early stopping of retraining once the α=1 threshold is met).
     Inputs are tensors, or ``torch.utils.data.Dataset`` objects (lazy data; pass None for the labels). Batches go
     to the model's device. With `checkpoint`, the training state is saved every ``checkpoint.every`` steps and a
-    run that finds the file resumes from it (bit-identical on the CPU).
+    run that finds the file resumes from it (bit-identical on the CPU). `workers` > 0 decodes a ``Dataset``'s
+    batches in that many loader processes, ahead of the training step (the batches are the same ones).
     """
     t0 = time.perf_counter()
     named = dict(model.named_parameters())
@@ -276,13 +312,21 @@ def train(
         train_loss = []
         step = 0
         running = 0.0
+    prefetch = None
+    if workers > 0 and not isinstance(x_train, torch.Tensor) and not stopped:
+        prefetch = _prefetching_loader(x_train, batches, workers)
     while not stopped and step < cfg.steps:
-        idx = next(batches)
+        idx = next(batches)  # the order's position is what a checkpoint records
         lr = cfg.lr_at(step)
         for g in opt.param_groups:
             g["lr"] = lr
-        xb, yb = _train_batch(x_train, y_train, idx, device)
-        loss = F.cross_entropy(model(xb), yb)
+        if prefetch is not None:
+            xb, yb = next(prefetch)
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        else:
+            xb, yb = _train_batch(x_train, y_train, idx, device)
+        with autocast(device, cfg.amp):
+            loss = F.cross_entropy(model(xb), yb)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -308,9 +352,12 @@ def train(
 
 def fit_from_config(data_cfg: object, model_cfg: object, train_cfg: TrainConfig, seed: int = 0,
                     init_scheme: str = "glorot_uniform",
-                    on_eval: Callable[[int, float], None] | None = None) -> tuple[nn.Module, TrainResult, object]:
-    """Load the data, build and initialise the zoo model, train it with T; returns (model, result, data)."""
+                    on_eval: Callable[[int, float], None] | None = None,
+                    device: str | torch.device = "cpu") -> tuple[nn.Module, TrainResult, object]:
+    """Load the data, build and initialise the zoo model, train it with T on `device` (initialised on the CPU
+    first, so the initial weights are the same on every device); returns (model on `device`, result, data)."""
     from modelward.core.data import load_data
+    from modelward.core.device import resolve_device
     from modelward.core.init import init_model_
     from modelward.core.seed import seeded
     from modelward.core.zoo import build_model
@@ -318,6 +365,7 @@ def fit_from_config(data_cfg: object, model_cfg: object, train_cfg: TrainConfig,
     data = load_data(data_cfg)  # type: ignore[arg-type]
     with seeded(seed):  # the zoo constructors draw from the global RNG
         model = init_model_(build_model(model_cfg, data.input_shape, data.num_classes), init_scheme, seed)  # type: ignore[arg-type]
+        model.to(resolve_device(device))
         result = train(model, data.x_train, data.y_train, data.x_test, data.y_test, train_cfg, seed, on_eval=on_eval)
     model.eval()
     return model, result, data

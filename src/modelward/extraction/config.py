@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from modelward.core.config import AlgorithmSpec, StrictModel
 from modelward.core.data import DataConfig
+from modelward.core.device import DeviceSetting
 from modelward.core.runner import RunSpec
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig
@@ -102,6 +103,9 @@ class ExtractionConfig(StrictModel):
     seeds: list[int] = Field(default_factory=lambda: [0])
     centroid_epsilons: list[float] = Field(default_factory=list)  # ModelGuard-S growth curves (Fig. 5 right)
     threads: int = Field(1, ge=1)  # torch intra-op threads (small models run best single-threaded)
+    # where the victim and the substitutes train (docs/devices.md); answers, defenses and the served victim
+    # stay on the CPU. Not part of the evaluation's fingerprint: it may resume on another device
+    device: DeviceSetting = "cpu"
 
     @model_validator(mode="after")
     def _check(self) -> ExtractionConfig:

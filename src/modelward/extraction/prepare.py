@@ -98,8 +98,12 @@ def prepare(cfg: ExtractionConfig, progress: ProgressSink | None = None) -> Prep
     else:
         sink = as_sink(progress)
         sink.start("victim", None, f"training the victim ({arch.arch}, {cfg.victim.train.steps} steps)")
+        from modelward.core.device import resolve_device
+
+        base.to(resolve_device(cfg.device))  # trained on the device, then served and defended from the CPU
         train(base, data.x_train[vidx], data.y_train[vidx], data.x_test, data.y_test, cfg.victim.train,
               seed=cfg.victim.seed)
+        base.cpu()
         save_state_dict(cache / "victim.safetensors", base.state_dict(), {"config": key})
         if mis is not None:
             train_misinformation_model(mis, data.x_train[vidx], data.y_train[vidx], cfg.victim.misinformation_steps,

@@ -32,6 +32,7 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from modelward.core.config import StrictModel, load_config
+from modelward.core.device import DeviceSetting, resolve_device
 from modelward.core.io import load_state_dict
 from modelward.core.lock import FolderLock
 from modelward.core.seed import seeded
@@ -78,6 +79,7 @@ class ModelSection(StrictModel):
     input_shape: list[int]
     num_classes: int = Field(ge=2)
     net: ModelConfig = Field(default_factory=ModelConfig)
+    device: DeviceSetting = "cpu"  # where the model answers (docs/devices.md); defenses work on the CPU
 
     @field_validator("name")
     @classmethod
@@ -302,6 +304,8 @@ class GuardService:
         self.num_classes = cfg.model.num_classes
         self.model = build_model(cfg.model.net, self.input_shape, self.num_classes)
         _load_weights(self.model, base_dir / cfg.model.checkpoint, "model.checkpoint")
+        self.device = resolve_device(cfg.model.device)  # an unusable device is refused before serving
+        self.model.to(self.device)
         self.defense = build_service_defense(cfg, base_dir)
         self.state_dir = base_dir / cfg.server.state_dir
         self.state_path = self.state_dir / f"{self.name}.{self.defense.name}.state.safetensors"
@@ -503,7 +507,8 @@ class GuardService:
         self.log.reserve(key.name, n, key.budget)  # atomic: 429 before any work if the budget is spent
         try:
             with self._lock:
-                probs = torch.softmax(self.model(x).float(), dim=1)
+                # the model runs on its device; the defense and the answer work on CPU probabilities
+                probs = torch.softmax(self.model(x.to(self.device)).float(), dim=1).cpu()
                 before = self.defense.num_centroids if hasattr(self.defense, "num_centroids") else None
                 y_hat = self.defense.defend(probs, x) if self.defense.needs_inputs else self.defense.defend(probs)
                 if self.defense.stateful and (before is None or self.defense.num_centroids != before):

@@ -100,7 +100,14 @@ def run_cell(cfg: ExtractionConfig, prep: Prepared, cell: Cell, workdir: Path) -
         else:
             victim = LocalVictim(prep.victim, defense, num_classes=prep.data.num_classes)
             knowledge = knowledge_from_defense(defense, clean)
-        result = attack.run(victim, prep.transfer, cfg.budget, prep.substitute_factory, seed=cell.seed,
+        from modelward.core.device import resolve_device
+
+        dev = resolve_device(cfg.device)
+
+        def substitute() -> torch.nn.Module:  # initialised on the CPU (the same weights everywhere), then moved
+            return prep.substitute_factory().to(dev)
+
+        result = attack.run(victim, prep.transfer, cfg.budget, substitute, seed=cell.seed,
                             eval_set=prep.eval_set, knowledge=knowledge)
         max_l1, mean_l1 = victim.max_l1, victim.mean_l1
         if cfg.victim.url:
@@ -193,8 +200,8 @@ def run_evaluation(cfg: ExtractionConfig, out: str | Path, progress: ProgressSin
     torch.set_num_threads(cfg.threads)
     try:
         ledger = RunLedger(out / "ledger.sqlite")
-        legacy = json.dumps(cfg.model_dump(mode="json", exclude={"threads"}), sort_keys=True, default=str)
-        ledger.bind_config(cfg, exclude={"threads"}, legacy=(hashlib.sha256(legacy.encode()).hexdigest()[:16],))
+        legacy = json.dumps(cfg.model_dump(mode="json", exclude={"threads", "device"}), sort_keys=True, default=str)
+        ledger.bind_config(cfg, exclude={"threads", "device"}, legacy=(hashlib.sha256(legacy.encode()).hexdigest()[:16],))
         dump_config(cfg, out / "config.json")
         all_cells = cells(cfg)
         by_id = {c.run_id: c for c in all_cells}

@@ -102,6 +102,16 @@ class SplitConfig(StrictModel):
 
 
 def load_split_config(path: str | Path, overrides: list[str] | None = None) -> SplitConfig:
+    """Read a ``modelward split train`` file (TOML) with ``--set`` style `overrides`; TLS paths are resolved
+    relative to the file.
+
+    Args:
+        path: the TOML file.
+        overrides: ``key=value`` strings applied before validation.
+
+    Returns:
+        The validated :class:`SplitConfig`; a bad field raises ConfigError naming it.
+    """
     cfg = load_config(path, SplitConfig, overrides)
     base = Path(path).resolve().parent
     cfg.tls = TLSConfig(ca=_resolve(base, cfg.tls.ca), cert=_resolve(base, cfg.tls.cert),

@@ -32,6 +32,7 @@ from pydantic import Field, model_validator
 
 from modelward.core.config import AlgorithmSpec, StrictModel, dump_config
 from modelward.core.data import DataConfig, load_data
+from modelward.core.device import DeviceSetting
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.ledger import RunLedger
 from modelward.core.progress import ProgressSink
@@ -104,6 +105,9 @@ class AuditConfig(StrictModel):
     shadows: ShadowConfig = Field(default_factory=ShadowConfig)
     attacks: list[MembershipAttackSpec] = Field(
         default_factory=lambda: [MembershipAttackSpec(name="naive"), MembershipAttackSpec(name="loss")])
+    # where the target, shadow and reference models train (docs/devices.md; DP-SGD targets train on the CPU);
+    # the attacks score on the CPU. Not part of the audit's fingerprint: it may resume on another device
+    device: DeviceSetting = "cpu"
 
     @model_validator(mode="after")
     def _unique(self) -> AuditConfig:
@@ -136,7 +140,8 @@ def _factory(cfg: AuditConfig, shape: tuple[int, ...], classes: int, dropout: bo
 def _setup(cfg: AuditConfig, rep: int) -> dict[str, Any]:
     x, y, classes, shape = _pooled(cfg)
     split = membership_split(x, y, cfg.seed * 1000 + rep, cfg.split.train, cfg.split.test)
-    trainer = ModelTrainer(_factory(cfg, shape, classes, cfg.defense.kind == "dropout"), cfg.train, cfg.init)
+    trainer = ModelTrainer(_factory(cfg, shape, classes, cfg.defense.kind == "dropout"), cfg.train, cfg.init,
+                           device=cfg.device)
     return {"split": split, "trainer": trainer, "classes": classes, "shape": shape}
 
 
@@ -339,7 +344,7 @@ def run_audit(cfg: AuditConfig, out_dir: str | Path, *, workers: int = 1, execut
     (out / "models").mkdir(exist_ok=True)
     _pooled(cfg)  # fail early on a bad data source
     ledger = RunLedger(out / "ledger.sqlite")
-    ledger.bind_config(cfg)
+    ledger.bind_config(cfg, exclude={"device"})  # an audit may resume on another device
     dump_config(cfg, out / "config.json")
     plan = plan_runs(cfg)
     outcome = run_plan(ledger, plan, partial(execute_run, out=str(out.resolve())), workers=workers, executor=executor, progress=progress,

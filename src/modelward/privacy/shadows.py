@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modelward.core.device import resolve_device
 from modelward.core.init import init_model_
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.train import TrainConfig, batch_order, make_optimizer, train
@@ -61,20 +62,24 @@ class ModelTrainer:
     factory: Factory
     cfg: TrainConfig
     init_scheme: str = "glorot_uniform"
+    # where the models train (docs/devices.md): initialised on the CPU, trained on the device, handed back on the
+    # CPU (the attacks score them there)
+    device: str = "cpu"
 
     def build(self, seed: int) -> nn.Module:
         return init_model_(self.factory(), self.init_scheme, seed)
 
     def train(self, x: torch.Tensor, y: torch.Tensor, seed: int) -> nn.Module:
-        return fit(self.build(seed), x, y, self.cfg, seed)
+        return fit(self.build(seed).to(resolve_device(self.device)), x, y, self.cfg, seed).cpu()
 
     def train_many(self, x: torch.Tensor, y: torch.Tensor, index_sets: Sequence[np.ndarray], seeds: Sequence[int],
                    stacked: bool = True) -> list[nn.Module]:
         """K models, model k on ``x[index_sets[k]]`` with seed ``seeds[k]`` (stacked when exact, else a loop)."""
-        models = [self.build(s) for s in seeds]
+        dev = resolve_device(self.device)
+        models = [self.build(s).to(dev) for s in seeds]
         if stacked and models and _stackable(models[0]):
-            return train_stacked(models, x, y, index_sets, self.cfg, seeds)
-        return [fit(m, x[torch.as_tensor(ix)], y[torch.as_tensor(ix)], self.cfg, s)
+            return [m.cpu() for m in train_stacked(models, x, y, index_sets, self.cfg, seeds)]
+        return [fit(m, x[torch.as_tensor(ix)], y[torch.as_tensor(ix)], self.cfg, s).cpu()
                 for m, ix, s in zip(models, index_sets, seeds, strict=True)]
 
 
@@ -83,7 +88,8 @@ def train_loop(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor, index_
     """The reference: K separate plain training loops (same math as :func:`train_stacked`)."""
     out = []
     for m, ix, s in zip(models, index_sets, seeds, strict=True):
-        xi, yi = x[torch.as_tensor(ix)], y[torch.as_tensor(ix)]
+        dev = next(m.parameters()).device  # the data of model k goes to its device
+        xi, yi = x[torch.as_tensor(ix)].to(dev), y[torch.as_tensor(ix)].to(dev)
         opt = make_optimizer(list(m.parameters()), cfg)
         order = batch_order(len(xi), cfg.batch_size, s)
         m.train()
@@ -146,15 +152,17 @@ def train_stacked(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor, ind
     else:
         batched = vmap(one)
     same_batch = len(set(bs)) == 1
+    dev = next(iter(leaves.values())).device  # the models' device: each step's batches go there
     for step in range(cfg.steps):
         for g in opt.param_groups:
             g["lr"] = cfg.lr_at(step)
         rows = [ix[next(o)] for ix, o in zip(idx_sets, orders, strict=True)]
         if same_batch:
             sel = torch.stack(rows)
-            losses = batched(leaves, x[sel], y[sel])
+            losses = batched(leaves, x[sel].to(dev), y[sel].to(dev))
         else:  # unequal batch sizes (a set smaller than the batch): per-model calls, still one optimizer step
-            losses = torch.stack([one({k: v[i] for k, v in leaves.items()}, x[r], y[r]) for i, r in enumerate(rows)])
+            losses = torch.stack([one({k: v[i] for k, v in leaves.items()}, x[r].to(dev), y[r].to(dev))
+                                  for i, r in enumerate(rows)])
         opt.zero_grad(set_to_none=True)
         losses.sum().backward()
         opt.step()

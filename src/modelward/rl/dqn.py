@@ -29,7 +29,9 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from modelward.core.config import StrictModel
+from modelward.core.device import model_device
 from modelward.errors import ConfigError
+from modelward.rl.checkpoint import RLCheckpoint
 from modelward.rl.envs import EnvSpec, env_seeds, make_vector_env
 from modelward.rl.evaluate import ActFn, CurveRecorder
 from modelward.rl.nets import NetConfig, QNetwork, reset_noise
@@ -107,13 +109,15 @@ def build_q_network(spec: EnvSpec, net_cfg: NetConfig, cfg: DQNConfig) -> QNetwo
 def train_dqn(net: QNetwork, env_id: str, cfg: DQNConfig, seed: int, steps: int, recorder: CurveRecorder,
               buffer: ReplayBuffer | None = None, trainable: set[str] | None = None,
               max_episode_steps: int | None = None,
-              exploration: Literal["schedule", "final"] = "schedule") -> tuple[list[tuple[int, float]], ReplayBuffer]:
+              exploration: Literal["schedule", "final"] = "schedule",
+              checkpoint: RLCheckpoint | None = None) -> tuple[list[tuple[int, float]], ReplayBuffer]:
     """Train `net` in place for `steps` environment steps; returns (curve, replay buffer).
 
     Args: net (built by ``build_q_network(.., cfg)``), env_id, cfg, seed (every random choice: ε-greedy, replay
     sampling, noise), steps, recorder (evaluations), buffer (None = a new empty one), trainable (T2: the only
     parameters optimised), max_episode_steps, exploration ("schedule": ε from eps_start; "final": ε = eps_end from
-    the first step — retraining that keeps the trained agent's exploration state).
+    the first step — retraining that keeps the trained agent's exploration state), checkpoint (mid-run
+    checkpoints and resume, ``rl.checkpoint``; the replay buffer is saved with ``checkpoint.keep_buffer``).
     Example: ``curve, buf = train_dqn(build_q_network(spec, NetConfig(), cfg), "CartPole-v1", cfg, 0, 5000, rec)``
     """
     if (net.atoms > 1) != cfg.distributional or net.atoms not in (1, cfg.atoms):
@@ -128,6 +132,7 @@ def train_dqn(net: QNetwork, env_id: str, cfg: DQNConfig, seed: int, steps: int,
     gen = torch.Generator().manual_seed(seed)  # the noisy layers' noise
     net.train()
     reset_noise(net, gen)
+    dev = model_device(net)  # the nets act and learn there; the replay buffer stays on the CPU
     n = cfg.n_envs
     venv = make_vector_env(env_id, n, seed, max_episode_steps)
     try:
@@ -136,15 +141,25 @@ def train_dqn(net: QNetwork, env_id: str, cfg: DQNConfig, seed: int, steps: int,
             buffer = new_buffer(cfg, obs.shape[1:], obs.dtype)
         folders = [NStepFolder(cfg.n_step, cfg.gamma) for _ in range(n)]
         cost, since_train, since_target = 0, 0, 0
-        if recorder.start():
+        since_noise = last_ck = 0
+        nets, gens, rngs = {"net": net, "target": target}, {"gen": gen}, {"rng": rng}
+        resumed = checkpoint.load(recorder, nets, opt, gens, rngs) if checkpoint else None
+        if resumed is not None:
+            cnt = resumed[0]["counters"]
+            cost = last_ck = int(resumed[0]["cost"])
+            since_train, since_target, since_noise = cnt["since_train"], cnt["since_target"], cnt["since_noise"]
+            if resumed[1] is not None:
+                buffer = resumed[1]
+            # the environments restart as after the boundary (see rl.checkpoint)
+            obs, _ = venv.reset(seed=RLCheckpoint.env_seeds(seed, cost, n))
+        elif recorder.start():
             return recorder.finish(cost), buffer
         eps_steps = max(1, int(cfg.eps_fraction * steps))
-        since_noise = 0
         while cost < steps:
             frac = max(0.0, 1.0 - cost / eps_steps) if exploration == "schedule" else 0.0
             eps = cfg.eps_end + (cfg.eps_start - cfg.eps_end) * frac
             with torch.no_grad():
-                greedy = net(torch.as_tensor(obs)).argmax(1).numpy()
+                greedy = net(torch.as_tensor(obs).to(dev)).argmax(1).cpu().numpy()
             explore = rng.random(n) < eps
             actions = np.where(explore, rng.integers(0, venv.single_action_space.n, size=n), greedy)
             nxt, r, term, trunc, info = venv.step(actions)
@@ -176,6 +191,15 @@ def train_dqn(net: QNetwork, env_id: str, cfg: DQNConfig, seed: int, steps: int,
                 since_train = 0
             if recorder.step(cost):
                 break
+            if checkpoint is not None and checkpoint.due(cost, last_ck, recorder):
+                last_ck = cost  # a boundary: episodes end as truncations, restart from (seed, cost), then save
+                for i in range(n):
+                    for tr in folders[i].flush(obs[i]):
+                        buffer.add(*tr)
+                obs, _ = venv.reset(seed=RLCheckpoint.env_seeds(seed, cost, n))
+                checkpoint.save(cost, recorder, nets, opt, gens, rngs,
+                                {"since_train": since_train, "since_target": since_target,
+                                 "since_noise": since_noise}, buffer)
         return recorder.finish(cost), buffer
     finally:
         venv.close()
@@ -186,11 +210,13 @@ def train_dqn(net: QNetwork, env_id: str, cfg: DQNConfig, seed: int, steps: int,
 def _update(net: QNetwork, target: QNetwork, opt: torch.optim.Optimizer, params: list[torch.nn.Parameter],
             buffer: ReplayBuffer, cfg: DQNConfig, rng: np.random.Generator, beta: float) -> None:
     b, idx = buffer.sample(cfg.batch_size, rng, beta)
+    dev = model_device(net)
+    b = {k: v.to(dev, non_blocking=True) for k, v in b.items()}  # the sampled batch goes to the nets' device
     if net.atoms > 1:
         loss_i = distributional_loss(net, target, b, cfg.double)
         loss = (b["weight"] * loss_i).mean()
         _step(opt, params, loss, cfg.max_grad_norm)
-        buffer.update_priorities(idx, loss_i.detach().numpy())
+        buffer.update_priorities(idx, loss_i.detach().cpu().numpy())
         return
     q = net(b["obs"]).gather(1, b["action"].unsqueeze(1)).squeeze(1)
     with torch.no_grad():
@@ -204,7 +230,7 @@ def _update(net: QNetwork, target: QNetwork, opt: torch.optim.Optimizer, params:
     td = y - q
     loss = (b["weight"] * F.smooth_l1_loss(q, y, reduction="none")).mean()
     _step(opt, params, loss, cfg.max_grad_norm)
-    buffer.update_priorities(idx, td.detach().abs().numpy())
+    buffer.update_priorities(idx, td.detach().abs().cpu().numpy())
 
 
 def _step(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], loss: torch.Tensor, clip: float) -> None:
@@ -241,7 +267,7 @@ def project_distribution(probs: torch.Tensor, reward: torch.Tensor, discount: to
 def distributional_loss(net: QNetwork, target: QNetwork, b: dict[str, torch.Tensor], double: bool) -> torch.Tensor:
     """Per-transition cross-entropy −Σ_j m_j log p_j(s_t, a_t) against the projected n-step target; with `double`
     the bootstrap action is argmax of the online net's Q (Rainbow), else of the target net's."""
-    rows = torch.arange(len(b["action"]))
+    rows = torch.arange(len(b["action"]), device=b["action"].device)
     logp = net.log_dist(b["obs"])[rows, b["action"]]
     with torch.no_grad():
         a_star = (net if double else target)(b["next_obs"]).argmax(1)
@@ -260,7 +286,7 @@ def q_policy(net: QNetwork, n_actions: int, epsilon: float, seed: int) -> ActFn:
         net.eval()  # noisy layers: the mean weights
         try:
             with torch.no_grad():
-                greedy = net(torch.as_tensor(obs)).argmax(1).numpy()
+                greedy = net(torch.as_tensor(obs).to(model_device(net))).argmax(1).cpu().numpy()
         finally:
             net.train(was)
         explore = rng.random(len(obs)) < epsilon

@@ -231,7 +231,7 @@ class ActorCritic(_Torso):
     def initial_state(self, batch: int) -> State:
         if not self.recurrent:
             return None
-        z = torch.zeros(1, batch, self.hidden)
+        z = torch.zeros(1, batch, self.hidden, device=self.policy.weight.device)
         return (z, z.clone())
 
     def forward(self, obs: torch.Tensor, state: State = None) -> tuple[torch.Tensor, torch.Tensor, State]:

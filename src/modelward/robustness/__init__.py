@@ -6,7 +6,7 @@ The main verbs, imported lazily (``from modelward.robustness import PGD, certify
   ``TransferAttack``, or by name ``make_attack("pgd", model, eps=0.1)``; ``robust_accuracy`` sweeps ε;
 - defenses (:mod:`.defenses`): ``defensive_distillation``, ``FeatureSqueezingDetector``, ``NonLocalMeans``;
 - training procedures (:mod:`.training`): ``pgd_adversarial_training`` (Madry), ``trades_training``;
-- GloRo (:mod:`.gloro`): ``GloroNet``, ``build_gloro_model``, ``certify``, ``certified_radius``;
+- GloRo (:mod:`.gloro`): ``GloroNet``, ``build_gloro_model``, ``train_gloro``, ``certify``, ``certified_radius``;
 - the ``modelward robust`` jobs (:mod:`.experiment`) and the plasticity study (:mod:`.plasticity`).
 """
 
@@ -31,6 +31,8 @@ _EXPORTS = {
     "build_gloro_model": "modelward.robustness.gloro.layers:build_gloro_model",
     "certify": "modelward.robustness.gloro.certify:certify",
     "certified_radius": "modelward.robustness.gloro.certify:certified_radius",
+    "GloroTrainConfig": "modelward.robustness.gloro.train:GloroTrainConfig",
+    "train_gloro": "modelward.robustness.gloro.train:train_gloro",
     "RobustConfig": "modelward.robustness.experiment:RobustConfig",
     "train_experiment": "modelward.robustness.experiment:train_experiment",
     "certify_experiment": "modelward.robustness.experiment:certify_experiment",

@@ -25,6 +25,7 @@ from torch import nn
 
 from modelward.core.config import AlgorithmSpec, StrictModel
 from modelward.core.data import DataConfig, DataSplit
+from modelward.core.device import DeviceSetting, resolve_device
 from modelward.core.io import load_state_dict, optimizer_from_tensors, optimizer_to_tensors, save_state_dict
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.records import atomic_write_json, write_table
@@ -82,7 +83,24 @@ class RobustEvalConfig(StrictModel):
 
 
 class RobustConfig(StrictModel):
+    """The ``modelward robust`` configuration (see examples/robust_gloro.toml).
+
+    Args:
+        seed: seeds data, model and training.
+        data: the data source (``[data]``).
+        model: the GloRo architecture (``[model]``).
+        train: the training mode and schedule (``[train]``: gloro / rtk / affinity / standard / pgd / trades).
+        evaluate: the attack sweep (``[evaluate]``).
+
+    Example:
+        >>> RobustConfig().train.mode
+        'gloro'
+    """
+
     seed: int = 0
+    # where training, certification and attacks run (docs/devices.md); not part of the run's identity: a run
+    # may resume on another device
+    device: DeviceSetting = "cpu"
     data: DataConfig = Field(default_factory=DataConfig)
     model: GloroModelConfig = Field(default_factory=GloroModelConfig)
     train: RobustTrainConfig = Field(default_factory=RobustTrainConfig)
@@ -128,7 +146,7 @@ def _train_robust(cfg: RobustConfig, data: DataSplit, out: Path, sink: ProgressS
         shown[0] = done
 
     model = build_gloro_model(cfg.model.arch, data.input_shape, data.num_classes, cfg.model.activation,
-                              cfg.model.init, cfg.seed)
+                              cfg.model.init, cfg.seed).to(resolve_device(cfg.device))  # initialised on the CPU
     t = cfg.train
     net = build_net(model, data.input_shape, t, t.epsilon, cfg.seed)
     history: list[dict[str, float]] = []
@@ -138,7 +156,7 @@ def _train_robust(cfg: RobustConfig, data: DataSplit, out: Path, sink: ProgressS
         per_epoch = max(1, len(data.x_train) // t.batch_size)
         steps = t.epochs * per_epoch
         tc = TrainConfig(optimizer="adam", lr=t.lr, weight_decay=0.0, batch_size=t.batch_size, steps=steps,
-                         eval_every=per_epoch)
+                         eval_every=per_epoch, amp=t.amp)
         fn = pgd_adversarial_training if t.mode == "pgd" else trades_training
 
         def on_step(step: int, loss: float) -> None:
@@ -156,7 +174,7 @@ def _train_robust(cfg: RobustConfig, data: DataSplit, out: Path, sink: ProgressS
     ckpt = out / "checkpoint.safetensors"
     opt = torch.optim.Adam(model.parameters(), lr=t.lr, eps=1e-7)
     start = 0
-    fingerprint = json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+    fingerprint = json.dumps(cfg.model_dump(mode="json", exclude={"device"}), sort_keys=True)
     if ckpt.is_file():
         tensors, meta = load_state_dict(ckpt)
         if meta.get("config") == fingerprint:
@@ -185,12 +203,13 @@ def save_model(path: Path, outcome: TrainOutcome, cfg: RobustConfig, input_shape
     """Weights of the underlying model + power iterates; the metadata carries what is needed to rebuild it."""
     tensors = {f"f.{k}": v for k, v in outcome.model.state_dict().items()}
     tensors |= {f"iterates.{k}": v for k, v in outcome.net.sub.state_dict().items()}
-    save_state_dict(path, tensors, {"config": cfg.model_dump(mode="json"), "input_shape": list(input_shape),
+    save_state_dict(path, tensors, {"config": cfg.model_dump(mode="json", exclude={"device"}), "input_shape": list(input_shape),
                                     "num_classes": num_classes})
 
 
-def load_model(path: str | Path) -> tuple[GloroNet, RobustConfig]:
-    """Rebuild a trained model (as a GloRo net of its training mode) from a file or run directory."""
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GloroNet, RobustConfig]:
+    """Rebuild a trained model (as a GloRo net of its training mode) from a file or run directory, on
+    `device`."""
     p = Path(path)
     if p.is_dir():
         p = p / "model.safetensors"
@@ -208,6 +227,7 @@ def load_model(path: str | Path) -> tuple[GloroNet, RobustConfig]:
         net.sub.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("iterates.")})
     except RuntimeError as e:
         raise DataError(f"{p}: weights do not match the embedded architecture ({e})") from None
+    net.to(resolve_device(device))
     net.eval()
     return net, cfg
 

@@ -75,8 +75,29 @@ def robust_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attack_f
     point counts as broken at ε when the attack succeeded with ‖δ‖₂ ≤ ε — the same threat model as an ℓ2 ε-ball
     attack. ``norm`` (optional) is the sweep's norm: attacks of another norm are refused, and attacks with a
     ``norm`` parameter not given in ``attack_params`` use it.
+
+    Args:
+        model: the classifier (returns logits).
+        x, y: the evaluation points and labels.
+        attack_factory: an attack name (``"pgd"``, ...) or a callable ``(model, eps) -> EvasionAttack``.
+        eps_list: the radii ε (0 = clean accuracy).
+        attack_params: extra parameters of a named attack.
+        norm: the sweep's norm (optional).
+
+    Returns:
+        One :class:`RobustPoint` (``eps``, ``clean_accuracy``, ``robust_accuracy``, ``success_rate``, ``n``) per ε.
+
+    Example:
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+        >>> pts = robust_accuracy(model, torch.rand(10, 16), torch.randint(3, (10,)), "fgsm", [0.0, 0.1])
+        >>> pts[0].robust_accuracy == pts[0].clean_accuracy and pts[1].robust_accuracy <= pts[0].robust_accuracy
+        True
     """
     params = dict(attack_params or {})
+    from modelward.core.device import model_device
+
+    x, y = x.to(model_device(model)), y.to(model_device(model))  # evaluated where the model is
     tm = None
     if isinstance(attack_factory, str):
         params, tm = prepare_params(attack_factory, params, norm)

@@ -27,6 +27,7 @@ from torch import nn
 
 from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig, DataSplit, load_data
+from modelward.core.device import DeviceSetting, resolve_device
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.ledger import RunLedger
 from modelward.core.plots import grouped_bars
@@ -68,6 +69,21 @@ class EvalAttackConfig(StrictModel):
 
 
 class PlasticityConfig(StrictModel):
+    """The plasticity study (seed 004 §5.4; ``modelward study plasticity``): clean then adversarial training.
+
+    Args:
+        data: the data source.
+        models: the compared architectures (default: shallow, deep, shallow with the deep model's parameter count).
+        optim: the optimizer schedule of both phases.
+        clean_epochs, adv_epochs: epochs of clean pre-training and of adversarial training.
+        adversarial: the training adversary; eval_attack: the evaluation attack.
+        seeds: one run per model and seed; threads: torch CPU threads.
+
+    Example:
+        >>> [m.name for m in PlasticityConfig().models]
+        ['shallow', 'deep', 'shallow_matched']
+    """
+
     data: DataConfig = Field(default_factory=DataConfig)
     models: list[StudyModel] = Field(default_factory=_default_models)
     optim: TrainConfig = Field(default_factory=lambda: TrainConfig(optimizer="adam", lr=1e-3, weight_decay=0.0,
@@ -78,6 +94,7 @@ class PlasticityConfig(StrictModel):
     eval_attack: EvalAttackConfig = Field(default_factory=EvalAttackConfig)
     seeds: list[int] = Field(default_factory=lambda: [0])
     threads: int = Field(1, ge=1)  # torch CPU threads (1 is fastest on a shared box)
+    device: DeviceSetting = "cpu"  # where each run trains and is attacked; not in the fingerprint (docs/devices.md)
 
     @model_validator(mode="after")
     def _check(self) -> PlasticityConfig:
@@ -140,11 +157,11 @@ def measure(model: nn.Module, data: DataSplit, ev: EvalAttackConfig, seed: int) 
     xs, ys = data.x_train[sub], data.y_train[sub]
 
     def attack(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return PGD(model, ev.eps, None, ev.steps, ev.norm, True, ev.restarts, seed=seed)(x, y).success  # type: ignore[arg-type]
+        return PGD(model, ev.eps, None, ev.steps, ev.norm, True, ev.restarts, seed=seed)(x, y).success.cpu()  # type: ignore[arg-type]
 
-    with attack_mode(model):
-        tr_clean = float((predict(model, data.x_train) == data.y_train).float().mean())
-        te_ok = predict(model, data.x_test) == data.y_test
+    with attack_mode(model):  # predictions come back to the CPU, where the data lives
+        tr_clean = float((predict(model, data.x_train).cpu() == data.y_train).float().mean())
+        te_ok = predict(model, data.x_test).cpu() == data.y_test
     te_succ = attack(data.x_test, data.y_test)
     tr_succ = attack(xs, ys)
     flipped = (te_ok & te_succ).sum().item()
@@ -204,7 +221,7 @@ def execute_run(cfg_json: str, out_dir: str, progress: ProgressSink | None, run_
         last[0] = step
 
     with seeded(seed):  # the model's default initialisation draws from the global RNG
-        model = build_model(models[name], data.input_shape, data.num_classes)
+        model = build_model(models[name], data.input_shape, data.num_classes).to(resolve_device(cfg.device))
         adv_acc = None
         if phase == "clean":
             tcfg = cfg.optim.model_copy(update={"steps": total})
@@ -238,8 +255,8 @@ def run_study(cfg: PlasticityConfig, out: str | Path, progress: ProgressSink | N
     out = Path(out)
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     ledger = RunLedger(out / "ledger.sqlite")
-    ledger.bind_config(cfg, exclude={"threads"},
-                       legacy=(json.dumps(cfg.model_dump(mode="json"), sort_keys=True),))  # folders from before
+    ledger.bind_config(cfg, exclude={"threads", "device"},  # both may change when resuming
+                       legacy=(json.dumps(cfg.model_dump(mode="json", exclude={"device"}), sort_keys=True),))
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     cfg_json = cfg.model_dump_json()

@@ -35,6 +35,7 @@ from pydantic import Field
 from torch import nn
 
 from modelward.core.config import StrictModel
+from modelward.core.device import autocast, model_device
 from modelward.core.train import TrainConfig, batch_order, evaluate, make_optimizer
 from modelward.robustness.attacks.base import attack_mode, l2_norms, project_l2, project_linf
 from modelward.robustness.attacks.pgd import PGD
@@ -78,12 +79,15 @@ def _loop(model: nn.Module, x_train: torch.Tensor, y_train: torch.Tensor, cfg: T
     res = AdvTrainResult(0, 0.0)
     recent: list[tuple[int, int]] = []  # (correct, n) on adversarial batches
     running, k = 0.0, 0
+    dev = model_device(model)  # batches go to the model's device
     model.train()
     for step in range(1, cfg.steps + 1):
         idx = next(batches)
         for g in opt.param_groups:
             g["lr"] = cfg.lr_at(step - 1)
-        loss, correct = batch_loss(x_train[idx], y_train[idx], step)
+        with autocast(dev, cfg.amp):  # the inner attack runs in autocast too (amp = "bf16" only)
+            loss, correct = batch_loss(x_train[idx].to(dev, non_blocking=True),
+                                       y_train[idx].to(dev, non_blocking=True), step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -109,7 +113,29 @@ def pgd_adversarial_training(model: nn.Module, x_train: torch.Tensor, y_train: t
                              adv: AdversarialConfig, seed: int = 0, x_test: torch.Tensor | None = None,
                              y_test: torch.Tensor | None = None,
                              on_step: Callable[[int, float], None] | None = None) -> AdvTrainResult:
-    """Madry et al.: every minibatch is replaced by its PGD adversarial examples (eq 5.2)."""
+    """Madry et al.: every minibatch is replaced by its PGD adversarial examples (eq 5.2).
+
+    Args:
+        model: the network to train (in place).
+        x_train, y_train: training inputs and labels.
+        train_cfg: optimizer, steps, batch size, schedule (:class:`~modelward.core.train.TrainConfig`).
+        adv: the adversary (ε, norm, attack steps, step size, clean weight).
+        seed: seeds batches and the attack.
+        x_test, y_test: optional test set for clean / robust accuracy in the result.
+        on_step: called with ``(step, loss)`` after every update.
+
+    Returns:
+        :class:`AdvTrainResult` (steps run, adversarial training accuracy, seconds, optional test metrics).
+
+    Example:
+        >>> from torch import nn
+        >>> from modelward.core.train import TrainConfig
+        >>> model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+        >>> x, y = torch.rand(64, 16), torch.randint(3, (64,))
+        >>> res = pgd_adversarial_training(model, x, y, TrainConfig(steps=3, batch_size=16), AdversarialConfig(eps=0.1))
+        >>> res.steps_run
+        3
+    """
 
     def batch_loss(xb: torch.Tensor, yb: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         attack = PGD(model, adv.eps, adv.step_size(), adv.attack_steps, adv.norm, adv.random_start, 1, adv.clip,
@@ -129,7 +155,9 @@ def trades_adversary(model: nn.Module, x: torch.Tensor, adv: AdversarialConfig, 
     with attack_mode(model):
         with torch.no_grad():
             p_clean = F.softmax(model(x), dim=1)
-        x_adv = (x + 0.001 * torch.randn(x.shape, generator=gen, dtype=x.dtype, device=x.device)).clamp(*adv.clip)
+        # drawn on the CPU generator (the same noise on every device), then moved to the batch's device
+        noise = torch.randn(x.shape, generator=gen, dtype=x.dtype, device=gen.device).to(x.device)
+        x_adv = (x + 0.001 * noise).clamp(*adv.clip)
         for _ in range(adv.attack_steps):
             x_adv = x_adv.detach().requires_grad_(True)
             with torch.enable_grad():
@@ -148,7 +176,29 @@ def trades_training(model: nn.Module, x_train: torch.Tensor, y_train: torch.Tens
                     adv: AdversarialConfig, seed: int = 0, x_test: torch.Tensor | None = None,
                     y_test: torch.Tensor | None = None,
                     on_step: Callable[[int, float], None] | None = None) -> AdvTrainResult:
-    """TRADES: ``ℓ(f(x), y) + β · KL(f(x) ‖ f(x_adv))`` with x_adv the KL-maximising point of the ε-ball."""
+    """TRADES: ``ℓ(f(x), y) + β · KL(f(x) ‖ f(x_adv))`` with x_adv the KL-maximising point of the ε-ball.
+
+    Args:
+        model: the network to train (in place).
+        x_train, y_train: training inputs and labels.
+        train_cfg: optimizer, steps, batch size, schedule (:class:`~modelward.core.train.TrainConfig`).
+        adv: the adversary (ε, norm, attack steps, step size, β).
+        seed: seeds batches and the attack.
+        x_test, y_test: optional test set for clean / robust accuracy in the result.
+        on_step: called with ``(step, loss)`` after every update.
+
+    Returns:
+        :class:`AdvTrainResult` (steps run, adversarial training accuracy, seconds, optional test metrics).
+
+    Example:
+        >>> from torch import nn
+        >>> from modelward.core.train import TrainConfig
+        >>> model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+        >>> x, y = torch.rand(64, 16), torch.randint(3, (64,))
+        >>> res = trades_training(model, x, y, TrainConfig(steps=3, batch_size=16), AdversarialConfig(eps=0.1))
+        >>> res.steps_run
+        3
+    """
     gen = torch.Generator().manual_seed(seed)
 
     def batch_loss(xb: torch.Tensor, yb: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:

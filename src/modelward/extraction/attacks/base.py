@@ -29,6 +29,7 @@ from pydantic import Field
 from torch import nn
 
 from modelward.core.config import StrictModel
+from modelward.core.device import model_device
 from modelward.core.seed import seeded
 from modelward.errors import ModelwardError
 
@@ -141,7 +142,9 @@ def query_in_batches(victim: VictimLike, x: torch.Tensor, batch_size: int) -> to
 def accuracy_and_fidelity(model: nn.Module, ev: EvalSet, batch_size: int = 1024) -> tuple[float, float]:
     was = model.training
     model.eval()
-    pred = torch.cat([model(ev.x[i : i + batch_size]).argmax(1) for i in range(0, len(ev.x), batch_size)])
+    dev = model_device(model)  # evaluated where the model is; predictions come back to the CPU
+    pred = torch.cat([model(ev.x[i : i + batch_size].to(dev)).argmax(1).cpu()
+                      for i in range(0, len(ev.x), batch_size)])
     model.train(was)
     return (pred == ev.y).float().mean().item(), (pred == ev.victim_labels).float().mean().item()
 
@@ -205,6 +208,7 @@ def fit_substitute(model: nn.Module, x: torch.Tensor, targets: torch.Tensor, cfg
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=cfg.lr_step, gamma=cfg.lr_gamma)
     curve: list[tuple[int, float, float]] = []
     n = len(x)
+    dev = model_device(model)  # batches go to the substitute's device
     for epoch in range(1, cfg.epochs + 1):
         model.train()
         perm = torch.randperm(n, generator=g)
@@ -212,9 +216,10 @@ def fit_substitute(model: nn.Module, x: torch.Tensor, targets: torch.Tensor, cfg
             idx = perm[i : i + cfg.batch_size]
             if len(idx) < 2 and n > 1:
                 continue  # a batch of one breaks BatchNorm; the sample is seen again next epoch
-            loss = soft_cross_entropy(model(x[idx]), targets[idx])
+            xb = x[idx].to(dev, non_blocking=True)
+            loss = soft_cross_entropy(model(xb), targets[idx].to(dev, non_blocking=True))
             if extra_loss is not None:
-                loss = loss + extra_loss(model, x[idx], g)
+                loss = loss + extra_loss(model, xb, g)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

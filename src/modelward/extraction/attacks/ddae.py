@@ -99,7 +99,27 @@ class _Restorer(AttackStrategy):
 
 
 class DDAE(_Restorer):
-    """Restorer trained on the defense applied to S shadow models' predictions on the queries."""
+    """Restorer trained on the defense applied to S shadow models' predictions on the queries.
+
+    Adaptive: needs the defense as ``knowledge`` (``knowledge_from_defense(defense)``).
+
+    Args:
+        shadows: shadow models S trained on the transfer set.
+        shadow_epochs: training epochs of each shadow.
+        shadow_fraction: fraction of the labelled pool each shadow trains on.
+        epochs, batch_size, max_steps: the restorer's training schedule.
+        hidden: the restorer's two hidden sizes (default by class count, as the official code).
+
+    Returns:
+        An attack strategy (how the substitute learns from the answers); combine it with a query strategy in
+        :class:`ExtractionAttack` or by name with :func:`~modelward.extraction.attacks.make_extraction_attack`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("knockoff", "ddae", strategy_params={"shadows": 2})
+        >>> attack.strategy.needs_knowledge
+        True
+    """
 
     name = "ddae"
 
@@ -148,7 +168,26 @@ class DDAE(_Restorer):
 
 
 class DDAEPlus(_Restorer):
-    """D-DAE+: the restorer is trained on the pBayes lookup table (Dirichlet s = 8C, K per query)."""
+    """D-DAE+: the restorer is trained on the pBayes lookup table (Dirichlet s = 8C, K per query).
+
+    Adaptive: needs the defense as ``knowledge``.
+
+    Args:
+        k: Dirichlet samples per query in the lookup table.
+        precision_factor: Dirichlet precision s = factor · C.
+        epochs, batch_size, max_steps: the restorer's training schedule.
+        hidden: the restorer's two hidden sizes (default by class count).
+
+    Returns:
+        An attack strategy (how the substitute learns from the answers); combine it with a query strategy in
+        :class:`ExtractionAttack` or by name with :func:`~modelward.extraction.attacks.make_extraction_attack`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("knockoff", "ddae_plus", strategy_params={"k": 5})
+        >>> attack.strategy.k
+        5
+    """
 
     name = "ddae_plus"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from modelward.core.device import model_device
 from modelward.extraction.attacks.base import (
     AttackError,
     AttackStrategy,
@@ -61,20 +62,58 @@ class _JacobianAugmentation(QueryStrategy):
 
 
 class JBDA(_JacobianAugmentation):
-    """Papernot's Jacobian-based augmentation: x' = x + λ·sign(∇_x f_s(x)_ỹ), one copy per sample per round."""
+    """Papernot's Jacobian-based augmentation: x' = x + λ·sign(∇_x f_s(x)_ỹ), one copy per sample per round.
+
+    Args:
+        seed_size: labelled seed queries drawn from the transfer set.
+        epsilon: augmentation step λ.
+        rounds: augmentation rounds (default: as many as the budget allows, doubling the set each round).
+        clip: input box of the augmented points (None: unclipped).
+
+    Returns:
+        A query strategy; combine it with an attack strategy in :class:`ExtractionAttack` (or build both by name
+        with :func:`~modelward.extraction.attacks.make_extraction_attack`), whose ``run(...)`` returns an
+        :class:`ExtractionResult`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("jbda", "top1", {"seed_size": 20})
+        >>> attack.query.seed_size
+        20
+    """
 
     name = "jbda"
 
     def _augment(self, ctx: Context, model: torch.nn.Module, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         model.eval()
         xr = x.clone().requires_grad_(True)
-        out = model(xr)
-        grad, = torch.autograd.grad(out.gather(1, labels[:, None]).sum(), xr)
+        out = model(xr.to(model_device(model)))  # the gradient flows back to the CPU copy
+        grad, = torch.autograd.grad(out.gather(1, labels[:, None].to(out.device)).sum(), xr)
         return self._clip(x + self.epsilon * grad.sign()).detach()
 
 
 class JBDATR(_JacobianAugmentation):
-    """JBDA-TR: k random-target I-FGSM copies per sample per round (official ``jbtr3``; ε = 0.1, T = 8)."""
+    """JBDA-TR: k random-target I-FGSM copies per sample per round (official ``jbtr3``; ε = 0.1, T = 8).
+
+    Args:
+        seed_size: labelled seed queries drawn from the transfer set.
+        epsilon: ℓ∞ budget of each I-FGSM copy.
+        steps: I-FGSM steps T.
+        copies: random-target copies per sample and round.
+        rounds: augmentation rounds (default: as many as the budget allows).
+        clip: input box of the augmented points (None: unclipped).
+
+    Returns:
+        A query strategy; combine it with an attack strategy in :class:`ExtractionAttack` (or build both by name
+        with :func:`~modelward.extraction.attacks.make_extraction_attack`), whose ``run(...)`` returns an
+        :class:`ExtractionResult`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("jbda_tr", "naive", {"seed_size": 50, "copies": 2})
+        >>> attack.query.copies
+        2
+    """
 
     name = "jbda_tr"
 
@@ -95,7 +134,8 @@ class JBDATR(_JacobianAugmentation):
         for _ in range(self.steps):
             target = torch.randint(0, ctx.num_classes, (len(xs),), generator=ctx.generator)
             delta.requires_grad_(True)
-            loss = F.cross_entropy(model(self._clip(xs + delta)), target)
+            dev = model_device(model)  # the loss on the substitute's device; delta and its gradient on the CPU
+            loss = F.cross_entropy(model(self._clip(xs + delta).to(dev)), target.to(dev))
             grad, = torch.autograd.grad(loss, delta)
             delta = (delta.detach() - self.alpha * grad.sign()).clamp(-self.epsilon, self.epsilon)
         for p in model.parameters():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from modelward.core.device import model_device
 from modelward.extraction.attacks.base import (
     AttackError,
     AttackStrategy,
@@ -26,7 +27,22 @@ from modelward.extraction.attacks.base import (
 
 
 class KnockoffRandom(QueryStrategy):
-    """Random natural queries from the transfer set (the paper's KnockoffNets setting)."""
+    """Random natural queries from the transfer set (the paper's KnockoffNets setting).
+
+    Args:
+        (none): queries are drawn uniformly without replacement from the transfer set, seeded by ``run(seed=...)``.
+
+    Returns:
+        A query strategy; combine it with an attack strategy in :class:`ExtractionAttack` (or build both by name
+        with :func:`~modelward.extraction.attacks.make_extraction_attack`), whose ``run(...)`` returns an
+        :class:`ExtractionResult`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("knockoff", "naive")
+        >>> type(attack.query).__name__
+        'KnockoffRandom'
+    """
 
     name = "knockoff"
 
@@ -38,7 +54,27 @@ class KnockoffRandom(QueryStrategy):
 
 
 class KnockoffAdaptive(QueryStrategy):
-    """Gradient-bandit selection over the transfer set's labels (KnockoffNets "adaptive" policy)."""
+    """Gradient-bandit selection over the transfer set's labels (KnockoffNets "adaptive" policy).
+
+    Args:
+        batch: queries per bandit step.
+        alpha: learning rate of the gradient bandit's preferences.
+        window: reward baseline window (steps).
+        online_lr: learning rate of the substitute's online updates between steps.
+
+    The transfer set must be labelled (the arms are its labels).
+
+    Returns:
+        A query strategy; combine it with an attack strategy in :class:`ExtractionAttack` (or build both by name
+        with :func:`~modelward.extraction.attacks.make_extraction_attack`), whose ``run(...)`` returns an
+        :class:`ExtractionResult`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("knockoff_adaptive", "naive", {"batch": 8})
+        >>> attack.query.batch
+        8
+    """
 
     name = "knockoff_adaptive"
 
@@ -63,6 +99,7 @@ class KnockoffAdaptive(QueryStrategy):
         stats = torch.zeros(3, 3)  # per reward: count, mean, M2 (Welford)
         online = seeded_model(ctx.substitute_factory, ctx.seed + 7)
         opt = torch.optim.SGD(online.parameters(), lr=self.online_lr, momentum=0.5)
+        dev = model_device(online)  # the online model's device; the bandit's statistics stay on the CPU
         xs, ys, recent = [], [], []
         total = min(budget, len(ctx.transfer))
         while sum(len(x) for x in xs) < total:
@@ -84,7 +121,7 @@ class KnockoffAdaptive(QueryStrategy):
             yhat = strategy.answer(ctx, x)
             with torch.no_grad():
                 online.eval()
-                loss_r = -(yhat * F.log_softmax(online(x), 1)).sum(1)
+                loss_r = -(yhat * F.log_softmax(online(x.to(dev)), 1).cpu()).sum(1)
             top2 = yhat.topk(min(2, yhat.shape[1]), dim=1).values
             cert = top2[:, 0] - (top2[:, 1] if top2.shape[1] > 1 else 0.0)
             mean_recent = torch.cat(recent[-self.window:]).mean(0) if recent else torch.zeros(yhat.shape[1])
@@ -107,7 +144,7 @@ class KnockoffAdaptive(QueryStrategy):
                 h[a] += step
             online.train()
             if len(idx) > 1:
-                loss = soft_cross_entropy(online(x), yhat)
+                loss = soft_cross_entropy(online(x.to(dev)), yhat.to(dev))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()

@@ -75,7 +75,25 @@ def table_recover(table: BayesTable, answers: torch.Tensor, same_top1: bool, min
 
 
 class PBayes(AttackStrategy):
-    """Bayes-estimator recovery E[Y | Ŷ] approximated by a Dirichlet neighbourhood lookup table."""
+    """Bayes-estimator recovery E[Y | Ŷ] approximated by a Dirichlet neighbourhood lookup table.
+
+    Adaptive: needs the defense as ``knowledge`` (it perturbs the table's clean samples like the victim does).
+
+    Args:
+        k: Dirichlet samples per query.
+        precision_factor: Dirichlet precision s = factor · C.
+        tolerance: smallest ℓ1 neighbourhood of an answer in the table.
+
+    Returns:
+        An attack strategy (how the substitute learns from the answers); combine it with a query strategy in
+        :class:`ExtractionAttack` or by name with :func:`~modelward.extraction.attacks.make_extraction_attack`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("knockoff", "pbayes", strategy_params={"k": 10})
+        >>> attack.strategy.k
+        10
+    """
 
     name = "pbayes"
     needs_knowledge = True

@@ -12,7 +12,21 @@ from modelward.extraction.attacks.base import AttackError, AttackStrategy, Conte
 
 
 class MQPI(AttackStrategy):
-    """Average of `m` full passes over the query set (pass by pass, so a stateful defense sees pass order)."""
+    """Average of `m` full passes over the query set (pass by pass, so a stateful defense sees pass order).
+
+    Args:
+        m: passes over the query set (the budget is split between them).
+
+    Returns:
+        An attack strategy (how the substitute learns from the answers); combine it with a query strategy in
+        :class:`ExtractionAttack` or by name with :func:`~modelward.extraction.attacks.make_extraction_attack`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("knockoff", "mqpi", strategy_params={"m": 3})
+        >>> attack.strategy.m
+        3
+    """
 
     name = "mqpi"
 

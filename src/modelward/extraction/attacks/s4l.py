@@ -31,7 +31,21 @@ def last_linear(model: nn.Module) -> nn.Linear:
 
 
 class S4L(AttackStrategy):
-    """Soft-label CE plus a 4-way rotation-prediction head on the shared features."""
+    """Soft-label CE plus a 4-way rotation-prediction head on the shared features.
+
+    Args:
+        weight: weight of the rotation-prediction loss (images only).
+
+    Returns:
+        An attack strategy (how the substitute learns from the answers); combine it with a query strategy in
+        :class:`ExtractionAttack` or by name with :func:`~modelward.extraction.attacks.make_extraction_attack`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("knockoff", "s4l", strategy_params={"weight": 0.5})
+        >>> attack.strategy.weight
+        0.5
+    """
 
     name = "s4l"
 
@@ -44,16 +58,16 @@ class S4L(AttackStrategy):
             raise AttackError(f"s4l: needs square images (N, C, H, H), got shape {tuple(x.shape)}")
         lin = last_linear(model)
         with seeded(seed):
-            head = nn.Linear(lin.in_features, 4)
+            head = nn.Linear(lin.in_features, 4).to(lin.weight.device)
         feats: list[torch.Tensor] = []
         hook = lin.register_forward_pre_hook(lambda _m, inp: feats.append(inp[0]))
         pool = ctx.transfer.x
 
         def rotation_loss(m: nn.Module, xb: torch.Tensor, g: torch.Generator) -> torch.Tensor:
             idx = torch.randint(0, len(pool), (len(xb),), generator=g)
-            xr = pool[idx]
+            xr = pool[idx].to(xb.device)
             rots = torch.cat([torch.rot90(xr, j, dims=(-2, -1)) for j in range(4)])
-            lab = torch.arange(4).repeat_interleave(len(xr))
+            lab = torch.arange(4, device=xb.device).repeat_interleave(len(xr))
             feats.clear()
             m(rots)
             return self.weight * F.cross_entropy(head(feats[-1]), lab)

@@ -25,7 +25,23 @@ def crop_flip(x: torch.Tensor, pad: int, flip: bool, g: torch.Generator) -> torc
 
 
 class Smoothing(AttackStrategy):
-    """Answer for x = mean of the answers for `n` random crop+flip copies of x (train on the original x)."""
+    """Answer for x = mean of the answers for `n` random crop+flip copies of x (train on the original x).
+
+    Args:
+        n: crop+flip copies queried per input (each costs one query of the budget).
+        pad: crop padding in pixels (default: an eighth of the image side).
+        flip: also flip copies horizontally.
+
+    Returns:
+        An attack strategy (how the substitute learns from the answers); combine it with a query strategy in
+        :class:`ExtractionAttack` or by name with :func:`~modelward.extraction.attacks.make_extraction_attack`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("knockoff", "smoothing", strategy_params={"n": 2})
+        >>> attack.strategy.n
+        2
+    """
 
     name = "smoothing"
 

@@ -11,7 +11,21 @@ from modelward.extraction.attacks.base import AttackStrategy, Context, one_hot_t
 
 
 class Top1(AttackStrategy):
-    """Hard-label attacker: Ỹ = onehot(argmax Ŷ)."""
+    """Hard-label attacker: Ỹ = onehot(argmax Ŷ).
+
+    Args:
+        (none)
+
+    Returns:
+        An attack strategy (how the substitute learns from the answers); combine it with a query strategy in
+        :class:`ExtractionAttack` or by name with :func:`~modelward.extraction.attacks.make_extraction_attack`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> attack = make_extraction_attack("knockoff", "top1")
+        >>> attack.strategy.name
+        'top1'
+    """
 
     name = "top1"
 

@@ -18,7 +18,28 @@ from modelward.extraction.defenses.base import PredictionDefense
 
 
 class AdaptiveMisinformation(PredictionDefense):
-    """AM with threshold ``tau``, sharpness ``nu`` (paper: 1000) and a ``misinformation`` model (logits)."""
+    """AM with threshold ``tau``, sharpness ``nu`` (paper: 1000) and a ``misinformation`` model (logits).
+
+    Adaptive misinformation (Kariyappa & Qureshi 2020): confident queries (max y > τ) get y, others are mixed
+    towards the misinformation model's answer, ``ŷ = (1 − α) y + α ŷ_mis`` with ``α = sigmoid(−ν (max y − τ))``.
+
+    Args:
+        tau: confidence threshold τ in [0, 1].
+        nu: sharpness ν of the switch (paper: 1000).
+        misinformation: the misinformation model f̂ (returns logits; see ``train_misinformation_model``); required.
+
+    Returns:
+        ``defense.defend(probs)`` (``probs``: a B × K batch of probability vectors) returns the perturbed vectors,
+        B × K on the simplex; ``x=`` passes the queried inputs to defenses that need them. AdaptiveMisinformation needs ``x``.
+
+    Example:
+        >>> import torch
+        >>> mis = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+        >>> x, y = torch.rand(2, 4), torch.tensor([[0.9, 0.05, 0.05], [0.4, 0.35, 0.25]])
+        >>> out = AdaptiveMisinformation(tau=0.5, misinformation=mis).defend(y, x=x)
+        >>> torch.allclose(out[0], y[0])  # confident: answered truthfully
+        True
+    """
 
     name = "adaptive_misinformation"
     preserves_top1 = False
@@ -77,7 +98,9 @@ def train_misinformation_model(model: nn.Module, x: Tensor, y: Tensor, steps: in
         `model`.
 
     Example:
-        >>> mis = train_misinformation_model(build_victim_like_net(), x_train, y_train, steps=300, seed=6)
+        >>> net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+        >>> x, y = torch.rand(32, 4), torch.randint(3, (32,))
+        >>> mis = train_misinformation_model(net, x, y, steps=5, batch_size=8)
         >>> defense = AdaptiveMisinformation(tau=0.5, misinformation=mis)
     """
     g = torch.Generator().manual_seed(seed)

@@ -110,7 +110,21 @@ class PredictionDefense:
 
 
 class NoDefense(PredictionDefense):
-    """The undefended API: ŷ = y."""
+    """The undefended API: ŷ = y.
+
+    Args:
+        (none)
+
+    Returns:
+        ``defense.defend(probs)`` (``probs``: a B × K batch of probability vectors) returns the perturbed vectors,
+        B × K on the simplex; ``x=`` passes the queried inputs to defenses that need them.
+
+    Example:
+        >>> import torch
+        >>> y = torch.tensor([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]])
+        >>> torch.allclose(NoDefense().defend(y), y)
+        True
+    """
 
     name = "none"
     epsilon = 0.0

@@ -40,7 +40,28 @@ def _angular_objective(p: Tensor, y: Tensor, cand: Tensor) -> Tensor:
 
 
 class MAD(PredictionDefense):
-    """MAD with ℓ1 budget ``epsilon`` and a random-init ``surrogate`` (an nn.Module returning logits)."""
+    """MAD with ℓ1 budget ``epsilon`` and a random-init ``surrogate`` (an nn.Module returning logits).
+
+    Maximizing angular deviation (Orekondy et al. 2020): each answer is the argmax-preserving vertex mix, within
+    ℓ1 ε, that turns the surrogate's last-layer gradient furthest from the clean one.
+
+    Args:
+        epsilon: the ℓ1 budget ε, in [0, 2].
+        surrogate: a randomly initialised model with the victim's architecture (returns logits); required.
+        max_evals: objective evaluations of the greedy vertex search when K > 10.
+
+    Returns:
+        ``defense.defend(probs)`` (``probs``: a B × K batch of probability vectors) returns the perturbed vectors,
+        B × K on the simplex; ``x=`` passes the queried inputs to defenses that need them. MAD needs ``x``.
+
+    Example:
+        >>> import torch
+        >>> surrogate = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+        >>> x, y = torch.rand(2, 4), torch.tensor([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]])
+        >>> out = MAD(epsilon=1.0, surrogate=surrogate).defend(y, x=x)
+        >>> out.argmax(1).tolist()
+        [0, 0]
+    """
 
     name = "mad"
     needs_inputs = True

@@ -107,6 +107,23 @@ class ModelGuardS(PredictionDefense):
     "drop entries above ε" filter removes it; an empty class answers y itself). The state
     (centroids in global insertion order with their classes) round-trips through :meth:`state_dict` /
     :meth:`load_state_dict` and :meth:`save` / :meth:`load` (safetensors).
+
+    Args:
+        epsilon: the ℓ1 radius ε of Algorithm 1, in [0, 2].
+        ordered: answer with the *first* centroid within ε (the paper's order-preserving rule); False = the
+            nearest-centroid quantizer of the Table 6 ablation.
+
+    Returns:
+        ``defense.defend(probs)`` (``probs``: a B × K batch of probability vectors) returns the perturbed vectors,
+        B × K on the simplex; ``x=`` passes the queried inputs to defenses that need them.
+
+    Example:
+        >>> import torch
+        >>> y = torch.tensor([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]])
+        >>> guard = ModelGuardS(epsilon=0.5)
+        >>> a = guard.defend(y)
+        >>> torch.equal(guard.defend(y), a), guard.num_centroids  # repeated queries: same answers, no new centroid
+        (True, 2)
     """
 
     name = "modelguard_s"

@@ -380,7 +380,25 @@ class _Fast:
 
 
 class ModelGuardW(PredictionDefense):
-    """ModelGuard-W: the exact optimum of Eq. 9 per query (ℓ1 ≤ ε, top-1 kept with margin 1e-4, simplex)."""
+    """ModelGuard-W: the exact optimum of Eq. 9 per query (ℓ1 ≤ ε, top-1 kept with margin 1e-4, simplex).
+
+    Args:
+        epsilon: the ℓ1 budget ε of Eq. 5, in [0, 2].
+        solver: ``"fast"`` (exact golden-section solver with an optimality certificate) or ``"lp"`` (scipy HiGHS,
+            the reference).
+        margin: the strict top-1 margin of Eq. 9 (the official code's 1e-4).
+
+    Returns:
+        ``defense.defend(probs)`` (``probs``: a B × K batch of probability vectors) returns the perturbed vectors,
+        B × K on the simplex; ``x=`` passes the queried inputs to defenses that need them.
+
+    Example:
+        >>> import torch
+        >>> y = torch.tensor([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]])
+        >>> out = ModelGuardW(epsilon=0.5).defend(y)
+        >>> bool((out - y).abs().sum(1).max() <= 0.5 + 1e-6), out.argmax(1).tolist()
+        (True, [0, 0])
+    """
 
     name = "modelguard_w"
 

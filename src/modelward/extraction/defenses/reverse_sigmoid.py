@@ -26,6 +26,21 @@ class ReverseSigmoid(PredictionDefense):
     * The map y ↦ y − β(s(γ s⁻¹(y)) − ½) is not monotone near 0, so for large β a tiny probability can overtake the
       top class: ``preserves_top1`` is False (it holds for the paper's β ≤ 0.21). There is no ℓ1 bound; β is tuned
       until the max ℓ1 distortion ≈ ε.
+
+    Args:
+        beta: perturbation strength β ≥ 0 (0 = no change).
+        gamma: sharpness γ > 0 of the inner sigmoid.
+
+    Returns:
+        ``defense.defend(probs)`` (``probs``: a B × K batch of probability vectors) returns the perturbed vectors,
+        B × K on the simplex; ``x=`` passes the queried inputs to defenses that need them.
+
+    Example:
+        >>> import torch
+        >>> y = torch.tensor([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]])
+        >>> out = ReverseSigmoid(beta=0.2).defend(y)
+        >>> torch.allclose(out.sum(1), torch.ones(2, dtype=out.dtype))
+        True
     """
 
     name = "reverse_sigmoid"

@@ -10,7 +10,21 @@ from modelward.extraction.defenses.base import PredictionDefense
 
 
 class TopOne(PredictionDefense):
-    """Return the one-hot argmax (static quantization with one centroid per class; ℓ1 = 2(1 − y_max))."""
+    """Return the one-hot argmax (static quantization with one centroid per class; ℓ1 = 2(1 − y_max)).
+
+    Args:
+        (none)
+
+    Returns:
+        ``defense.defend(probs)`` (``probs``: a B × K batch of probability vectors) returns the perturbed vectors,
+        B × K on the simplex; ``x=`` passes the queried inputs to defenses that need them.
+
+    Example:
+        >>> import torch
+        >>> y = torch.tensor([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]])
+        >>> TopOne().defend(y).tolist()
+        [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
+    """
 
     name = "top1"
     epsilon = None
@@ -33,6 +47,18 @@ class Rounding(PredictionDefense):
     step, and where plain rounding already sums to 1 (the paper's example [0.12,0.31,0.26,0.31] → [0.1,0.3,0.3,0.3])
     the two agree. Rounding can make the top class tie with another, so ``preserves_top1`` is False (``argmax`` of
     a tie picks the lowest index).
+
+    Args:
+        decimals: decimal places kept, 0–6.
+
+    Returns:
+        ``defense.defend(probs)`` (``probs``: a B × K batch of probability vectors) returns the perturbed vectors,
+        B × K on the simplex; ``x=`` passes the queried inputs to defenses that need them.
+
+    Example:
+        >>> import torch
+        >>> Rounding(decimals=1).defend(torch.tensor([[0.12, 0.31, 0.26, 0.31]], dtype=torch.float64)).tolist()
+        [[0.1, 0.3, 0.3, 0.3]]
     """
 
     name = "rounding"
@@ -67,6 +93,21 @@ class GaussianNoise(PredictionDefense):
     is here to demonstrate exactly that. Convention: noise in probability space (the official, unused ``RandomNoise``
     adds it in logit space). Neither top-1 nor an ℓ1 bound is guaranteed. Seeded: the same seed and query sequence
     give the same answers.
+
+    Args:
+        sigma: standard deviation σ of the noise (probability units).
+        seed: seeds the noise generator.
+
+    Returns:
+        ``defense.defend(probs)`` (``probs``: a B × K batch of probability vectors) returns the perturbed vectors,
+        B × K on the simplex; ``x=`` passes the queried inputs to defenses that need them.
+
+    Example:
+        >>> import torch
+        >>> y = torch.tensor([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]])
+        >>> out = GaussianNoise(sigma=0.05, seed=0).defend(y)
+        >>> torch.allclose(out.sum(1), torch.ones(2, dtype=out.dtype))
+        True
     """
 
     name = "gaussian_noise"

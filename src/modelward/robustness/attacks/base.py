@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modelward.core.device import model_device
 from modelward.errors import ConfigError
 
 Norm = Literal["linf", "l2", "l0", "none"]
@@ -58,8 +59,9 @@ def attack_mode(model: nn.Module) -> Iterator[nn.Module]:
 
 @torch.no_grad()
 def predict(model: nn.Module, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
-    """Arg-max class of every row (in the model's current mode)."""
-    return torch.cat([model(x[i : i + batch_size]).argmax(1) for i in range(0, len(x), batch_size)])
+    """Arg-max class of every row (in the model's current mode), on the model's device."""
+    dev = model_device(model)
+    return torch.cat([model(x[i : i + batch_size].to(dev)).argmax(1) for i in range(0, len(x), batch_size)])
 
 
 def project_linf(x_adv: torch.Tensor, x: torch.Tensor, eps: float, clip: tuple[float, float]) -> torch.Tensor:
@@ -128,7 +130,7 @@ class EvasionAttack:
         with torch.no_grad():
             logits = self.model(x)
         logits = logits.clone()
-        logits[torch.arange(len(y)), y] = float("inf")
+        logits[torch.arange(len(y), device=y.device), y] = float("inf")
         return logits.argmin(1)
 
     def ascent_grad(self, x_adv: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
@@ -152,8 +154,10 @@ class EvasionAttack:
             raise ValueError(f"{self.name}: x has {x.shape[0]} rows but y has {y.shape[0]}")
         if target is not None and not self.targeted:
             raise ConfigError(f"{self.name}: target given but the attack is untargeted (set targeted=True)")
-        x = x.detach()
-        y = y.detach().long()
+        dev = model_device(self.model)  # inputs go to the model's device; the adversarial examples stay there
+        x = x.detach().to(dev)
+        y = y.detach().long().to(dev)
+        target = target.to(dev) if target is not None else None
         gen = torch.Generator(device=x.device).manual_seed(self.seed)
         bs = self.batch_size or max(1, len(x))
         outs, succ = [], []

@@ -16,6 +16,39 @@ from modelward.robustness.attacks.base import EvasionAttack
 
 
 class CarliniWagnerL2(EvasionAttack):
+    """Carlini & Wagner ℓ2 attack (2017; seed 004 §2.2): a minimum-norm attack, no ε.
+
+    Adam minimises ``‖x' − x‖²₂ + c · max(Z_y − max_{i≠y} Z_i, −κ)`` over a tanh change of variables that keeps
+    ``x'`` in the box; a per-example binary search on ``c`` finds the smallest perturbation that still succeeds.
+    Points never broken are returned unchanged.
+
+    Args:
+        model: the classifier under attack (returns logits).
+        c: initial weight of the classification term (binary-searched per example).
+        kappa: confidence margin κ.
+        steps: Adam steps per binary-search step.
+        lr: Adam learning rate.
+        binary_steps: binary-search steps on ``c``.
+        clip: the input box ``(low, high)``; adversarial inputs never leave it.
+        targeted: attack towards ``target`` (passed at call time) instead of away from ``y``.
+        seed: seeds every random choice (a ``torch.Generator``; the global RNG is never touched).
+        batch_size: attack this many points at a time (default: all at once).
+
+    Returns:
+        Calling the attack, ``attack(x, y)`` (targeted: ``attack(x, y, target)``), returns an
+        :class:`~modelward.robustness.attacks.base.AttackResult` with ``x_adv`` (same shape as ``x``) and the bool
+        ``success`` mask (untargeted: prediction differs from ``y``; targeted: equals the target).
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+        >>> x, y = torch.rand(8, 1, 8, 8), torch.randint(10, (8,))
+        >>> res = CarliniWagnerL2(model, steps=20, binary_steps=2)(x, y)
+        >>> res.x_adv.shape
+        torch.Size([8, 1, 8, 8])
+    """
+
     name = "cw"
     takes_eps = False  # a minimum-norm attack: it minimises ‖δ‖₂ instead of searching an ε-ball
     default_norm = "l2"
@@ -32,7 +65,7 @@ class CarliniWagnerL2(EvasionAttack):
     def _margin(self, logits: torch.Tensor, label: torch.Tensor, targeted: bool) -> torch.Tensor:
         own = logits.gather(1, label[:, None]).squeeze(1)
         other = logits.clone()
-        other[torch.arange(len(label)), label] = float("-inf")
+        other[torch.arange(len(label), device=label.device), label] = float("-inf")
         best_other = other.max(1).values
         m = best_other - own if targeted else own - best_other
         return m.clamp(min=-self.kappa)

@@ -14,6 +14,34 @@ from modelward.robustness.attacks.base import EvasionAttack, Norm, l2_norms
 
 
 class FGSM(EvasionAttack):
+    """One-step fast gradient sign method (Goodfellow et al. 2015; seed 004 eq 2.10–2.12).
+
+    ``x_adv = clip(x + ε · sign(∇ₓ ℓ(f(x), y)))``; with ``norm="l2"`` the step is the normalised gradient (eq 2.12).
+
+    Args:
+        model: the classifier under attack (returns logits).
+        eps: the budget ε (radius of the ℓ∞ or ℓ2 ball).
+        norm: ``"linf"`` (sign step) or ``"l2"`` (normalised-gradient step).
+        clip: the input box ``(low, high)``; adversarial inputs never leave it.
+        targeted: attack towards ``target`` (passed at call time) instead of away from ``y``.
+        seed: seeds every random choice (a ``torch.Generator``; the global RNG is never touched).
+        batch_size: attack this many points at a time (default: all at once).
+
+    Returns:
+        Calling the attack, ``attack(x, y)`` (targeted: ``attack(x, y, target)``), returns an
+        :class:`~modelward.robustness.attacks.base.AttackResult` with ``x_adv`` (same shape as ``x``) and the bool
+        ``success`` mask (untargeted: prediction differs from ``y``; targeted: equals the target).
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+        >>> x, y = torch.rand(8, 1, 8, 8), torch.randint(10, (8,))
+        >>> res = FGSM(model, eps=0.1)(x, y)
+        >>> res.x_adv.shape, bool(((res.x_adv - x).abs() <= 0.1 + 1e-6).all())
+        (torch.Size([8, 1, 8, 8]), True)
+    """
+
     name = "fgsm"
     norms = ("linf", "l2")
 

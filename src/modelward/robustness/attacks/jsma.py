@@ -17,6 +17,36 @@ from modelward.robustness.attacks.base import EvasionAttack
 
 
 class JSMA(EvasionAttack):
+    """Jacobian-based saliency map attack (Papernot et al. 2016; seed 004 §2.2): an ℓ0 attack, no ε.
+
+    Each iteration pushes the pair of features with the largest saliency ``α·|β|`` (α > 0, β < 0) by ``theta``;
+    it stops on success or when a fraction ``gamma`` of the features has changed (the ℓ0 budget it never exceeds).
+    Untargeted mode targets each point's runner-up class.
+
+    Args:
+        model: the classifier under attack (returns logits).
+        gamma: the largest fraction of features it may change, in (0, 1].
+        theta: how far a chosen feature moves (clipped to the box; 1.0 pushes it to the top).
+        clip: the input box ``(low, high)``; adversarial inputs never leave it.
+        targeted: attack towards ``target`` (passed at call time) instead of away from ``y``.
+        seed: seeds every random choice (a ``torch.Generator``; the global RNG is never touched).
+        batch_size: attack this many points at a time (default: all at once).
+
+    Returns:
+        Calling the attack, ``attack(x, y)`` (targeted: ``attack(x, y, target)``), returns an
+        :class:`~modelward.robustness.attacks.base.AttackResult` with ``x_adv`` (same shape as ``x``) and the bool
+        ``success`` mask (untargeted: prediction differs from ``y``; targeted: equals the target).
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+        >>> x, y = torch.rand(8, 1, 8, 8), torch.randint(10, (8,))
+        >>> res = JSMA(model, gamma=0.1)(x, y)
+        >>> int(((res.x_adv - x).abs() > 0).flatten(1).sum(1).max()) <= 8  # ≤ 10% of 64 features, in pairs
+        True
+    """
+
     name = "jsma"
     takes_eps = False  # its budget is gamma, a fraction of the features (ℓ0), never an ε-ball
     default_norm = "l0"
@@ -42,7 +72,7 @@ class JSMA(EvasionAttack):
         if target is None:
             with torch.no_grad():
                 logits = self.model(x).clone()
-            logits[torch.arange(n), y] = float("-inf")
+            logits[torch.arange(n, device=y.device), y] = float("-inf")
             label = logits.argmax(1)
         else:
             label = target
@@ -50,9 +80,9 @@ class JSMA(EvasionAttack):
         # a feature is free while it can still move in θ's direction
         free = xa < hi if self.theta > 0 else xa > lo
         budget = self.max_features(x)
-        changed = torch.zeros(n, dtype=torch.long)
-        rows = torch.arange(n)
-        eye = ~torch.eye(d, dtype=torch.bool)
+        changed = torch.zeros(n, dtype=torch.long, device=x.device)
+        rows = torch.arange(n, device=x.device)
+        eye = ~torch.eye(d, dtype=torch.bool, device=x.device)
         for _ in range((budget + 1) // 2):
             xin = xa.view_as(x).detach().requires_grad_(True)
             with torch.enable_grad():

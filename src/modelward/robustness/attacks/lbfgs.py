@@ -21,6 +21,36 @@ from modelward.robustness.attacks.base import EvasionAttack
 
 
 class LBFGS(EvasionAttack):
+    """Box-constrained L-BFGS attack (Szegedy et al. 2014; seed 004 eq 2.9): a minimum-norm attack, no ε.
+
+    Minimises ``‖r‖²₂ + c · ℓ(f(x + r), l)`` subject to ``x + r`` in the box (scipy L-BFGS-B), with a binary search
+    for the smallest ``c`` that still reaches class ``l`` (untargeted: each point's runner-up class).
+
+    Args:
+        model: the classifier under attack (returns logits).
+        c: initial loss weight (binary-searched per example).
+        binary_steps: binary-search steps on ``c``.
+        max_iter: L-BFGS-B iterations per search step.
+        clip: the input box ``(low, high)``; adversarial inputs never leave it.
+        targeted: attack towards ``target`` (passed at call time) instead of away from ``y``.
+        seed: seeds every random choice (a ``torch.Generator``; the global RNG is never touched).
+        batch_size: attack this many points at a time (default: all at once).
+
+    Returns:
+        Calling the attack, ``attack(x, y)`` (targeted: ``attack(x, y, target)``), returns an
+        :class:`~modelward.robustness.attacks.base.AttackResult` with ``x_adv`` (same shape as ``x``) and the bool
+        ``success`` mask (untargeted: prediction differs from ``y``; targeted: equals the target).
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+        >>> x, y = torch.rand(8, 1, 8, 8), torch.randint(10, (8,))
+        >>> res = LBFGS(model, binary_steps=2, max_iter=10)(x, y)
+        >>> res.success.dtype
+        torch.bool
+    """
+
     name = "lbfgs"
     takes_eps = False  # a minimum-norm attack: it minimises ‖δ‖₂ instead of searching an ε-ball
     default_norm = "l2"
@@ -39,30 +69,31 @@ class LBFGS(EvasionAttack):
         x64 = x.detach().double()
 
         def fun(z: np.ndarray) -> tuple[float, np.ndarray]:
-            xa = torch.from_numpy(z).view(shape).requires_grad_(True)
+            # scipy's iterate lives on the CPU; the model runs on its device
+            xa = torch.from_numpy(z).view(shape).to(x.device).requires_grad_(True)
             with torch.enable_grad():
                 logits = self.model(xa.to(dtype))
                 ce = F.cross_entropy(logits, label, reduction="none").double()
                 obj = ((xa - x64).flatten(1).pow(2).sum(1) + c.double() * ce).sum()
                 (g,) = torch.autograd.grad(obj, xa)
-            return float(obj.detach()), g.flatten().numpy().astype(np.float64)
+            return float(obj.detach()), g.flatten().cpu().numpy().astype(np.float64)
 
-        z0 = x64.flatten().numpy().copy()
+        z0 = x64.flatten().cpu().numpy().copy()
         res = minimize(fun, z0, jac=True, method="L-BFGS-B", bounds=[self.clip] * z0.size,
                        options={"maxiter": self.max_iter, "gtol": 1e-10, "ftol": 1e-12})
-        return torch.from_numpy(res.x).view(shape).to(dtype)
+        return torch.from_numpy(res.x).view(shape).to(x.device, dtype)
 
     def perturb(self, x: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None,
                 gen: torch.Generator) -> torch.Tensor:
         if target is None:
             with torch.no_grad():
                 logits = self.model(x).clone()
-            logits[torch.arange(len(y)), y] = float("-inf")
+            logits[torch.arange(len(y), device=y.device), y] = float("-inf")
             label = logits.argmax(1)  # runner-up class
         else:
             label = target
         n = len(x)
-        c = torch.full((n,), self.c, dtype=x.dtype)
+        c = torch.full((n,), self.c, dtype=x.dtype, device=x.device)
         lower = torch.zeros_like(c)
         upper = torch.full_like(c, float("inf"))
         best = x.clone()

@@ -17,6 +17,40 @@ from modelward.robustness.attacks.base import EvasionAttack, Norm, l2_norms, pre
 
 
 class PGD(EvasionAttack):
+    """Projected gradient descent (Madry et al. 2018; seed 004 eq 2.15), ℓ∞ or ℓ2, with random start and restarts.
+
+    Each step ascends the loss at the iterate (sign step for ℓ∞, normalised step for ℓ2) and projects onto the
+    ε-ball and the input box; restarts keep, per example, the first successful one.
+
+    Args:
+        model: the classifier under attack (returns logits).
+        eps: the budget ε.
+        alpha: step size (default ``2.5 ε / steps``).
+        steps: iterations per restart.
+        norm: ``"linf"`` or ``"l2"``.
+        random_start: start from a random point of the ball (else from ``x``).
+        restarts: independent random starts.
+        clip: the input box ``(low, high)``; adversarial inputs never leave it.
+        targeted: attack towards ``target`` (passed at call time) instead of away from ``y``.
+        seed: seeds every random choice (a ``torch.Generator``; the global RNG is never touched).
+        batch_size: attack this many points at a time (default: all at once).
+        start_radius: ℓ2 random start: ``"uniform"`` radius (torchattacks) or ``"volume"`` (uniform in the ball).
+
+    Returns:
+        Calling the attack, ``attack(x, y)`` (targeted: ``attack(x, y, target)``), returns an
+        :class:`~modelward.robustness.attacks.base.AttackResult` with ``x_adv`` (same shape as ``x``) and the bool
+        ``success`` mask (untargeted: prediction differs from ``y``; targeted: equals the target).
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+        >>> x, y = torch.rand(8, 1, 8, 8), torch.randint(10, (8,))
+        >>> res = PGD(model, eps=0.5, norm="l2", steps=10)(x, y)
+        >>> bool(((res.x_adv - x).flatten(1).norm(dim=1) <= 0.5 + 1e-5).all())
+        True
+    """
+
     name = "pgd"
     norms = ("linf", "l2")
 

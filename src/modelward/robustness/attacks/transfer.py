@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from modelward.core.device import model_device
 from modelward.core.seed import seeded
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
@@ -20,6 +21,44 @@ from modelward.robustness.attacks.base import EvasionAttack, Norm, attack_mode, 
 
 
 class TransferAttack(EvasionAttack):
+    """Black-box transfer attack through a proxy (Papernot et al. 2017; seed 004 eq 2.7).
+
+    Queries the victim's labels on ``x_query`` (default: the points attacked), trains a proxy on them, runs a
+    white-box attack (``attack``, default PGD) on the proxy and submits its result to the victim. The victim is used
+    only through its arg-max labels; ``queries`` counts them.
+
+    Args:
+        model: the victim (only its predicted labels are used).
+        eps: the budget ε of the white-box attack on the proxy.
+        norm: ``"linf"`` or ``"l2"``.
+        proxy: your own proxy model (default: a fresh MLP of ``proxy_hidden`` units, ``proxy_arch="mlp"``).
+        proxy_arch: architecture of the default proxy (a :mod:`modelward.core.zoo` name).
+        proxy_hidden: hidden units of the default proxy (default ``[128]``).
+        proxy_steps: training steps of the proxy.
+        x_query: the attacker's query inputs (default: the inputs attacked).
+        attack: the white-box attack run on the proxy (a :data:`ATTACK_NAMES` name).
+        attack_params: its extra parameters (e.g. ``{"steps": 10}``).
+        clip: the input box ``(low, high)``; adversarial inputs never leave it.
+        targeted: attack towards ``target`` (passed at call time) instead of away from ``y``.
+        seed: seeds every random choice (a ``torch.Generator``; the global RNG is never touched).
+        batch_size: attack this many points at a time (default: all at once).
+
+    Returns:
+        Calling the attack, ``attack(x, y)`` (targeted: ``attack(x, y, target)``), returns an
+        :class:`~modelward.robustness.attacks.base.AttackResult` with ``x_adv`` (same shape as ``x``) and the bool
+        ``success`` mask (untargeted: prediction differs from ``y``; targeted: equals the target).
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+        >>> x, y = torch.rand(8, 1, 8, 8), torch.randint(10, (8,))
+        >>> atk = TransferAttack(model, eps=0.1, proxy_steps=20, attack_params={"steps": 3})
+        >>> res = atk(x, y)
+        >>> atk.queries
+        8
+    """
+
     name = "transfer"
     norms = ("linf", "l2")
 
@@ -47,6 +86,7 @@ class TransferAttack(EvasionAttack):
             cfg = ModelConfig(arch=self.proxy_arch, hidden=self.proxy_hidden)  # type: ignore[arg-type]
             with seeded(self.seed):  # the base class's contract: the attack's randomness depends on seed only
                 self.proxy = build_model(cfg, tuple(x_query.shape[1:]), num_classes)
+            self.proxy.to(model_device(self.model))  # initialised on the CPU, trained beside the victim
         tcfg = TrainConfig(optimizer="adam", lr=1e-3, weight_decay=0.0, steps=self.proxy_steps,
                            batch_size=min(64, len(x_query)), eval_every=self.proxy_steps)
         with seeded(self.seed):  # ... and leaves the caller's global RNG untouched

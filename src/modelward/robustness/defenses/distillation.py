@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modelward.core.device import model_device
 from modelward.core.seed import seeded
 from modelward.core.train import TrainConfig, batch_order, make_optimizer
 from modelward.errors import ConfigError
@@ -36,13 +37,14 @@ def train_at_temperature(model: nn.Module, x: torch.Tensor, targets: torch.Tenso
     model.train()
     opt = make_optimizer(list(model.parameters()), cfg)
     batches = batch_order(len(x), cfg.batch_size, seed)
-    loss = torch.tensor(0.0)
+    dev = model_device(model)  # batches go to the model's device
+    loss = torch.zeros((), device=dev)
     for step in range(cfg.steps):
         idx = next(batches)
         for g in opt.param_groups:
             g["lr"] = cfg.lr_at(step)
-        logp = F.log_softmax(model(x[idx]) / temperature, dim=1)
-        t = targets[idx]
+        logp = F.log_softmax(model(x[idx].to(dev)) / temperature, dim=1)
+        t = targets[idx].to(dev)
         loss = F.nll_loss(logp, t) if t.dim() == 1 else -(t * logp).sum(1).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -60,7 +62,7 @@ def defensive_distillation(build: Callable[[], nn.Module], x: torch.Tensor, y: t
         teacher = build()
         t_loss = train_at_temperature(teacher, x, y, cfg, temperature, seed)
     with torch.no_grad():
-        soft = F.softmax(teacher(x) / temperature, dim=1)
+        soft = F.softmax(teacher(x.to(model_device(teacher))) / temperature, dim=1)
     with seeded(seed + 1):
         student = build()
         s_loss = train_at_temperature(student, x, soft, cfg, temperature, seed + 1)

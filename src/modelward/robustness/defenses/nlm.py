@@ -17,6 +17,23 @@ from modelward.errors import ConfigError
 
 
 class NonLocalMeans(nn.Module):
+    """Non-local-means denoising (Buades et al.) as an input-transformation defense (seed 004 §2.3).
+
+    Args:
+        h: filtering strength (larger = smoother).
+        patch: side of the compared patches (odd).
+        window: side of the search window (odd).
+
+    Returns:
+        A module mapping NCHW images to denoised images of the same shape; wrap a classifier with
+        :class:`TransformedModel` to defend it (gradients flow through the filter).
+
+    Example:
+        >>> import torch
+        >>> NonLocalMeans(h=0.2)(torch.rand(2, 1, 8, 8)).shape
+        torch.Size([2, 1, 8, 8])
+    """
+
     def __init__(self, h: float = 0.2, patch: int = 3, window: int = 5) -> None:
         super().__init__()
         if h <= 0:

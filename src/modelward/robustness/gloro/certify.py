@@ -61,6 +61,24 @@ def certify(net: GloroNet, x: torch.Tensor, y: torch.Tensor | None = None, epsil
 
     Freezes the net first (converged / exact Lipschitz bound) if it is not frozen. Labels are optional: without
     them ``correct`` / ``robust_correct`` are all False and only the certified mask is meaningful.
+
+    Args:
+        net: the GloRo net.
+        x: inputs, batch first.
+        y: labels (optional).
+        epsilon: the ℓ2 radius to certify (default: the net's training ε).
+        batch_size: points per forward pass.
+
+    Returns:
+        :class:`Certification` (per-point ``certified`` mask and predictions; ``vra``, ``clean_accuracy``,
+        ``rejection_rate``).
+
+    Example:
+        >>> from modelward.robustness.gloro import GloroNet, build_gloro_model
+        >>> net = GloroNet(build_gloro_model("d(8)", (4,), 3, seed=0), (4,), epsilon=0.1)
+        >>> c = certify(net, torch.rand(16, 4), torch.randint(3, (16,)))
+        >>> 0.0 <= c.vra <= c.clean_accuracy
+        True
     """
     was_training = net.training
     net.eval()
@@ -71,25 +89,26 @@ def certify(net: GloroNet, x: torch.Tensor, y: torch.Tensor | None = None, epsil
         net.epsilon = float(epsilon)
     try:
         K = net.frozen_K
+        dev = K.device  # the model's device (freeze puts K there); batches go there, results come back
         preds, certs, sizes, ranks_y = [], [], [], []
         for i in range(0, len(x), batch_size):
-            logits = net.f(x[i : i + batch_size])
+            logits = net.f(x[i : i + batch_size].to(dev, non_blocking=True))
             mk = net.top_k_margins(logits, K)
             ok = mk > 0
-            ks = torch.arange(1, mk.shape[1] + 1).expand_as(mk)
+            ks = torch.arange(1, mk.shape[1] + 1, device=dev).expand_as(mk)
             kstar = torch.where(ok, ks, torch.zeros_like(ks)).max(1).values
             preds.append(logits.argmax(1))
             certs.append(ok.any(1))
             sizes.append(kstar)
             if y is not None:
                 rank = logits.argsort(1, descending=True).argsort(1)
-                ranks_y.append(rank.gather(1, y[i : i + batch_size, None]).squeeze(1))
+                ranks_y.append(rank.gather(1, y[i : i + batch_size, None].to(dev)).squeeze(1))
         pred, cert, size = torch.cat(preds), torch.cat(certs), torch.cat(sizes)
         if y is None:
             correct = torch.zeros_like(cert)
             robust = torch.zeros_like(cert)
         else:
-            correct = pred == y
+            correct = pred == y.to(dev)
             robust = cert & (torch.cat(ranks_y) < size)
         return Certification(net.epsilon, pred, cert, size, correct, robust)
     finally:
@@ -147,12 +166,14 @@ def empirical_lipschitz(model: nn.Module, x: torch.Tensor, kind: Literal["margin
     Pairs start as (x_a, x_a + δ) with small δ and as (x_a, x_b) for random data points; both ends are optimised
     with Adam to maximise the ratio (Eq. 6.12 for ``kind="margin"``). Every evaluated pair is a valid lower bound.
     """
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)  # drawn on the CPU (the same pairs on every device), then moved
+    dev = next(iter(model.parameters())).device
+    x = x.to(dev)
     n = len(x)
-    a = x[torch.randint(n, (n_pairs,), generator=g)]
-    b = x[torch.randint(n, (n_pairs,), generator=g)]
+    a = x[torch.randint(n, (n_pairs,), generator=g).to(dev)]
+    b = x[torch.randint(n, (n_pairs,), generator=g).to(dev)]
     half = n_pairs // 2
-    b[:half] = a[:half] + 0.05 * torch.randn(a[:half].shape, generator=g)
+    b[:half] = a[:half] + 0.05 * torch.randn(a[:half].shape, generator=g).to(dev, a.dtype)
     x1 = a.clone().requires_grad_(True)
     x2 = b.clone().requires_grad_(True)
     was_training = model.training

@@ -74,9 +74,11 @@ class ConstantBound(_Bound):
     def __init__(self, name: str, module: nn.Module, c: float) -> None:
         super().__init__()
         self.name, self.kind, self.c = name, type(module).__name__, float(c)
+        # a (non-persistent) buffer, so the constant follows the bound's .to(device) instead of living on the CPU
+        self.register_buffer("c_t", torch.tensor(self.c), persistent=False)
 
     def value(self, n_iter: int = 0) -> torch.Tensor:
-        return torch.tensor(self.c)
+        return self.c_t
 
     def certified(self, tol: float, max_iter: int, exact_limit: int) -> list[LayerNorm]:
         return [LayerNorm(self.name, self.kind, "constant", self.c)]
@@ -91,7 +93,8 @@ class _PowerBound(_Bound):
         self.kind = type(module).__name__
         self.in_shape = tuple(in_shape)
         g = torch.Generator().manual_seed(seed)
-        u = torch.randn((1, *in_shape), generator=g)
+        # drawn on the CPU (the same start on every device), then put where the layer's weights are
+        u = torch.randn((1, *in_shape), generator=g).to(_device_of(module))
         self.register_buffer("u", u / u.norm())
 
     @property
@@ -272,9 +275,10 @@ class SequenceBound(_Bound):
     def __init__(self, name: str, parts: list[_Bound]) -> None:
         super().__init__()
         self.name, self.parts = name, nn.ModuleList(parts)
+        self.register_buffer("one", torch.tensor(1.0), persistent=False)  # follows .to(device)
 
     def value(self, n_iter: int = 0) -> torch.Tensor:
-        out = torch.tensor(1.0)
+        out = self.one
         for p in self.parts:
             out = out * p.value(n_iter)
         return out
@@ -395,7 +399,7 @@ def _leaf_bound(name: str, m: nn.Module, shape: tuple[int, ...], seed: int) -> _
 def _build(prefix: str, modules: list[tuple[str, nn.Module]], shape: tuple[int, ...], seed: int
            ) -> tuple[SequenceBound, tuple[int, ...]]:
     parts: list[_Bound] = []
-    x = torch.zeros((1, *shape))
+    x = torch.zeros((1, *shape), device=_device_of(*(m for _, m in modules)))
     for name, m in modules:
         full = f"{prefix}{name}"
         if isinstance(m, nn.Sequential):
@@ -410,6 +414,14 @@ def _build(prefix: str, modules: list[tuple[str, nn.Module]], shape: tuple[int, 
         with torch.no_grad():
             x = _forward_shape(m, x)
     return SequenceBound(prefix.rstrip("."), parts), tuple(x.shape[1:])
+
+
+def _device_of(*modules: nn.Module) -> torch.device:
+    """Where the first parameter/buffer of `modules` lives (the CPU for parameter-free layers)."""
+    for m in modules:
+        for t in (*m.parameters(), *m.buffers()):
+            return t.device
+    return torch.device("cpu")
 
 
 def _forward_shape(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -427,6 +439,7 @@ class LipschitzBound(nn.Module):
     def __init__(self, layers: list[tuple[str, nn.Module]], input_shape: tuple[int, ...], seed: int = 0) -> None:
         super().__init__()
         self.seq, self.output_shape = _build("", layers, tuple(input_shape), seed)
+        self.to(_device_of(*(m for _, m in layers)))  # constants of parameter-free layers follow the model
 
     def forward(self, n_iter: int = 0) -> torch.Tensor:
         """Differentiable bound from the stored iterates after ``n_iter`` further power iterations per layer."""

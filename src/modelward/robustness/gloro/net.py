@@ -145,7 +145,8 @@ class GloroNet(nn.Module):
         self._sync_bound()
         lsub, layers = self.sub.certified(tol, max_iter, exact_limit)
         with torch.no_grad():
-            k64 = self._pairwise(torch.tensor(lsub, dtype=torch.float64), self.last.weight.detach().double())
+            w64 = self.last.weight.detach().double()
+            k64 = self._pairwise(torch.tensor(lsub, dtype=torch.float64, device=w64.device), w64)
             self.frozen_K = _round_up_float32(k64).to(self.last.weight.device)
         self._frozen_snapshot = [t.detach().clone() for _, t in self._tensors()]
         self._frozen_structure = self._structure()

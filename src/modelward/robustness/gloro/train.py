@@ -14,9 +14,10 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from modelward.core.config import StrictModel
+from modelward.core.device import AmpSetting, autocast, model_device
 from modelward.core.train import batch_order
 from modelward.robustness.gloro.losses import gloro_cross_entropy, gloro_trades_loss
 from modelward.robustness.gloro.net import GloroNet
@@ -41,6 +42,16 @@ class GloroTrainConfig(StrictModel):
     power_iterations: int = Field(5, ge=1)
     warmup_epochs: int = Field(0, ge=0)
     refresh_tol: float = Field(1e-5, gt=0.0)
+    # "bf16": the underlying model's forward pass under torch.autocast(bfloat16); the Lipschitz bound, the ⊥
+    # logit and the loss stay in float32 (a bf16 bound would not be sound), and certification never uses amp
+    amp: AmpSetting = "none"
+
+    @model_serializer(mode="wrap")
+    def _omit_default_amp(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)  # "none" is left out so configs/checkpoints recorded before `amp` still match
+        if data.get("amp") == "none":
+            data.pop("amp")
+        return data
 
     def epsilon_at(self, t: float) -> float:
         return Schedule(kind=self.epsilon_schedule, start=self.epsilon_start, end=self.epsilon,
@@ -56,12 +67,14 @@ class GloroTrainResult:
 def train_gloro(net: GloroNet, x: torch.Tensor, y: torch.Tensor, cfg: GloroTrainConfig, seed: int = 0,
                 on_epoch: Callable[[dict[str, float]], None] | None = None, start_epoch: int = 0,
                 optimizer: torch.optim.Optimizer | None = None) -> GloroTrainResult:
-    """Train ``net.f`` (and so the GloRo net) for ``cfg.epochs`` epochs from ``start_epoch``."""
+    """Train ``net.f`` (and so the GloRo net) for ``cfg.epochs`` epochs from ``start_epoch``, on the device of
+    ``net.f`` (batches of `x`, `y` are moved there)."""
     opt = optimizer or torch.optim.Adam(net.f.parameters(), lr=cfg.lr, eps=1e-7)
     n = len(x)
     per_epoch = max(1, n // cfg.batch_size) if n >= cfg.batch_size else 1
     batches = batch_order(n, cfg.batch_size, seed + 7919 * start_epoch)
     res = GloroTrainResult()
+    dev = model_device(net.f)
     t_all = time.perf_counter()
     for epoch in range(start_epoch, cfg.epochs):
         net.train()
@@ -73,13 +86,16 @@ def train_gloro(net: GloroNet, x: torch.Tensor, y: torch.Tensor, cfg: GloroTrain
             for grp in opt.param_groups:
                 grp["lr"] = lr
             idx = next(batches)
-            xb, yb = x[idx], y[idx]
+            xb, yb = x[idx].to(dev, non_blocking=True), y[idx].to(dev, non_blocking=True)
             net.epsilon = cfg.epsilon_at(t)
             lam = cfg.trades_lambda.at(t, cfg.epochs)
             if cfg.loss == "standard" or epoch < cfg.warmup_epochs:
-                loss = F.cross_entropy(net.f(xb), yb)
+                with autocast(dev, cfg.amp):
+                    loss = F.cross_entropy(net.f(xb), yb)
             else:
-                logits = net.f(xb)
+                with autocast(dev, cfg.amp):
+                    logits = net.f(xb)
+                logits = logits.float()  # the bound and the ⊥ logit are computed in float32, outside autocast
                 K = net.margin_lipschitz(cfg.power_iterations)
                 gl = torch.cat([logits, net.bottom(logits, K)[:, None]], 1)
                 if cfg.loss == "crossentropy":
