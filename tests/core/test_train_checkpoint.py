@@ -72,3 +72,14 @@ def test_dataset_inputs_train_like_tensors() -> None:
     b = train(_model(), TensorDataset(d.x_train, d.y_train), None, TensorDataset(d.x_test, d.y_test), None, cfg,
               seed=2)
     assert a.curve == b.curve
+
+
+def test_loader_workers_decode_the_same_batches(tmp_path: Path) -> None:
+    d = load_data()
+    cfg = TrainConfig(steps=20, eval_every=10, batch_size=32)
+    train_set, test_set = TensorDataset(d.x_train, d.y_train), TensorDataset(d.x_test, d.y_test)
+    torch.manual_seed(0)
+    a = train(_model(), train_set, None, test_set, None, cfg, seed=2)
+    torch.manual_seed(0)
+    b = train(_model(), train_set, None, test_set, None, cfg, seed=2, workers=1)
+    assert a.curve == b.curve

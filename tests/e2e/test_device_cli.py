@@ -73,3 +73,18 @@ def test_device_cpu_and_auto_train(tmp_path: Path) -> None:
         assert e.value.code == 0
         tensors, _ = load_state_dict(out)
         assert tensors and all(t.device.type == "cpu" for t in tensors.values())
+
+
+def test_a_run_resumes_on_another_device_setting(tmp_path: Path) -> None:
+    # the device is not part of a run's identity: `robust train` re-run with another --device reuses the folder
+    # (no "different config" refusal), and the recorded config.json does not name a device
+    import json
+
+    out = tmp_path / "r"
+    tiny = ["--set", "model.arch=d(16)", "--set", "train.epochs=1", "--set", "train.batch_size=256",
+            "--set", "evaluate.max_points=20"]
+    for dev in ("cpu", "auto"):
+        with pytest.raises(SystemExit) as e:
+            main(["robust", "train", str(EX / "robust_gloro.toml"), "--out", str(out), *tiny, "--device", dev])
+        assert e.value.code == 0
+    assert "device" not in json.loads((out / "config.json").read_text())

@@ -33,7 +33,12 @@ from modelward.core.zoo import ModelConfig, build_model
 
 @lru_cache(maxsize=4)
 def _data(cfg_json: str) -> DataSplit:
-    return load_data(DataConfig.model_validate_json(cfg_json))
+    cfg = DataConfig.model_validate_json(cfg_json)
+    if cfg.lazy:  # ImageNet-sized data: Datasets read on demand (core.datasets), decoded by cfg.workers processes
+        from modelward.core.data import load_lazy_split
+
+        return load_lazy_split(cfg)
+    return load_data(cfg)
 
 
 class SupervisedProblem(CompletionProblem):
@@ -125,7 +130,8 @@ class SupervisedProblem(CompletionProblem):
         ck = None
         if self.checkpoint_every is not None and progress_file is not None:
             ck = Checkpointing(progress_file, self.checkpoint_every)
-        res = train(model, x_fit, y_fit, x_eval, y_eval, cfg, seed, trainable, stop_at, hook, checkpoint=ck)
+        res = train(model, x_fit, y_fit, x_eval, y_eval, cfg, seed, trainable, stop_at, hook, checkpoint=ck,
+                    workers=self.data_cfg.workers)
         model.cpu()
         if ck is not None:
             progress_file.unlink(missing_ok=True)  # type: ignore[union-attr]

@@ -86,14 +86,15 @@ class DataSplit:
     y_test: torch.Tensor
     num_classes: int
     class_names: tuple[str, ...]
+    shape: tuple[int, ...] | None = None  # set for lazy splits, whose x_* are Datasets (see load_lazy_split)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
+        return self.shape if self.shape is not None else tuple(self.x_train.shape[1:])
 
     @property
     def is_image(self) -> bool:
-        return self.x_train.dim() == 4
+        return len(self.input_shape) == 3
 
     def describe(self) -> str:
         return (
@@ -410,6 +411,14 @@ def _split_indices(targets: np.ndarray, cfg: DataConfig) -> tuple[np.ndarray, np
         idx = np.sort(np.random.default_rng(cfg.seed).permutation(len(idx))[: cfg.max_samples])
     tr, te, _, _ = _split(idx, np.asarray(targets)[idx], cfg)
     return np.sort(tr), np.sort(te)
+
+
+def load_lazy_split(cfg: DataConfig) -> DataSplit:
+    """:func:`load_lazy` in the shape of a :class:`DataSplit`: ``x_train``/``x_test`` are ``Dataset`` objects that
+    yield (input, label) pairs and ``y_train``/``y_test`` are None — what :func:`modelward.core.train.train` takes."""
+    ls = load_lazy(cfg)
+    return DataSplit(ls.name, ls.train, None, ls.test, None, ls.num_classes, ls.class_names,  # type: ignore[arg-type]
+                     shape=ls.input_shape)
 
 
 def load_lazy(cfg: DataConfig):  # noqa: ANN201 - returns core.datasets.LazySplit (imported lazily)

@@ -238,6 +238,27 @@ def _train_batch(x: torch.Tensor | Dataset, y: torch.Tensor | None, idx: torch.T
     return xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
 
 
+class _SameOrder(torch.utils.data.Sampler):
+    """Batch sampler replaying a copy of the run's :class:`BatchOrder` from its current position, so loader
+    workers decode exactly the batches the training loop draws, ahead of it."""
+
+    def __init__(self, order: BatchOrder) -> None:
+        self.order = BatchOrder(order.n, order.batch_size, 0)
+        self.order.load_state_dict(order.state_dict())
+
+    def __iter__(self) -> Iterator[list[int]]:
+        while True:
+            yield next(self.order).tolist()
+
+
+def _prefetching_loader(dataset: Dataset, order: BatchOrder, workers: int) -> Iterator[tuple[torch.Tensor, ...]]:
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(dataset, batch_sampler=_SameOrder(order), num_workers=workers, pin_memory=False,
+                        generator=torch.Generator().manual_seed(0))
+    return iter(loader)
+
+
 def train(
     model: nn.Module,
     x_train: torch.Tensor | Dataset,
@@ -251,6 +272,7 @@ def train(
     on_eval: Callable[[int, float], None] | None = None,
     *,
     checkpoint: Checkpointing | None = None,
+    workers: int = 0,
 ) -> TrainResult:
     """Run T: `cfg.steps` SGD/Adam steps; evaluate L at step 0, every `eval_every` steps and at the end.
 
@@ -258,7 +280,8 @@ def train(
     evaluation with L ≤ stop_at (used for early stopping of retraining once the α=1 threshold is met).
     Inputs are tensors, or ``torch.utils.data.Dataset`` objects (lazy data; pass None for the labels). Batches go
     to the model's device. With `checkpoint`, the training state is saved every ``checkpoint.every`` steps and a
-    run that finds the file resumes from it (bit-identical on the CPU).
+    run that finds the file resumes from it (bit-identical on the CPU). `workers` > 0 decodes a ``Dataset``'s
+    batches in that many loader processes, ahead of the training step (the batches are the same ones).
     """
     t0 = time.perf_counter()
     named = dict(model.named_parameters())
@@ -289,12 +312,19 @@ def train(
         train_loss = []
         step = 0
         running = 0.0
+    prefetch = None
+    if workers > 0 and not isinstance(x_train, torch.Tensor) and not stopped:
+        prefetch = _prefetching_loader(x_train, batches, workers)
     while not stopped and step < cfg.steps:
-        idx = next(batches)
+        idx = next(batches)  # the order's position is what a checkpoint records
         lr = cfg.lr_at(step)
         for g in opt.param_groups:
             g["lr"] = lr
-        xb, yb = _train_batch(x_train, y_train, idx, device)
+        if prefetch is not None:
+            xb, yb = next(prefetch)
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+        else:
+            xb, yb = _train_batch(x_train, y_train, idx, device)
         with autocast(device, cfg.amp):
             loss = F.cross_entropy(model(xb), yb)
         opt.zero_grad(set_to_none=True)

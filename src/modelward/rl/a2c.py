@@ -19,6 +19,7 @@ from pydantic import Field
 
 from modelward.core.config import StrictModel
 from modelward.core.device import model_device
+from modelward.rl.checkpoint import RLCheckpoint
 from modelward.rl.envs import env_seeds, make_vector_env
 from modelward.rl.evaluate import ActFn, CurveRecorder
 from modelward.rl.nets import ActorCritic, State
@@ -45,10 +46,13 @@ def _mask_state(state: State, starts: torch.Tensor) -> State:
 
 
 def train_a2c(net: ActorCritic, env_id: str, cfg: A2CConfig, seed: int, steps: int, recorder: CurveRecorder,
-              trainable: set[str] | None = None, max_episode_steps: int | None = None) -> list[tuple[int, float]]:
+              trainable: set[str] | None = None, max_episode_steps: int | None = None,
+              checkpoint: RLCheckpoint | None = None) -> list[tuple[int, float]]:
     """Train `net` in place for `steps` environment steps (cost = env steps summed over the parallel envs).
 
-    `trainable` (T2) restricts the optimised parameters; the others stay bit-identical. Returns the curve."""
+    `trainable` (T2) restricts the optimised parameters; the others stay bit-identical. With `checkpoint` the run
+    saves its state at the checkpoint boundaries and resumes from the file if it exists (``rl.checkpoint``).
+    Returns the curve."""
     params = [p for n, p in net.named_parameters() if trainable is None or n in trainable]
     for n, p in net.named_parameters():
         p.requires_grad_(trainable is None or n in trainable)
@@ -61,9 +65,15 @@ def train_a2c(net: ActorCritic, env_id: str, cfg: A2CConfig, seed: int, steps: i
         obs, _ = venv.reset(seed=env_seeds(seed, n))
         state = net.initial_state(n)
         starts = torch.ones(n)
-        cost = 0
-        if recorder.start():
+        cost = last_ck = 0
+        resumed = checkpoint.load(recorder, {"net": net}, opt, {"gen": gen}, {}) if checkpoint else None
+        if resumed is not None:
+            cost = last_ck = int(resumed[0]["cost"])
+        elif recorder.start():
             return recorder.finish(cost)
+        if resumed is not None:  # the environments restart as after the boundary (see rl.checkpoint)
+            obs, _ = venv.reset(seed=RLCheckpoint.env_seeds(seed, cost, n))
+            state, starts = net.initial_state(n), torch.ones(n)
         while cost < steps:
             if cfg.anneal_lr:
                 for gr in opt.param_groups:
@@ -115,6 +125,11 @@ def train_a2c(net: ActorCritic, env_id: str, cfg: A2CConfig, seed: int, steps: i
             opt.step()
             if recorder.step(cost):
                 break
+            if checkpoint is not None and checkpoint.due(cost, last_ck, recorder):
+                last_ck = cost  # a boundary: episodes restart from (seed, cost) in every run, then save
+                obs, _ = venv.reset(seed=RLCheckpoint.env_seeds(seed, cost, n))
+                state, starts = net.initial_state(n), torch.ones(n)
+                checkpoint.save(cost, recorder, {"net": net}, opt, {"gen": gen}, {}, {})
         return recorder.finish(cost)
     finally:
         venv.close()

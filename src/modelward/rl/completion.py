@@ -45,6 +45,7 @@ from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.parts import parts_table, resolve_part
 from modelward.errors import ConfigError
 from modelward.rl.a2c import A2CConfig, ac_policy, train_a2c
+from modelward.rl.checkpoint import RLCheckpoint
 from modelward.rl.dqn import DQNConfig, RainbowConfig, build_q_network, q_policy, train_dqn
 from modelward.rl.envs import EnvSpec, env_spec, episode_cap, resolve_games
 from modelward.rl.evaluate import CurveRecorder, episode_returns, loss_from_returns, random_policy
@@ -77,6 +78,7 @@ class RLConfig(StrictModel):
     filter_random: bool = True
     min_gain: float = 0.0
     torch_threads: int | None = Field(1, ge=1)
+    checkpoint_buffer: bool = True  # mid-run checkpoints (study `checkpoint_every`) include the replay buffer
 
 
 def _slug(task: str) -> str:
@@ -86,21 +88,22 @@ def _slug(task: str) -> str:
 class RLProblem(CompletionProblem):
     """One agent per (seed, game) trained by A2C / DQN / recurrent A2C; parts from ``ActorCritic``/``QNetwork``."""
 
-    def __init__(self, cfg: RLConfig) -> None:
+    def __init__(self, cfg: RLConfig, checkpoint_every: int | None = None) -> None:
         self.cfg = cfg
+        self.checkpoint_every = checkpoint_every  # env steps; see rl.checkpoint
         games = resolve_games(cfg.env, cfg.suite, cfg.games) if (cfg.env or cfg.suite or cfg.games) else [
             DEFAULT_ENV]
         self.tasks = games
         self._random: dict[str, float] = {}
         self._specs: dict[str, EnvSpec] = {}
-        # where the A2C / DQN / Rainbow learners train and act (the study's device); IMPALA's learner shares its
-        # weights with actor processes through CPU shared memory, so it stays on the CPU (docs/devices.md)
+        # where the agents learn (the study's device): A2C / DQN / Rainbow also act there; IMPALA's actors act
+        # with CPU copies of the learner's weights (shared memory), synced after every update (docs/devices.md)
         self.device = "cpu"
 
     @classmethod
     def from_study(cls, study_cfg: Any) -> RLProblem:
         raw = getattr(study_cfg, "rl", None) or {}
-        problem = cls(validate(RLConfig, dict(raw), "rl"))
+        problem = cls(validate(RLConfig, dict(raw), "rl"), getattr(study_cfg, "checkpoint_every", None))
         problem.device = getattr(study_cfg, "device", "cpu")
         return problem
 
@@ -171,23 +174,36 @@ class RLProblem(CompletionProblem):
 
     def _train(self, net: torch.nn.Module, task: str, seed: int, steps: int, recorder: CurveRecorder,
                trainable: set[str] | None, buffer: ReplayBuffer | None, lr: float | None,
-               from_scratch: bool = True) -> tuple[Curve, ReplayBuffer | None]:
+               from_scratch: bool = True, progress_file: Path | None = None) -> tuple[Curve, ReplayBuffer | None]:
+        """One training run; with the study's ``checkpoint_every`` its state goes to `progress_file` at the
+        checkpoint boundaries, a restarted run resumes from it (bit-identical on the CPU, ``rl.checkpoint``) and the
+        file is removed at the end. IMPALA with actor processes resumes, but not bit-identically."""
+        ck = None
+        if self.checkpoint_every is not None and progress_file is not None:
+            ck = RLCheckpoint(progress_file, self.checkpoint_every, self.cfg.checkpoint_buffer)
+        out = self._train_once(net, task, seed, steps, recorder, trainable, buffer, lr, from_scratch, ck)
+        if ck is not None:
+            progress_file.unlink(missing_ok=True)  # type: ignore[union-attr]
+        return out
+
+    def _train_once(self, net: torch.nn.Module, task: str, seed: int, steps: int, recorder: CurveRecorder,
+                    trainable: set[str] | None, buffer: ReplayBuffer | None, lr: float | None,
+                    from_scratch: bool, ck: RLCheckpoint | None) -> tuple[Curve, ReplayBuffer | None]:
         if self.cfg.torch_threads:
             torch.set_num_threads(self.cfg.torch_threads)
         cap = episode_cap(task, self.cfg.max_episode_steps)
         upd = {} if lr is None else {"lr": lr}
-        if self.cfg.agent != "impala":  # initialised / reset on the CPU, trained on the device
-            net.to(resolve_device(self.device))
+        net.to(resolve_device(self.device))  # initialised / reset on the CPU, trained on the device
         if isinstance(net, QNetwork):
             dcfg = self.q_cfg.model_copy(update=upd)
             keep = not from_scratch and dcfg.retrain_exploration == "continue"
             return train_dqn(net, task, dcfg, seed, steps, recorder, buffer, trainable, cap,
-                             exploration="final" if keep else "schedule")
+                             exploration="final" if keep else "schedule", checkpoint=ck)
         if self.cfg.agent == "impala":
             return train_impala(net, task, self.cfg.impala.model_copy(update=upd), seed, steps, recorder,
-                                trainable, cap), None
+                                trainable, cap, checkpoint=ck), None
         acfg = self.cfg.a2c.model_copy(update=upd)
-        return train_a2c(net, task, acfg, seed, steps, recorder, trainable, cap), None
+        return train_a2c(net, task, acfg, seed, steps, recorder, trainable, cap, checkpoint=ck), None
 
     # -- protocol -------------------------------------------------------------------------------------------
     def part_names(self) -> list[str]:
@@ -202,12 +218,12 @@ class RLProblem(CompletionProblem):
     def train_original(self, seed: int, task: str, workdir: Path, on_eval: OnEval | None = None) -> OriginalRun:
         net = init_model_(self.build(task), self.cfg.init, seed)
         rec = CurveRecorder(lambda: self.evaluate(net, task), self.cfg.eval_every, None, on_eval)
-        curve, buffer = self._train(net, task, stable_seed("original", seed, task), self.cfg.steps, rec, None,
-                                    None, None)
         # absolute paths: the study stores a relative checkpoint path as relative to its output folder, so a
         # relative `--out` would otherwise be prefixed twice
         workdir = Path(workdir).resolve()
         stem = f"original_{_slug(task)}_seed{seed}"
+        curve, buffer = self._train(net, task, stable_seed("original", seed, task), self.cfg.steps, rec, None,
+                                    None, None, progress_file=workdir / f"{stem}.progress.safetensors")
         ckpt = workdir / f"{stem}.safetensors"
         save_state_dict(ckpt, net.state_dict(), {"seed": seed, "task": task, "agent": self.cfg.agent})
         replay = ""
@@ -240,6 +256,8 @@ class RLProblem(CompletionProblem):
                                   "saved no replay buffer")
             buffer = ReplayBuffer.load(path)
         rec = CurveRecorder(lambda: self.evaluate(net, task), self.cfg.eval_every, stop_at, on_eval)
+        progress = (Path(workdir) / f"retrain_{_slug(task)}_{seed}_{stable_seed(part, procedure.name)}"
+                    ".progress.safetensors")
         curve, _ = self._train(net, task, tseed, int(budget), rec, trainable, buffer, procedure.lr,
-                               from_scratch=procedure.from_scratch)
+                               from_scratch=procedure.from_scratch, progress_file=progress)
         return curve

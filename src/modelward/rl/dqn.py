@@ -31,6 +31,7 @@ from pydantic import Field, model_validator
 from modelward.core.config import StrictModel
 from modelward.core.device import model_device
 from modelward.errors import ConfigError
+from modelward.rl.checkpoint import RLCheckpoint
 from modelward.rl.envs import EnvSpec, env_seeds, make_vector_env
 from modelward.rl.evaluate import ActFn, CurveRecorder
 from modelward.rl.nets import NetConfig, QNetwork, reset_noise
@@ -108,13 +109,15 @@ def build_q_network(spec: EnvSpec, net_cfg: NetConfig, cfg: DQNConfig) -> QNetwo
 def train_dqn(net: QNetwork, env_id: str, cfg: DQNConfig, seed: int, steps: int, recorder: CurveRecorder,
               buffer: ReplayBuffer | None = None, trainable: set[str] | None = None,
               max_episode_steps: int | None = None,
-              exploration: Literal["schedule", "final"] = "schedule") -> tuple[list[tuple[int, float]], ReplayBuffer]:
+              exploration: Literal["schedule", "final"] = "schedule",
+              checkpoint: RLCheckpoint | None = None) -> tuple[list[tuple[int, float]], ReplayBuffer]:
     """Train `net` in place for `steps` environment steps; returns (curve, replay buffer).
 
     Args: net (built by ``build_q_network(.., cfg)``), env_id, cfg, seed (every random choice: ε-greedy, replay
     sampling, noise), steps, recorder (evaluations), buffer (None = a new empty one), trainable (T2: the only
     parameters optimised), max_episode_steps, exploration ("schedule": ε from eps_start; "final": ε = eps_end from
-    the first step — retraining that keeps the trained agent's exploration state).
+    the first step — retraining that keeps the trained agent's exploration state), checkpoint (mid-run
+    checkpoints and resume, ``rl.checkpoint``; the replay buffer is saved with ``checkpoint.keep_buffer``).
     Example: ``curve, buf = train_dqn(build_q_network(spec, NetConfig(), cfg), "CartPole-v1", cfg, 0, 5000, rec)``
     """
     if (net.atoms > 1) != cfg.distributional or net.atoms not in (1, cfg.atoms):
@@ -138,10 +141,20 @@ def train_dqn(net: QNetwork, env_id: str, cfg: DQNConfig, seed: int, steps: int,
             buffer = new_buffer(cfg, obs.shape[1:], obs.dtype)
         folders = [NStepFolder(cfg.n_step, cfg.gamma) for _ in range(n)]
         cost, since_train, since_target = 0, 0, 0
-        if recorder.start():
+        since_noise = last_ck = 0
+        nets, gens, rngs = {"net": net, "target": target}, {"gen": gen}, {"rng": rng}
+        resumed = checkpoint.load(recorder, nets, opt, gens, rngs) if checkpoint else None
+        if resumed is not None:
+            cnt = resumed[0]["counters"]
+            cost = last_ck = int(resumed[0]["cost"])
+            since_train, since_target, since_noise = cnt["since_train"], cnt["since_target"], cnt["since_noise"]
+            if resumed[1] is not None:
+                buffer = resumed[1]
+            # the environments restart as after the boundary (see rl.checkpoint)
+            obs, _ = venv.reset(seed=RLCheckpoint.env_seeds(seed, cost, n))
+        elif recorder.start():
             return recorder.finish(cost), buffer
         eps_steps = max(1, int(cfg.eps_fraction * steps))
-        since_noise = 0
         while cost < steps:
             frac = max(0.0, 1.0 - cost / eps_steps) if exploration == "schedule" else 0.0
             eps = cfg.eps_end + (cfg.eps_start - cfg.eps_end) * frac
@@ -178,6 +191,15 @@ def train_dqn(net: QNetwork, env_id: str, cfg: DQNConfig, seed: int, steps: int,
                 since_train = 0
             if recorder.step(cost):
                 break
+            if checkpoint is not None and checkpoint.due(cost, last_ck, recorder):
+                last_ck = cost  # a boundary: episodes end as truncations, restart from (seed, cost), then save
+                for i in range(n):
+                    for tr in folders[i].flush(obs[i]):
+                        buffer.add(*tr)
+                obs, _ = venv.reset(seed=RLCheckpoint.env_seeds(seed, cost, n))
+                checkpoint.save(cost, recorder, nets, opt, gens, rngs,
+                                {"since_train": since_train, "since_target": since_target,
+                                 "since_noise": since_noise}, buffer)
         return recorder.finish(cost), buffer
     finally:
         venv.close()

@@ -128,7 +128,9 @@ class ReplayBuffer:
         self.tree.set(idx, p ** self.alpha)
 
     # -- persistence -------------------------------------------------------------------------------------------
-    def save(self, path: str | Path) -> None:
+    def to_tensors(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """The filled part of the buffer as tensors + JSON metadata (safetensors files: saved buffers and
+        mid-run checkpoints)."""
         n = self.size
         t = {"obs": torch.from_numpy(self.obs[:n].copy()), "next_obs": torch.from_numpy(self.next_obs[:n].copy()),
              "action": torch.from_numpy(self.action[:n].copy()),
@@ -138,18 +140,17 @@ class ReplayBuffer:
             t["priority"] = torch.from_numpy(self.tree.get(np.arange(n)).copy())
         meta = {"capacity": self.capacity, "pos": self.pos, "size": n, "prioritized": self.prioritized,
                 "alpha": self.alpha, "max_priority": self.max_priority}
-        save_state_dict(path, t, meta)
+        return t, meta
 
     @classmethod
-    def load(cls, path: str | Path) -> ReplayBuffer:
-        t, meta = load_state_dict(path)
+    def from_tensors(cls, t: dict[str, torch.Tensor], meta: dict, where: str = "replay buffer") -> ReplayBuffer:
         try:
             obs = t["obs"].numpy()
             buf = cls(int(meta["capacity"]), obs.shape[1:], obs.dtype, bool(meta["prioritized"]),
                       float(meta["alpha"]))
             n = int(meta["size"])
         except KeyError as e:
-            raise DataError(f"{path}: not a replay buffer file (missing {e})") from None
+            raise DataError(f"{where}: not a replay buffer file (missing {e})") from None
         buf.obs[:n] = obs
         buf.next_obs[:n] = t["next_obs"].numpy()
         buf.action[:n] = t["action"].numpy()
@@ -160,6 +161,15 @@ class ReplayBuffer:
         if buf.tree is not None:
             buf.tree.set(np.arange(n), t["priority"].numpy())
         return buf
+
+    def save(self, path: str | Path) -> None:
+        t, meta = self.to_tensors()
+        save_state_dict(path, t, meta)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ReplayBuffer:
+        t, meta = load_state_dict(path)
+        return cls.from_tensors(t, meta, str(path))
 
 
 class NStepFolder:
@@ -183,6 +193,14 @@ class NStepFolder:
             while self.q:
                 out.append(self._fold(next_obs, terminal))
                 self.q.popleft()
+        return out
+
+    def flush(self, next_obs: np.ndarray) -> list[tuple[np.ndarray, int, float, np.ndarray, float]]:
+        """End the episode here as a truncation (bootstrapped from `next_obs`): the pending transitions."""
+        out = []
+        while self.q:
+            out.append(self._fold(next_obs, False))
+            self.q.popleft()
         return out
 
     def _fold(self, next_obs: np.ndarray, terminal: bool) -> tuple[np.ndarray, int, float, np.ndarray, float]:

@@ -69,18 +69,19 @@ class LBFGS(EvasionAttack):
         x64 = x.detach().double()
 
         def fun(z: np.ndarray) -> tuple[float, np.ndarray]:
-            xa = torch.from_numpy(z).view(shape).requires_grad_(True)
+            # scipy's iterate lives on the CPU; the model runs on its device
+            xa = torch.from_numpy(z).view(shape).to(x.device).requires_grad_(True)
             with torch.enable_grad():
                 logits = self.model(xa.to(dtype))
                 ce = F.cross_entropy(logits, label, reduction="none").double()
                 obj = ((xa - x64).flatten(1).pow(2).sum(1) + c.double() * ce).sum()
                 (g,) = torch.autograd.grad(obj, xa)
-            return float(obj.detach()), g.flatten().numpy().astype(np.float64)
+            return float(obj.detach()), g.flatten().cpu().numpy().astype(np.float64)
 
-        z0 = x64.flatten().numpy().copy()
+        z0 = x64.flatten().cpu().numpy().copy()
         res = minimize(fun, z0, jac=True, method="L-BFGS-B", bounds=[self.clip] * z0.size,
                        options={"maxiter": self.max_iter, "gtol": 1e-10, "ftol": 1e-12})
-        return torch.from_numpy(res.x).view(shape).to(dtype)
+        return torch.from_numpy(res.x).view(shape).to(x.device, dtype)
 
     def perturb(self, x: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None,
                 gen: torch.Generator) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modelward.core.device import model_device
 from modelward.errors import ConfigError
 from modelward.robustness.attacks.base import attack_mode
 
@@ -62,6 +63,7 @@ class FeatureSqueezingDetector:
 
     @torch.no_grad()
     def score(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(model_device(self.model))  # scored where the model is
         with attack_mode(self.model):
             p = F.softmax(self.model(x), dim=1)
             dists = [(p - F.softmax(self.model(s), dim=1)).abs().sum(1) for s in self.squeezers(x)]

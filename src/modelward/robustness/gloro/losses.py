@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 
 TradesKind = Literal["kl", "ce"]
+# log(1e-7) as float32 computes it, once (a Python float: no CPU tensor is created inside the training loop)
+_LOG_EPS = float(torch.log(torch.tensor(1e-7)))
 
 
 def gloro_cross_entropy(gloro_logits: torch.Tensor, y: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -28,7 +30,7 @@ def gloro_trades_loss(logits: torch.Tensor, gloro_logits: torch.Tensor, y: torch
     """GloRo-TRADES (Definition 6.2): standard CE on f plus λ times the robust term on f̄^ε."""
     standard = F.cross_entropy(logits, y)
     target = torch.cat([F.softmax(logits, 1), torch.zeros_like(logits[:, :1])], dim=1)
-    log_pred = F.log_softmax(gloro_logits, 1).clamp_min(torch.log(torch.tensor(1e-7)))
+    log_pred = F.log_softmax(gloro_logits, 1).clamp_min(_LOG_EPS)
     if kind == "kl":
         t = target.clamp(1e-7, 1.0)
         robust = (t * (t.log() - log_pred)).sum(1).mean()
