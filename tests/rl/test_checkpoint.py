@@ -19,6 +19,8 @@ AGENTS = {
     "rainbow": {"agent": "rainbow", "rainbow": {"n_envs": 2, "learning_starts": 100, "target_update": 100,
                                                 "batch_size": 16, "buffer_size": 1_000, "atoms": 11}},
     "a2c": {"agent": "a2c", "a2c": {"n_envs": 4, "n_steps": 5}},
+    # IMPALA with the in-process actor (n_actors = 0) and an LSTM agent: bit-identical; actor processes are not
+    "impala": {"agent": "impala", "impala": {"n_actors": 0, "envs_per_actor": 2, "unroll_length": 5}},
 }
 
 

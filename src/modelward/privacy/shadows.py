@@ -237,11 +237,19 @@ class ShadowPool:
         return cls(models, tensors["x_pool"], tensors["y_pool"], tensors["masks"].numpy().astype(bool))
 
 
+def model_device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
 @torch.no_grad()
 def logits_of(model: nn.Module, x: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:
+    """Eval-mode logits on the model's device, returned on the CPU (the attacks' numpy side)."""
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
-    out = torch.cat([model(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]) if len(x) else torch.zeros(0)
+    dev = model_device(model)
+    out = (torch.cat([model(x[i:i + batch_size].to(dev)).cpu() for i in range(0, len(x), batch_size)])
+           if len(x) else torch.zeros(0))
     for m, mode in modes:
         m.training = mode
     return out

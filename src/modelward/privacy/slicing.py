@@ -74,9 +74,11 @@ def features(model: nn.Module, layer: str, x: torch.Tensor, side: Side = "input"
     h = mod.register_forward_pre_hook(hook_in) if side == "input" else mod.register_forward_hook(hook_out)
     try:
         with _eval(model):
+            p = next(model.parameters(), None)
+            dev = p.device if p is not None else x.device
             for i in range(0, len(x), batch_size):
-                model(x[i:i + batch_size])
-                out.append(cache["z"].detach().reshape(len(x[i:i + batch_size]), -1).clone())
+                model(x[i:i + batch_size].to(dev))
+                out.append(cache["z"].detach().reshape(len(x[i:i + batch_size]), -1).cpu().clone())
     finally:
         h.remove()
     return torch.cat(out) if out else torch.zeros(0)
@@ -125,6 +127,9 @@ class Top(nn.Module):
         return cls(model, layer, tuple(x_example.shape[1:]), seen["s"], side)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
+        p = next(self.model.parameters(), None)
+        if p is not None and z.device != p.device:  # features live on the CPU; the model may not
+            return self.forward(z.to(p.device)).to(z.device)
         zz = z.reshape(len(z), *self.z_shape)
         mod = get_layer(self.model, self.layer)
         if self.side == "input":

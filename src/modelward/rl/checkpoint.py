@@ -13,7 +13,10 @@ bit-identical. The price: every checkpoint boundary ends the episodes in flight 
 truncation: bootstrapped, never treated as terminal), so a run with ``checkpoint_every`` differs from the same run
 without it. Without ``keep_buffer`` a resumed DQN/Rainbow run restarts with the replay buffer the run started with
 (empty for an original run) and is not identical to the uninterrupted one. Boundaries are the evaluation points
-at or after each multiple of ``every`` (the agents' loops advance in rollouts of several env steps).
+at or after each multiple of ``every`` (the agents' loops advance in rollouts of several env steps). IMPALA saves
+the learner; its actors restart from (seed, step): bit-identical with ``n_actors = 0`` (the in-process actor is also
+restarted at every boundary), not with actor processes (their timing decides the policy lag, and the trajectories
+in flight at a crash are lost).
 
 Example::
 

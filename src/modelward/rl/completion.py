@@ -90,7 +90,7 @@ class RLProblem(CompletionProblem):
 
     def __init__(self, cfg: RLConfig, checkpoint_every: int | None = None) -> None:
         self.cfg = cfg
-        self.checkpoint_every = checkpoint_every  # env steps; see rl.checkpoint (IMPALA: not checkpointed)
+        self.checkpoint_every = checkpoint_every  # env steps; see rl.checkpoint
         games = resolve_games(cfg.env, cfg.suite, cfg.games) if (cfg.env or cfg.suite or cfg.games) else [
             DEFAULT_ENV]
         self.tasks = games
@@ -177,9 +177,9 @@ class RLProblem(CompletionProblem):
                from_scratch: bool = True, progress_file: Path | None = None) -> tuple[Curve, ReplayBuffer | None]:
         """One training run; with the study's ``checkpoint_every`` its state goes to `progress_file` at the
         checkpoint boundaries, a restarted run resumes from it (bit-identical on the CPU, ``rl.checkpoint``) and the
-        file is removed at the end. IMPALA runs are not checkpointed (its actor processes are not resumable)."""
+        file is removed at the end. IMPALA with actor processes resumes, but not bit-identically."""
         ck = None
-        if self.checkpoint_every is not None and progress_file is not None and self.cfg.agent != "impala":
+        if self.checkpoint_every is not None and progress_file is not None:
             ck = RLCheckpoint(progress_file, self.checkpoint_every, self.cfg.checkpoint_buffer)
         out = self._train_once(net, task, seed, steps, recorder, trainable, buffer, lr, from_scratch, ck)
         if ck is not None:
@@ -202,7 +202,7 @@ class RLProblem(CompletionProblem):
                              exploration="final" if keep else "schedule", checkpoint=ck)
         if self.cfg.agent == "impala":
             return train_impala(net, task, self.cfg.impala.model_copy(update=upd), seed, steps, recorder,
-                                trainable, cap), None
+                                trainable, cap, checkpoint=ck), None
         acfg = self.cfg.a2c.model_copy(update=upd)
         return train_a2c(net, task, acfg, seed, steps, recorder, trainable, cap, checkpoint=ck), None
 

@@ -32,6 +32,7 @@ from pydantic import Field
 
 from modelward.core.config import StrictModel
 from modelward.errors import ModelwardError
+from modelward.rl.checkpoint import RLCheckpoint
 from modelward.rl.envs import env_seeds, make_vector_env
 from modelward.rl.evaluate import CurveRecorder
 from modelward.rl.nets import ActorCritic, State
@@ -176,14 +177,17 @@ def impala_loss(net: ActorCritic, b: dict[str, Any], cfg: ImpalaConfig) -> torch
 
 def train_impala(net: ActorCritic, env_id: str, cfg: ImpalaConfig, seed: int, steps: int,
                  recorder: CurveRecorder, trainable: set[str] | None = None,
-                 max_episode_steps: int | None = None, stats: dict[str, Any] | None = None
-                 ) -> list[tuple[int, float]]:
+                 max_episode_steps: int | None = None, stats: dict[str, Any] | None = None,
+                 checkpoint: RLCheckpoint | None = None) -> list[tuple[int, float]]:
     """Train `net` in place with IMPALA for `steps` environment steps consumed by the learner; returns the curve.
 
     Args: net (``ActorCritic``, recurrent or not), env_id, cfg, seed (actor k uses a seed derived from it), steps,
     recorder, trainable (T2: the only parameters optimised; actors still act with the whole net),
     max_episode_steps, stats (filled with ``lags`` — learner version minus the behaviour version of every
-    trajectory used — ``updates`` and ``trajectories``).
+    trajectory used — ``updates`` and ``trajectories``), checkpoint (``rl.checkpoint``: the learner's state is saved at
+    the boundaries and a restarted run resumes from it; the actors restart with environments and seeds derived from
+    (seed, step) — at every boundary too when ``n_actors = 0``, which makes that resume bit-identical; with actor
+    processes the resumed run is a valid continuation, not identical, as runs with actors never are).
     Example: ``train_impala(ActorCritic(spec, recurrent=True), "MinAtar/Breakout-v1", ImpalaConfig(), 0, 50_000, rec)``
     """
     params = [p for n, p in net.named_parameters() if trainable is None or n in trainable]
@@ -193,10 +197,17 @@ def train_impala(net: ActorCritic, env_id: str, cfg: ImpalaConfig, seed: int, st
     stats = stats if stats is not None else {}
     stats.update({"lags": [], "updates": 0, "trajectories": 0})
     per_traj = cfg.unroll_length * cfg.envs_per_actor
-    actor_seeds = [int(s) for s in np.random.SeedSequence(seed).generate_state(max(1, cfg.n_actors))]
+    resumed = checkpoint.load(recorder, {"net": net}, opt, {}, {}) if checkpoint else None
+    cost = last_ck = 0 if resumed is None else int(resumed[0]["cost"])
+    version_n = 0 if resumed is None else int(resumed[0]["counters"]["version"])
+
+    def seeds_at(c: int) -> list[int]:  # the actors' seeds; after a checkpoint boundary derived from (seed, c)
+        base = seed if c == 0 else int(np.random.SeedSequence([seed, c]).generate_state(1)[0])
+        return [int(s) for s in np.random.SeedSequence(base).generate_state(max(1, cfg.n_actors))]
+
+    actor_seeds = seeds_at(cost)
     procs: list[Any] = []
     local: _Actor | None = None
-    version_n = 0
     try:
         if cfg.n_actors == 0:
             local = _Actor(net, env_id, cfg, actor_seeds[0], max_episode_steps)
@@ -229,8 +240,7 @@ def train_impala(net: ActorCritic, env_id: str, cfg: ImpalaConfig, seed: int, st
                             raise ModelwardError(f"IMPALA actor process exited with code {dead[0].exitcode}; "
                                                  "see its traceback above") from None
 
-        cost = 0
-        if recorder.start():
+        if resumed is None and recorder.start():
             return recorder.finish(cost)
         while cost < steps:
             if cfg.anneal_lr:
@@ -254,6 +264,12 @@ def train_impala(net: ActorCritic, env_id: str, cfg: ImpalaConfig, seed: int, st
             cost += per_traj * len(trajs)
             if recorder.step(cost):
                 break
+            if checkpoint is not None and checkpoint.due(cost, last_ck, recorder):
+                last_ck = cost
+                if local is not None:  # the in-process actor restarts from (seed, cost) in every run
+                    local.close()
+                    local = _Actor(net, env_id, cfg, seeds_at(cost)[0], max_episode_steps)
+                checkpoint.save(cost, recorder, {"net": net}, opt, {}, {}, {"version": version_n})
         return recorder.finish(cost)
     finally:
         if local is not None:
