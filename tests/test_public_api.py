@@ -14,6 +14,8 @@ AREAS = ("assess", "bias", "completion", "cost", "explain", "extraction", "gover
 EVASION = ("FGSM", "BIM", "ILCM", "PGD", "CarliniWagnerL2", "LBFGS", "JSMA", "TransferAttack")
 DEFENSES = ("ModelGuardW", "ModelGuardS", "MAD", "ReverseSigmoid", "AdaptiveMisinformation", "TopOne", "Rounding",
             "GaussianNoise")
+MORE = {"modelward.robustness": ("NonLocalMeans", "TransformedModel", "FeatureSqueezingDetector", "GloroNet"),
+        "modelward.extraction": ("LocalVictim", "HttpVictim", "ExtractionAttack", "ExtractionResult")}
 STRATEGIES = ("KnockoffRandom", "KnockoffAdaptive", "JBDA", "JBDATR", "Naive", "Top1", "S4L", "Smoothing", "DDAE",
               "DDAEPlus", "PBayes", "MQPI")
 
@@ -54,7 +56,8 @@ def _public(names: tuple[str, ...], module: str) -> list[object]:
 
 @pytest.mark.parametrize("obj", _public(EVASION, "modelward.robustness.attacks")
                          + _public(DEFENSES, "modelward.extraction.defenses")
-                         + _public(STRATEGIES, "modelward.extraction.attacks"), ids=lambda o: o.__name__)
+                         + _public(STRATEGIES, "modelward.extraction.attacks")
+                         + [o for m, names in MORE.items() for o in _public(names, m)], ids=lambda o: o.__name__)
 def test_main_classes_document_args_returns_example(obj: type) -> None:
     doc = inspect.getdoc(obj) or ""
     assert obj.__dict__.get("__doc__"), f"{obj.__name__} has no docstring of its own"

@@ -32,12 +32,20 @@ def test_t2_returns_only_the_part_and_t3_overparametrises(tmp_path):
 def test_retrain_curves_for_every_procedure(tmp_path):
     p = _problem()
     orig = p.train_original(0, "", tmp_path)
-    assert orig.curve[0][0] == 0 and orig.best < orig.loss0
+    n_test = len(p.splits()[2])  # L is measured on the validation split
+    assert [c for c, _ in orig.curve] == [0, 10, 20, 30, 40] and orig.best < orig.loss0
+    curves = {}
     for spec in [ProcedureSpec(name="T1", kind="T1"), ProcedureSpec(name="T2", kind="T2"),
                  ProcedureSpec(name="T3", kind="T3", t3_variant="wider"),
                  ProcedureSpec(name="T4", kind="T4", init="caffe")]:
-        curve = p.retrain(orig, "fc1", spec, 0, budget=40, stop_at=None, workdir=tmp_path)
-        assert curve[0][0] == 0 and curve[-1][0] == 40, spec.name
+        curve = curves[spec.name] = p.retrain(orig, "fc1", spec, 0, budget=40, stop_at=None, workdir=tmp_path)
+        assert [c for c, _ in curve] == [0, 10, 20, 30, 40], spec.name  # an evaluation every eval_every steps
+        losses = [v for _, v in curve]
+        assert all(abs(v * n_test - round(v * n_test)) < 1e-9 for v in losses), losses  # test error rates
+        assert losses[0] > orig.best, spec.name  # resetting fc1 hurts the trained model ...
+        assert min(losses[1:]) < losses[0], spec.name  # ... and retraining recovers
+    # T1 and T2 reset fc1 to the same draw (paired init seeds), then train different parameter sets
+    assert curves["T1"][0] == curves["T2"][0] and curves["T1"] != curves["T2"]
     # early stop: a loose threshold is met right away
     short = p.retrain(orig, "logits", ProcedureSpec(name="T1", kind="T1"), 0, budget=40, stop_at=1.0,
                       workdir=tmp_path)

@@ -30,7 +30,7 @@ def test_harness_attacks_a_served_modelguard_s(tmp_path):
     assert int(row["queries_used"]) == 100
     # answers came through the server's quantizer: perturbed (T = 2 victim), but within ε and top-1 kept
     assert 0.05 < float(row["max_l1"]) <= 1.0 + 1e-5
-    assert 0.0 < float(row["accuracy"]) <= 1.0
+    assert float(row["accuracy"]) > 0.2  # the substitute learned from the quantized answers (chance: 0.1)
 
 
 def test_demo_step_serves_and_extracts(tmp_path):
@@ -45,6 +45,6 @@ def test_demo_step_serves_and_extracts(tmp_path):
     assert out["guarded"]["queries"] == out["unguarded"]["queries"] == 150
     assert out["guarded"]["url"].startswith("http://127.0.0.1:")
     assert out["unguarded"]["accuracy"] > 0.3  # chance is 0.1
-    assert 0.0 <= out["guarded"]["accuracy"] <= 1.0
+    assert out["guarded"]["accuracy"] > 0.2  # ModelGuard-S keeps top-1: a naive attacker still learns (chance 0.1)
     text = console.export_text()
     assert "ModelGuard-S over HTTP" in text and "unguarded" in text

@@ -62,5 +62,8 @@ def test_rl_study_kill9_resume_and_report(tmp_path):
             assert curve[0][0] == 0 and curve[-1][0] <= 1500  # cost = env steps, budget = original length
     table = list(csv.DictReader((out / "hardness.csv").open()))
     assert {r["procedure"] for r in table} == {"T1-kept", "T1-reset", "T0"}
-    assert all(0.0 <= float(r["mean"]) <= 1.0 for r in table if r["n"] != "0")
+    for r in table:
+        if r["n"] != "0":  # the summary columns agree with each other
+            lo, med, mean, hi = (float(r[k]) for k in ("min", "median", "mean", "max"))
+            assert 0.0 <= lo <= med <= hi <= 1.0 and lo <= mean <= hi, r
     assert (out / "hardness.md").is_file()

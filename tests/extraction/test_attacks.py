@@ -116,8 +116,24 @@ def test_knockoff_adaptive_samples_distinct_inputs_and_updates_policy(setup):
     r, attack, victim = _run(setup, "knockoff_adaptive", "naive", budget=160, qp={"batch": 16})
     assert r.n_train == 160 and victim.queries_used == 160
     pis = attack.query.history
-    assert len(pis) >= 10 and torch.allclose(pis[-1].sum(), torch.tensor(1.0))
+    assert len(pis) == 10 and torch.allclose(pis[0], torch.full((10,), 0.1))  # 160 / 16 rounds, uniform start
     assert not torch.allclose(pis[0], pis[-1])  # the bandit moved away from uniform
+
+
+def test_knockoff_bandit_learns_to_avoid_an_uninformative_arm(setup):
+    """Arm 1 holds blank images (every answer the same: no diversity, a loss the online model learns at once),
+    arm 0 real digits: the gradient bandit must shift its policy to the digits, and so must its queries."""
+    model, transfer, _, factory = setup
+    x = torch.cat([transfer.x[:300], torch.zeros(300, *transfer.x.shape[1:])])
+    arms = torch.cat([torch.zeros(300), torch.ones(300)]).long()
+    for seed in (0, 1):
+        victim = LocalVictim(model, num_classes=10)
+        attack = make_extraction_attack("knockoff_adaptive", "naive", {"batch": 16}, None,
+                                        SubstituteConfig(epochs=2, batch_size=32, lr=0.1))
+        attack.run(victim, TransferSet(x, arms), 200, factory, seed=seed)
+        pis = torch.stack(attack.query.history)
+        assert pis[-1, 1] < 0.05 < 0.5 == pis[0, 1], pis[:, 1]
+        assert pis[len(pis) // 2 :, 1].mean() < pis[: len(pis) // 2, 1].mean()  # it learns, not jumps
 
 
 def test_same_seed_same_result(setup):

@@ -237,8 +237,13 @@ def test_non_ordered_quantizer_changes_answers_on_a_second_pass():
 def test_static_baselines():
     y = torch.tensor([[0.12, 0.31, 0.26, 0.31], [0.05, 0.05, 0.05, 0.85]], dtype=torch.float64)
     assert torch.allclose(make_defense("rounding").defend(y)[0], torch.tensor([0.1, 0.3, 0.3, 0.3], dtype=y.dtype))
-    r = make_defense("rounding", decimals=1).defend(torch.tensor([[0.34, 0.33, 0.33]]))  # plain rounding sums 0.9
-    assert torch.allclose(r, torch.tensor([[0.4, 0.3, 0.3]])) or torch.allclose(r.sum(), torch.tensor(1.0))
+    # plain rounding would sum to 0.9: the missing grid unit goes to the largest remainder (0.04 of class 0) ...
+    r = make_defense("rounding", decimals=1).defend(torch.tensor([[0.34, 0.33, 0.33]], dtype=torch.float64))
+    assert torch.allclose(r, torch.tensor([[0.4, 0.3, 0.3]], dtype=torch.float64))
+    # ... and equal remainders go to the lower class indices
+    q = make_defense("rounding", decimals=1).defend(torch.full((1, 4), 0.25, dtype=torch.float64))
+    assert torch.allclose(q, torch.tensor([[0.3, 0.3, 0.2, 0.2]], dtype=torch.float64))
+    assert torch.allclose(make_defense("rounding", decimals=0).defend(y), torch.eye(4, dtype=y.dtype)[[1, 3]])
     t = make_defense("top1").defend(y)
     assert torch.allclose(l1_distortion(y, t), 2 * (1 - y.max(1).values))
     rs = make_defense("reverse_sigmoid", beta=0.3, gamma=0.2).defend(y)

@@ -89,7 +89,7 @@ def test_extraction_defenses_and_attacks(tmp_path: Path) -> None:
     assert (tmp_path / "x" / "results.csv").is_file()
 
 
-@pytest.mark.parametrize("agent", ["a2c", "dqn", "rainbow"])
+@pytest.mark.parametrize("agent", ["a2c", "recurrent", "dqn", "rainbow", "impala"])
 def test_rl_completion_agent_updates(tmp_path: Path, agent: str) -> None:
     _run("complete", "run", str(EX / "completion_cartpole.toml"), "--out", str(tmp_path / agent), "--workers", "1",
          "--set", f"rl.agent={agent}", "--set", 'parts=["linear"]', "--set", "seeds=[0]", "--set", "rl.steps=800",

@@ -31,7 +31,7 @@ class ProfileSizes:
 
 PROFILES: dict[Profile, ProfileSizes] = {
     "quick": ProfileSizes(n_eval=200, linf_eps=(0.05, 0.1, 0.2), l2_eps=(0.25, 0.5, 1.0), reference_l2=0.5,
-                          pgd_steps=10, cw_points=50, cw_steps=30, shadows=4, shadow_steps=None, mia_points=300,
+                          pgd_steps=10, cw_points=50, cw_steps=100, shadows=4, shadow_steps=None, mia_points=300,
                           query_budget=400, substitute_epochs=8, completion_seeds=1, completion_steps=200,
                           inversion_steps=60, explain_points=100),
     "standard": ProfileSizes(n_eval=500, linf_eps=(0.02, 0.05, 0.1, 0.2, 0.3), l2_eps=(0.25, 0.5, 1.0, 1.5),

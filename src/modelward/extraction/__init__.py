@@ -28,6 +28,7 @@ _EXPORTS = {
     "EvalSet": "modelward.extraction.attacks.base:EvalSet",
     "SubstituteConfig": "modelward.extraction.attacks.base:SubstituteConfig",
     "ExtractionResult": "modelward.extraction.attacks.base:ExtractionResult",
+    "ExtractionAttack": "modelward.extraction.attacks.base:ExtractionAttack",
     "knowledge_from_defense": "modelward.extraction.attacks.base:knowledge_from_defense",
     "LocalVictim": "modelward.extraction.victim:LocalVictim",
     "HttpVictim": "modelward.extraction.victim:HttpVictim",

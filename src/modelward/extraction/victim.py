@@ -43,6 +43,23 @@ class LocalVictim:
     Besides answering queries it records, for the harness, the largest and mean ℓ1 distortion of the answers
     (``max_l1``, ``mean_l1``) and offers :meth:`clean` — the undefended probabilities, not counted as queries —
     for fidelity and protected-accuracy measurements.
+
+    Args:
+        model: the victim classifier (returns logits).
+        defense: the prediction-perturbation defense (default: none).
+        batch_size: rows per forward pass.
+        num_classes: K (default: read from the first answer).
+        query_budget: the most queries it answers (None: unlimited); beyond it, :class:`QueryBudgetExceeded`.
+
+    Returns:
+        A victim; ``victim.query(x)`` returns the defended probability vectors and counts ``queries_used``.
+
+    Example:
+        >>> import torch
+        >>> from modelward.extraction.defenses import ModelGuardS
+        >>> victim = LocalVictim(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3)), ModelGuardS(0.5))
+        >>> victim.query(torch.rand(6, 4)).shape, victim.queries_used
+        (torch.Size([6, 3]), 6)
     """
 
     def __init__(self, model: nn.Module, defense: PredictionDefense | None = None, batch_size: int = 256,
@@ -103,6 +120,20 @@ class HttpVictim:
     Batches larger than the server's ``max_batch_size`` (read from the model metadata) are split. HTTP 4xx answers
     become :class:`VictimError` with the server's message; an exhausted key budget becomes
     :class:`QueryBudgetExceeded`. ``queries_used`` counts the rows this client got answers for.
+
+    Args:
+        url: the service's base URL (``http://127.0.0.1:8080``).
+        model_name: the served model's name.
+        api_key: the client's key (sent as a bearer token).
+        timeout: seconds per request.
+        batch_size: rows per request (at most the server's ``max_batch_size``).
+
+    Returns:
+        A victim with the same ``query(x)`` / ``queries_used`` interface as :class:`LocalVictim`.
+
+    Example:
+        >>> victim = HttpVictim("http://127.0.0.1:8080", "digits", api_key="k1")  # doctest: +SKIP
+        >>> probs = victim.query(x)  # doctest: +SKIP
     """
 
     def __init__(self, url: str, model_name: str, api_key: str | None = None, timeout: float = 30.0,

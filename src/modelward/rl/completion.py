@@ -96,8 +96,8 @@ class RLProblem(CompletionProblem):
         self.tasks = games
         self._random: dict[str, float] = {}
         self._specs: dict[str, EnvSpec] = {}
-        # where the A2C / DQN / Rainbow learners train and act (the study's device); IMPALA's learner shares its
-        # weights with actor processes through CPU shared memory, so it stays on the CPU (docs/devices.md)
+        # where the agents learn (the study's device): A2C / DQN / Rainbow also act there; IMPALA's actors act
+        # with CPU copies of the learner's weights (shared memory), synced after every update (docs/devices.md)
         self.device = "cpu"
 
     @classmethod
@@ -193,8 +193,7 @@ class RLProblem(CompletionProblem):
             torch.set_num_threads(self.cfg.torch_threads)
         cap = episode_cap(task, self.cfg.max_episode_steps)
         upd = {} if lr is None else {"lr": lr}
-        if self.cfg.agent != "impala":  # initialised / reset on the CPU, trained on the device
-            net.to(resolve_device(self.device))
+        net.to(resolve_device(self.device))  # initialised / reset on the CPU, trained on the device
         if isinstance(net, QNetwork):
             dcfg = self.q_cfg.model_copy(update=upd)
             keep = not from_scratch and dcfg.retrain_exploration == "continue"

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from modelward.core.config import StrictModel
+from modelward.core.device import model_device
 from modelward.errors import ModelwardError
 from modelward.rl.checkpoint import RLCheckpoint
 from modelward.rl.envs import env_seeds, make_vector_env
@@ -161,6 +162,15 @@ def _batch(trajs: list[dict[str, Any]]) -> dict[str, Any]:
     return b
 
 
+def _to_device(b: dict[str, Any], dev: torch.device) -> dict[str, Any]:
+    """The learner's batch on its device (a no-op on the CPU)."""
+    if dev.type == "cpu":
+        return b
+    out = {k: v.to(dev, non_blocking=True) for k, v in b.items() if k != "state0"}
+    out["state0"] = None if b["state0"] is None else tuple(s.to(dev) for s in b["state0"])
+    return out
+
+
 def impala_loss(net: ActorCritic, b: dict[str, Any], cfg: ImpalaConfig) -> torch.Tensor:
     """The learner's loss on one batch: V-trace policy gradient + baseline + entropy bonus (IMPALA §4.2)."""
     t_len = b["actions"].shape[0]
@@ -208,9 +218,11 @@ def train_impala(net: ActorCritic, env_id: str, cfg: ImpalaConfig, seed: int, st
     actor_seeds = seeds_at(cost)
     procs: list[Any] = []
     local: _Actor | None = None
+    dev = model_device(net)  # the learner's device; actors always act with a CPU copy (synced after each update)
+    behaviour = net if dev.type == "cpu" else copy.deepcopy(net).cpu().requires_grad_(False)
     try:
         if cfg.n_actors == 0:
-            local = _Actor(net, env_id, cfg, actor_seeds[0], max_episode_steps)
+            local = _Actor(behaviour, env_id, cfg, actor_seeds[0], max_episode_steps)
             local.version = 0
 
             def next_traj() -> dict[str, Any]:
@@ -220,7 +232,7 @@ def train_impala(net: ActorCritic, env_id: str, cfg: ImpalaConfig, seed: int, st
             import torch.multiprocessing as tmp
 
             ctx = tmp.get_context("spawn")
-            shared = copy.deepcopy(net).requires_grad_(False).share_memory()
+            shared = copy.deepcopy(net).cpu().requires_grad_(False).share_memory()
             version, lock = ctx.Value("i", 0), ctx.Lock()
             q, stop = ctx.Queue(maxsize=cfg.queue_size), ctx.Event()
             for k in range(cfg.n_actors):
@@ -249,13 +261,17 @@ def train_impala(net: ActorCritic, env_id: str, cfg: ImpalaConfig, seed: int, st
             trajs = [next_traj() for _ in range(cfg.batch_size)]
             stats["lags"] += [version_n - t["version"] for t in trajs]
             stats["trajectories"] += len(trajs)
-            loss = impala_loss(net, _batch(trajs), cfg)
+            loss = impala_loss(net, _to_device(_batch(trajs), dev), cfg)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             opt.step()
             version_n += 1
             stats["updates"] = version_n
+            if behaviour is not net:  # the in-process actor's CPU copy follows the learner
+                with torch.no_grad():
+                    for sp, p in zip(behaviour.parameters(), net.parameters(), strict=True):
+                        sp.copy_(p.detach())
             if procs:
                 with lock:
                     for sp, p in zip(shared.parameters(), net.parameters(), strict=True):
@@ -268,7 +284,7 @@ def train_impala(net: ActorCritic, env_id: str, cfg: ImpalaConfig, seed: int, st
                 last_ck = cost
                 if local is not None:  # the in-process actor restarts from (seed, cost) in every run
                     local.close()
-                    local = _Actor(net, env_id, cfg, seeds_at(cost)[0], max_episode_steps)
+                    local = _Actor(behaviour, env_id, cfg, seeds_at(cost)[0], max_episode_steps)
                 checkpoint.save(cost, recorder, {"net": net}, opt, {}, {}, {"version": version_n})
         return recorder.finish(cost)
     finally:

@@ -72,7 +72,17 @@ class AttackKnowledge:
 
 @dataclass(frozen=True)
 class TransferSet:
-    """The attacker's pool of natural (or synthetic) inputs; ``y`` (coarse/original labels) is optional."""
+    """The attacker's pool of natural (or synthetic) inputs; ``y`` (coarse/original labels) is optional.
+
+    Args:
+        x: the inputs.
+        y: optional labels (KnockoffNets' adaptive policy acts on them; DDAE trains shadows on them).
+
+    Example:
+        >>> import torch
+        >>> len(TransferSet(torch.rand(10, 4)))
+        10
+    """
 
     x: torch.Tensor
     y: torch.Tensor | None = None
@@ -83,7 +93,17 @@ class TransferSet:
 
 @dataclass(frozen=True)
 class EvalSet:
-    """The victim's test set: true labels (extraction accuracy) and the victim's clean top-1 (fidelity)."""
+    """The victim's test set: true labels (extraction accuracy) and the victim's clean top-1 (fidelity).
+
+    Args:
+        x, y: test inputs and labels.
+        victim_labels: the victim's clean top-1 on ``x``.
+
+    Example:
+        >>> import torch
+        >>> EvalSet(torch.rand(3, 4), torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1])).y.tolist()
+        [0, 1, 2]
+    """
 
     x: torch.Tensor
     y: torch.Tensor
@@ -91,7 +111,17 @@ class EvalSet:
 
 
 class SubstituteConfig(StrictModel):
-    """Substitute training (digest §8: SGD momentum 0.5, no weight decay, LR × 0.5 every 10 epochs, 30 epochs)."""
+    """Substitute training (digest §8: SGD momentum 0.5, no weight decay, LR × 0.5 every 10 epochs, 30 epochs).
+
+    Args:
+        epochs, batch_size, lr, momentum, weight_decay: the substitute's SGD schedule.
+        lr_step, lr_gamma: multiply the learning rate by ``lr_gamma`` every ``lr_step`` epochs.
+        query_batch_size: rows per victim query.
+
+    Example:
+        >>> SubstituteConfig(epochs=10).lr
+        0.05
+    """
 
     epochs: int = Field(30, ge=1)
     batch_size: int = Field(32, ge=1)
@@ -105,7 +135,23 @@ class SubstituteConfig(StrictModel):
 
 @dataclass
 class ExtractionResult:
-    """Outcome of one attack: best-epoch extraction accuracy, fidelity at that epoch, and bookkeeping."""
+    """Outcome of one attack: best-epoch extraction accuracy, fidelity at that epoch, and bookkeeping.
+
+    Args:
+        accuracy: the substitute's test accuracy at its best epoch.
+        fidelity: agreement with the victim's clean top-1 at that epoch.
+        best_epoch, curve: the best epoch and (epoch, accuracy, fidelity) per epoch.
+        n_train, queries_used, seconds: training-set size, victim queries and wall time.
+        recovery_distance: mean ‖ỹ − y‖₂ of the recovered answers (when clean answers are known).
+        substitute: the trained substitute model.
+
+    Returns:
+        ``to_dict()`` gives the JSON-able fields.
+
+    Example:
+        >>> ExtractionResult(0.8, 0.85, 3, [(3, 0.8, 0.85)], 100, 100, 1.5).to_dict()["fidelity"]
+        0.85
+    """
 
     accuracy: float
     fidelity: float
@@ -243,7 +289,22 @@ class QueryStrategy(ABC):
 
 @dataclass
 class ExtractionAttack:
-    """A query strategy × an attack strategy; ``run`` trains a substitute of the victim and scores it."""
+    """A query strategy × an attack strategy; ``run`` trains a substitute of the victim and scores it.
+
+    Args:
+        query: the query strategy (which inputs to send).
+        strategy: the attack strategy (how to learn from the answers).
+        cfg: substitute training.
+
+    Returns:
+        ``run(victim, transfer, budget, substitute_factory, seed=0, eval_set=None, knowledge=None)`` returns an
+        :class:`ExtractionResult`.
+
+    Example:
+        >>> from modelward.extraction.attacks import make_extraction_attack
+        >>> make_extraction_attack("knockoff", "pbayes").name
+        'knockoff/pbayes'
+    """
 
     query: QueryStrategy
     strategy: AttackStrategy

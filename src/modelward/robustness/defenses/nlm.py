@@ -65,7 +65,22 @@ class NonLocalMeans(nn.Module):
 
 
 class TransformedModel(nn.Module):
-    """``model(transform(x))`` — an input-transform defense as one module, attackable end to end."""
+    """``model(transform(x))`` — an input-transform defense as one module, attackable end to end.
+
+    Args:
+        transform: the input transformation (e.g. :class:`NonLocalMeans`).
+        model: the classifier.
+
+    Returns:
+        A module; attacks see the defended pipeline, so gradients flow through the transformation.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> defended = TransformedModel(NonLocalMeans(h=0.2), nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
+        >>> defended(torch.rand(2, 1, 8, 8)).shape
+        torch.Size([2, 10])
+    """
 
     def __init__(self, transform: nn.Module, model: nn.Module) -> None:
         super().__init__()

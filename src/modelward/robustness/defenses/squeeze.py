@@ -38,7 +38,30 @@ def median_filter(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 class FeatureSqueezingDetector:
-    """``detector.calibrate(x_clean)`` then ``detector.detect(x) -> bool mask`` (True = flagged adversarial)."""
+    """``detector.calibrate(x_clean)`` then ``detector.detect(x) -> bool mask`` (True = flagged adversarial).
+
+    Feature squeezing (Xu et al. 2018; seed 004 §2.3): a point is flagged when the model's prediction moves by more
+    than a threshold (ℓ1 between probability vectors) under bit-depth reduction or median smoothing; the threshold
+    is set on clean data so that a fraction ``fpr`` of it is flagged.
+
+    Args:
+        model: the classifier (returns logits).
+        bit_depth: bits kept by the bit-depth squeezer (None: off).
+        median: window of the median-filter squeezer, images only (None: off).
+        fpr: false-positive rate on clean data that :meth:`calibrate` targets.
+        clip: the input box.
+
+    Returns:
+        The detector; ``calibrate(x_clean)`` sets (and returns) its threshold, ``detect(x)`` returns a bool mask.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> det = FeatureSqueezingDetector(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), bit_depth=2)
+        >>> threshold = det.calibrate(torch.rand(100, 1, 8, 8))
+        >>> det.detect(torch.rand(5, 1, 8, 8)).shape
+        torch.Size([5])
+    """
 
     def __init__(self, model: nn.Module, bit_depth: int | None = 2, median: int | None = None, fpr: float = 0.05,
                  clip: tuple[float, float] = (0.0, 1.0)) -> None:

@@ -58,7 +58,27 @@ def _round_up_float32(t: torch.Tensor) -> torch.Tensor:
 
 
 class GloroNet(nn.Module):
-    """``f̄^ε``: the model's m logits plus the ⊥ logit (Eq. 6.3; margin variant App. A.1 or basic Eq. 6.2)."""
+    """``f̄^ε``: the model's m logits plus the ⊥ logit (Eq. 6.3; margin variant App. A.1 or basic Eq. 6.2).
+
+    Args:
+        model: an ``nn.Sequential`` ending in ``nn.Linear`` (see :func:`build_gloro_model`).
+        input_shape: one input's shape (no batch dimension), for the power iterations.
+        epsilon: the ℓ2 radius ε the ⊥ logit certifies (training ε; certification may use another).
+        num_iterations: power iterations per training step.
+        variant: ``"margin"`` (pairwise margin bound, App. A.1) or ``"basic"`` (Eq. 6.2).
+        seed: seeds the power-iteration start vectors.
+
+    Returns:
+        A module whose forward gives (B, m+1) logits, the last one ⊥; ``freeze()`` computes the certified bound,
+        :func:`certify` / :func:`certified_radius` use it.
+
+    Example:
+        >>> import torch
+        >>> from modelward.robustness.gloro import build_gloro_model
+        >>> net = GloroNet(build_gloro_model("d(16)", (4,), 3, seed=0), (4,), epsilon=0.1)
+        >>> net(torch.rand(2, 4)).shape
+        torch.Size([2, 4])
+    """
 
     def __init__(self, model: nn.Module, input_shape: Sequence[int], epsilon: float, num_iterations: int = 5,
                  variant: Variant = "margin", seed: int = 0) -> None:

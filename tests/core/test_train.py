@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 
 from modelward.core.data import load_data
-from modelward.core.io import load_state_dict, optimizer_from_tensors, optimizer_to_tensors, save_state_dict
-from modelward.core.ledger import RunLedger
 from modelward.core.parts import reset_part_, resolve_part
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
@@ -54,28 +52,3 @@ def test_t2_leaves_everything_else_bit_identical():
 def test_lr_schedule_piecewise():
     cfg = TrainConfig(lr=0.1, lr_schedule=[(0, 0.1), (10, 0.01), (20, 0.001)])
     assert [cfg.lr_at(s) for s in (0, 9, 10, 25)] == [0.1, 0.1, 0.01, 0.001]
-
-
-def test_ledger_finish_is_idempotent_and_recover(tmp_path):
-    led = RunLedger(tmp_path / "l.sqlite")
-    led.add("a", {"x": 1})
-    led.add("a", {"x": 1})
-    assert led.start("a") and not led.start("a")
-    assert led.recover() == 1 and led.pending() == ["a"]
-    assert led.start("a") and led.finish("a", {"r": 1}) and not led.finish("a", {"r": 2})
-    assert led.results() == {"a": {"r": 1}} and led.counts()["done"] == 1
-
-
-def test_safetensors_roundtrip_model_and_optimizer(tmp_path):
-    d, m = _setup()
-    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    m(d.x_train[:8]).sum().backward()
-    opt.step()
-    t, skel = optimizer_to_tensors(opt)
-    save_state_dict(tmp_path / "m.safetensors", {**m.state_dict(), **t}, {"opt": skel})
-    tensors, meta = load_state_dict(tmp_path / "m.safetensors")
-    opt2 = torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9)
-    optimizer_from_tensors(opt2, tensors, meta["opt"])
-    assert opt2.param_groups[0]["lr"] == 0.1
-    k = next(iter(opt.state_dict()["state"]))
-    assert torch.equal(opt2.state_dict()["state"][k]["momentum_buffer"], opt.state_dict()["state"][k]["momentum_buffer"])
