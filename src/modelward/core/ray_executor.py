@@ -71,6 +71,7 @@ class RayExecutor(Executor):
         if not self.ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "configure_logging": False}
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage reports: nothing leaves the machine
             if address is None:
                 # a private instance: keep every Ray socket on the loopback interface
                 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
