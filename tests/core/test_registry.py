@@ -21,6 +21,9 @@ def test_registry_names_errors_and_params() -> None:
         reg.get("cube")
     with pytest.raises(ConfigError, match=r"unknown parameter\(s\) \['y'\]; valid: \['x', 'power'\]"):
         reg.create("square", y=1)
+    with pytest.raises(ConfigError, match=r"unknown parameter\(s\) \['x'\]; valid: \['power'\]"):
+        reg.create("square", 3.0, x=1)  # a positional argument is no longer a keyword choice
+    assert reg.create("square", 3.0, power=3) == 27.0
     assert reg.create("counter", a=2)["a"] == 2  # **kwargs entries accept anything; lazy import resolved
     with pytest.raises(ValueError, match="registered twice"):
         reg.register("square")(lambda: 0)

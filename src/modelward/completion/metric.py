@@ -50,7 +50,23 @@ def first_reach(curve: Curve, threshold: float) -> int | None:
 
 @dataclass(frozen=True)
 class Thresholds:
-    """ℓ*, L(θ₀), and for each α the threshold ℓ*_α and the original cost C(ℓ*_α)."""
+    """ℓ*, L(θ₀), and for each α the threshold ℓ*_α and the original cost C(ℓ*_α).
+
+    Args:
+        loss0: L(θ₀), the untrained model's loss.
+        best: ℓ*, the original run's best (trailing-mean) loss.
+        values: α -> ℓ*_α = α ℓ* + (1 − α) L(θ₀).
+        costs: α -> C(ℓ*_α), the original run's cost to first reach ℓ*_α.
+        evals: α -> evaluations up to and including C(ℓ*_α).
+
+    Returns:
+        Built with :meth:`from_curve` from an original run's curve.
+
+    Example:
+        >>> t = Thresholds.from_curve([(0, 0.9), (10, 0.5), (20, 0.3)], [0.5, 1.0])
+        >>> t.values[0.5], t.costs
+        (0.6, {0.5: 10, 1.0: 20})
+    """
 
     loss0: float
     best: float

@@ -81,6 +81,16 @@ def run_study(cfg: StudyConfig, out: str | Path, workers: int | None = None, pro
 
     Returns:
         :class:`StudyOutcome` (failed runs restart when the study is run again).
+
+    Example:
+        >>> import torch
+        >>> from modelward.completion import ModuleProblem, StudyConfig
+        >>> from modelward.core.data import DataConfig, load_data
+        >>> from modelward.core.train import TrainConfig
+        >>> net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+        >>> problem = ModuleProblem(net, load_data(DataConfig(source="digits")), TrainConfig(steps=50))
+        >>> outcome = run_study(StudyConfig(seeds=[0], parts=["1"]), "runs/mine", problem=problem)  # doctest: +SKIP
+        >>> outcome.tables.inf_rows  # MC-hardness per part and procedure  # doctest: +SKIP
     """
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)

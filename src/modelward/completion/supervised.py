@@ -192,6 +192,9 @@ class ModuleProblem(SupervisedProblem):
         init_scheme: the init scheme of the original training and of reset parts.
         device: where runs train and are evaluated ("cpu", "cuda", "auto", ...; docs/devices.md).
 
+    Returns:
+        A :class:`~modelward.completion.problem.CompletionProblem` for ``run_study(cfg, out, problem=...)``.
+
     Example:
         >>> from modelward.core.data import DataConfig, load_data
         >>> from modelward.core.train import TrainConfig

@@ -193,6 +193,11 @@ def run_evaluation(cfg: ExtractionConfig, out: str | Path, progress: ProgressSin
     Returns:
         A summary: ``cells``, ``victim_accuracy``, ``victim_cached``, ``pool``, ``already_done``, ``worst_case``
         rows and the ``outputs`` written. A failing cell is recorded and its error re-raised (re-run to resume).
+
+    Example:
+        >>> from modelward.core.config import load_config
+        >>> cfg = load_config("examples/extraction_digits.toml", ExtractionConfig)  # doctest: +SKIP
+        >>> run_evaluation(cfg, "runs/extraction")["cells"]  # doctest: +SKIP
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -66,6 +66,21 @@ class PredictionDefense:
     * ``stateful``: answers depend on earlier queries (ModelGuard-S); such defenses process a batch row by row in
       arrival order, implement :meth:`state_dict` / :meth:`load_state_dict`, and offer ``defend_frozen`` — the
       attacker's offline copy (``get_yprime`` in the official code) that answers without changing the state.
+
+    Args:
+        (subclass-specific; see :func:`~modelward.extraction.defenses.make_defense`).
+
+    Returns:
+        ``defend(probs, x=None)``: the B × K perturbed probability vectors, on the simplex.
+
+    Example (a defense of your own)::
+
+        class Sharpen(PredictionDefense):
+            name = "sharpen"
+
+            def _defend(self, y, x):
+                y2 = y ** 2
+                return y2 / y2.sum(1, keepdim=True)
     """
 
     name: str = "base"

@@ -30,7 +30,20 @@ Norm = Literal["linf", "l2", "l0", "none"]
 
 @dataclass(frozen=True)
 class AttackResult:
-    """Adversarial inputs and the per-example success mask (bool)."""
+    """Adversarial inputs and the per-example success mask (bool).
+
+    Args:
+        x_adv: the adversarial inputs (same shape as the attacked ``x``).
+        success: bool per example (untargeted: prediction ≠ y; targeted: prediction = target).
+
+    Returns:
+        ``success_rate``: the fraction of successes (1 − robust accuracy for untargeted attacks).
+
+    Example:
+        >>> import torch
+        >>> AttackResult(torch.zeros(4, 2), torch.tensor([True, False, True, True])).success_rate
+        0.75
+    """
 
     x_adv: torch.Tensor
     success: torch.Tensor
@@ -89,6 +102,28 @@ class EvasionAttack:
     C&W and L-BFGS, which minimise the perturbation instead; ``"l0"`` = JSMA, which enforces its own pixel budget).
     The class attributes ``takes_eps`` / ``default_norm`` / ``norms`` declare the threat model (see
     :func:`modelward.robustness.attacks.threat_model`), so ε sweeps only compare attacks of the same norm.
+
+    Args:
+        model: the classifier under attack (returns logits).
+        eps: the budget ε (None for minimum-norm attacks).
+        norm: the norm the final projection enforces (``"linf"``, ``"l2"``, ``"l0"``, ``"none"``).
+        clip: the input box.
+        targeted: attack towards a target class.
+        seed: seeds every random choice.
+        batch_size: attack this many points at a time (default: all).
+
+    Returns:
+        ``attack(x, y, target=None)`` returns an :class:`AttackResult`.
+
+    Example (a one-step attack of your own)::
+
+        class SignStep(EvasionAttack):
+            name = "sign_step"
+
+            def perturb(self, x, y, target, gen):
+                return x + self.eps * self.ascent_grad(x, y, target).sign()
+
+        result = SignStep(model, eps=0.1, norm="linf")(x, y)
     """
 
     name: ClassVar[str] = "attack"
