@@ -15,9 +15,9 @@ def test_quick_demo_end_to_end(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = list(csv.DictReader((out / "completion" / "hardness.csv").open()))
     assert {r["part"] for r in rows} == {"conv1", "conv2+fc1+logits", "(all)"}  # (all): the T0 reference
-    for r in rows:  # the summary columns agree with each other
-        lo, med, mean, hi = (float(r[k]) for k in ("min", "median", "mean", "max"))
-        assert 0.0 <= lo <= med <= hi <= 1.0 and lo <= mean <= hi, r
+    for row in rows:  # the summary columns agree with each other (`r` is the demo's process result)
+        lo, med, mean, hi = (float(row[k]) for k in ("min", "median", "mean", "max"))
+        assert 0.0 <= lo <= med <= hi <= 1.0 and lo <= mean <= hi, row
     md = (out / "completion" / "hardness.md").read_text()
     assert "## α = 1" in md and "conv2+fc1+logits" in md
     # seed 0's original model is the one trained split between the parties

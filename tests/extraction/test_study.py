@@ -123,6 +123,9 @@ def test_other_config_in_same_folder_is_refused(tmp_path):
     ({"attacks": [{"strategy": "naive"}, {"strategy": "naive"}]}, "<root>", "label"),
     ({"transfer": {"source": "data"}}, "transfer", "transfer.data"),
     ({"victim": {"temprature": 2.0}}, "victim.temprature", "unknown field"),
+    ({"defenses": [{"name": "rounding", "params": {"decimal": 2}}]}, "defenses.0", "valid: ['decimals']"),
+    ({"attacks": [{"strategy": "pbayes", "strategy_params": {"K": 5}}]}, "attacks.0", "'precision_factor'"),
+    ({"attacks": [{"query": "jbda", "query_params": {"seed": 5}}]}, "attacks.0", "'seed_size'"),
 ])
 def test_bad_configs_name_the_field(tmp_path, over, field, hint):
     with pytest.raises(ConfigError) as e:

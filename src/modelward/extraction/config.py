@@ -60,6 +60,10 @@ class DefenseSpec(AlgorithmSpec):
     def _known(self) -> DefenseSpec:
         if self.name not in DEFENSES:
             raise ValueError(f"unknown defense {self.name!r}; valid choices: {sorted(DEFENSES)}")
+        bad = sorted(set(self.params) - set(DEFENSES.parameters(self.name)))
+        if bad:  # caught at load time rather than in the middle of a study
+            raise ValueError(f"defense {self.name!r}: unknown parameter(s) {bad}; "
+                             f"valid: {DEFENSES.parameters(self.name)}")
         if any(not 0 <= e <= 2 for e in self.epsilons):
             raise ValueError("epsilons must lie in [0, 2] (ℓ1 distance between probability vectors)")
         return self
@@ -81,6 +85,11 @@ class ExtractionAttackSpec(StrictModel):
         if self.strategy not in ATTACK_STRATEGIES:
             raise ValueError(f"unknown attack strategy {self.strategy!r}; valid choices: "
                              f"{sorted(ATTACK_STRATEGIES)}")
+        for kind, reg, name, params in (("query", QUERY_STRATEGIES, self.query, self.query_params),
+                                         ("strategy", ATTACK_STRATEGIES, self.strategy, self.strategy_params)):
+            bad = sorted(set(params) - set(reg.parameters(name)))
+            if bad:
+                raise ValueError(f"{kind} {name!r}: unknown parameter(s) {bad}; valid: {reg.parameters(name)}")
         return self
 
     @property

@@ -162,7 +162,21 @@ class VerifyResult:
 
 
 def verify(path: str | Path, expect_head: str | None = None) -> VerifyResult:
-    """Walk the chain; report the first record that was edited, deleted, inserted or reordered."""
+    """Walk the chain; report the first record that was edited, deleted, inserted or reordered.
+
+    Args:
+        path: the audit log (SQLite).
+        expect_head: the published head hash (hex, ≥ 16 characters) the chain must contain.
+
+    Returns:
+        :class:`VerifyResult` (``ok``, record count, head, and where and why the chain breaks).
+
+    Example:
+        >>> log = AuditLog("bob-audit.sqlite", party="bob")  # doctest: +SKIP
+        >>> log.append(caller="alice", op="forward", session="s1", step=1)  # doctest: +SKIP
+        >>> verify("bob-audit.sqlite").ok  # doctest: +SKIP
+        True
+    """
     path = Path(path)
     rows = _rows(path)
     if expect_head is not None:

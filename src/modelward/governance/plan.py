@@ -135,7 +135,24 @@ def check_segment(all_layers: list[str], mine: list[str], who: str = "party") ->
 
 
 def make_plan(model: nn.Module, parties: list[str], cuts: list[str]) -> SplitPlan:
-    """Cut after each layer in `cuts` (len(parties) - 1 cuts, in order): party i gets the layers up to cut i."""
+    """Cut after each layer in `cuts` (len(parties) - 1 cuts, in order): party i gets the layers up to cut i.
+
+    Args:
+        model: the whole model (its layers in chain order, see :func:`model_layers`).
+        parties: party names, data owner first, label owner last.
+        cuts: the last layer of every party but the last (``len(parties) - 1`` names, in chain order).
+
+    Returns:
+        :class:`SplitPlan` (``owners``: party -> its layer names); PlanError names the valid layers otherwise.
+
+    Example:
+        >>> from torch import nn
+        >>> model = nn.Sequential()
+        >>> model.add_module("fc1", nn.Linear(4, 8)); model.add_module("act", nn.ReLU())
+        >>> model.add_module("logits", nn.Linear(8, 3))
+        >>> make_plan(model, ["alice", "bob"], ["fc1"]).parties
+        ['alice', 'bob']
+    """
     names = [lay.name for lay in model_layers(model)]
     if len(parties) < 2:
         raise PlanError(f"a split needs at least 2 parties, got {parties}")
