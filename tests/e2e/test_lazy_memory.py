@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-CAP_MB = 520  # peak resident memory allowed for the training process (torch alone takes ≈ 230 MB)
+CAP_MB = 650  # peak resident memory allowed for the training process (torch + sklearn alone take ≈ 370 MB)
 SIDE = 96
-N_PER_CLASS = 1800  # 3 classes × 1800 × 3×96×96 float32 = 597 MB decoded > CAP_MB
+N_PER_CLASS = 2400  # 3 classes × 2400 × 3×96×96 float32 = 796 MB decoded > CAP_MB
 
 SCRIPT = r"""
-import json, resource, sys
+import json, sys
 import torch
 from modelward.core.data import DataConfig, load_lazy
 from modelward.core.train import TrainConfig, train
@@ -28,7 +28,10 @@ split = load_lazy(DataConfig(source="image_folder", path=sys.argv[1], channels=3
 model = build_model(ModelConfig(arch="cnn", channels=[8, 16], fc=32), split.input_shape, split.num_classes)
 res = train(model, split.train, None, split.test, None,
             TrainConfig(steps=30, eval_every=30, batch_size=64, eval_batch_size=128), seed=0)
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM: this process's own peak RSS. (ru_maxrss is not: Linux carries the parent's peak across fork + exec, so a
+# big pytest process would count against the child.)
+hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+rss = int(hwm.split()[1]) / 1024
 print(json.dumps({"rss_mb": rss, "n_train": len(split.train), "curve": res.curve}))
 """
 
@@ -54,6 +57,6 @@ def test_folder_larger_than_the_cap_trains_under_it(tmp_path: Path) -> None:
                          timeout=240, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
-    assert res["n_train"] > 4000
+    assert res["n_train"] > 6000
     assert res["rss_mb"] < CAP_MB, res
     assert res["curve"][-1][1] < res["curve"][0][1]  # it trained
