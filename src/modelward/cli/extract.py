@@ -22,6 +22,9 @@ def run(
     out: Path = typer.Option(..., "--out", help="Run directory (resumable: rerun to finish the missing cells)."),
     set_: list[str] = typer.Option(None, "--set", help="Override a config value, e.g. budget=300."),
     device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
+    workers: int = typer.Option(1, "--workers", min=1, help="runs in parallel (local executor)"),
+    executor: str = typer.Option("local", "--executor", help="local | process | ray"),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster address (with --executor ray)"),
 ) -> None:
     """Run every defense × ε × attack × seed cell; write results.csv, worst_case.csv, results.md and plots."""
     from modelward.core.progress import RichProgress
@@ -32,7 +35,7 @@ def run(
     require_device(cfg.device)
     check_out_dir(out)
     with RichProgress(console) as progress:
-        summary = run_evaluation(cfg, out, progress)
+        summary = run_evaluation(cfg, out, progress, workers=workers, executor=executor, address=address)
     console.print(f"victim: test accuracy {summary['victim_accuracy']:.4f} "
                   f"({'cached' if summary['victim_cached'] else 'trained'}), pool {summary['pool']}, budget "
                   f"{cfg.budget}; {summary['already_done']}/{summary['cells']} cells already done")

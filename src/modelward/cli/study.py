@@ -24,6 +24,9 @@ def plasticity(
     out: Path = typer.Option(..., "--out", help="Output folder; rerun with the same folder to resume."),
     set_: list[str] = typer.Option([], "--set", help="Override a config field, e.g. --set adv_epochs=5."),
     device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
+    workers: int = typer.Option(1, "--workers", min=1, help="runs in parallel (local executor)"),
+    executor: str = typer.Option("local", "--executor", help="local | process | ray"),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster address (with --executor ray)"),
 ) -> None:
     """Train shallow / deep / parameter-matched models clean, then with PGD adversarial training (Table 5.1)."""
     cfg = load_config(config, PlasticityConfig, with_device(set_, device))
@@ -36,6 +39,6 @@ def plasticity(
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
     with RichProgress(console) as progress:
-        rows = run_study(cfg, out, progress)
+        rows = run_study(cfg, out, progress, workers=workers, executor=executor, address=address)
     console.print(table_markdown(rows, cfg))
     console.print(f"wrote {out / 'results.csv'}, {out / 'results.md'}, {out / 'plasticity.png'}")

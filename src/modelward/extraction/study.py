@@ -182,13 +182,16 @@ def execute_cell(cfg_json: str, out_dir: str, run_id: str, spec: dict[str, Any],
                     Path(out_dir))
 
 
-def run_evaluation(cfg: ExtractionConfig, out: str | Path, progress: ProgressSink | None = None) -> dict[str, Any]:
+def run_evaluation(cfg: ExtractionConfig, out: str | Path, progress: ProgressSink | None = None, *,
+                   workers: int = 1, executor: str = "local", address: str | None = None) -> dict[str, Any]:
     """Run every pending cell through the ledger and write the report files.
 
     Args:
         cfg: the evaluation.
         out: the run directory (``config.json``, ``ledger.sqlite``, the report files).
         progress: receives the victim's training (key ``"victim"``) and one unit per cell (key ``"extraction"``).
+        workers, executor, address: where cells run (:func:`modelward.core.runner.run_plan`; ``"ray"`` for a
+            cluster). Other processes prepare the victim once each, from the cached checkpoint.
 
     Returns:
         A summary: ``cells``, ``victim_accuracy``, ``victim_cached``, ``pool``, ``already_done``, ``worst_case``
@@ -216,7 +219,7 @@ def run_evaluation(cfg: ExtractionConfig, out: str | Path, progress: ProgressSin
         try:
             run_plan(ledger, plan(cfg), partial(execute_cell, cfg_json, str(out)), progress=progress,
                      on_result=lambda rid, res: f"{rid}: acc {res['accuracy']:.3f}", description="extraction",
-                     fail_fast=True)
+                     fail_fast=True, workers=workers, executor=executor, address=address)
         finally:
             _PREPARED.pop(cfg_json, None)
         results = ledger.results()

@@ -244,13 +244,17 @@ def execute_run(cfg_json: str, out_dir: str, progress: ProgressSink | None, run_
             "width": models[name].width, **m.__dict__, "adv_train_batches_acc": adv_acc}
 
 
-def run_study(cfg: PlasticityConfig, out: str | Path, progress: ProgressSink | None = None) -> list[dict[str, Any]]:
+def run_study(cfg: PlasticityConfig, out: str | Path, progress: ProgressSink | None = None, *, workers: int = 1,
+              executor: str = "local", address: str | None = None) -> list[dict[str, Any]]:
     """Run (or resume) every model × seed × phase and write the report; returns the result rows (one per run).
 
     Args:
         cfg: the study.
         out: the study folder (``ledger.sqlite``, ``checkpoints/``, ``results.{csv,md,json}``, ``plasticity.png``).
-        progress: one unit per run under ``"plasticity"``, and each run's training steps under its run id.
+        progress: one unit per run under ``"plasticity"``, and each run's training steps under its run id (the
+            latter only when runs execute in this process).
+        workers, executor, address: where runs execute (:func:`modelward.core.runner.run_plan`; ``"ray"`` for a
+            cluster).
     """
     out = Path(out)
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -262,8 +266,11 @@ def run_study(cfg: PlasticityConfig, out: str | Path, progress: ProgressSink | N
     cfg_json = cfg.model_dump_json()
     try:
         _setup(cfg_json)  # config errors (data vs architecture) before any run starts
-        run_plan(ledger, plan(cfg), partial(execute_run, cfg_json, str(out), progress), progress=progress,
-                 description="plasticity", fail_fast=True)
+        in_process = executor == "sequential" or (executor == "local" and workers <= 1)
+        # a progress sink (rich bars) cannot travel to other processes: per-step progress only in process
+        run_plan(ledger, plan(cfg), partial(execute_run, cfg_json, str(out), progress if in_process else None),
+                 progress=progress, description="plasticity", fail_fast=True, workers=workers, executor=executor,
+                 address=address)
     finally:
         _SETUP.pop(cfg_json, None)
         torch.set_num_threads(prev_threads)
