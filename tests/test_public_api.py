@@ -15,7 +15,10 @@ EVASION = ("FGSM", "BIM", "ILCM", "PGD", "CarliniWagnerL2", "LBFGS", "JSMA", "Tr
 DEFENSES = ("ModelGuardW", "ModelGuardS", "MAD", "ReverseSigmoid", "AdaptiveMisinformation", "TopOne", "Rounding",
             "GaussianNoise")
 MORE = {"modelward.robustness": ("NonLocalMeans", "TransformedModel", "FeatureSqueezingDetector", "GloroNet"),
-        "modelward.extraction": ("LocalVictim", "HttpVictim", "ExtractionAttack", "ExtractionResult")}
+        "modelward.extraction": ("LocalVictim", "HttpVictim", "ExtractionAttack", "ExtractionResult"),
+        "modelward.privacy": ("AttackData", "MembershipAttack", "AuditConfig", "DPConfig", "PropertyConfig"),
+        "modelward.governance": ("AuditLog", "Policy", "ConsentChecker", "PartyConfig", "SplitPlan", "SplitConfig",
+                                 "LeakageAuditConfig")}
 STRATEGIES = ("KnockoffRandom", "KnockoffAdaptive", "JBDA", "JBDATR", "Naive", "Top1", "S4L", "Smoothing", "DDAE",
               "DDAEPlus", "PBayes", "MQPI")
 

@@ -49,7 +49,27 @@ def record_hash(prev_hash: str, rec: dict[str, Any]) -> str:
 
 
 class AuditLog:
-    """Thread-safe appender. Records are written (and committed) before the response leaves the party."""
+    """Thread-safe appender. Records are written (and committed) before the response leaves the party.
+
+    Each record carries the hash of the previous one (a hash chain in SQLite, WAL + synchronous=FULL), so
+    :func:`verify` finds any edited, deleted, inserted or reordered record.
+
+    Args:
+        path: the SQLite file (created with its folder); an unreadable or older-format file raises ``AuditError``.
+        party: this party's name, stored in every record.
+
+    Returns:
+        The log; ``append(caller, op, ...)`` returns the new record's hash, ``head_ref`` ``[id, hash]`` of the
+        latest record, ``count(ops, ...)`` counts records (the consent counters), ``close()`` closes the file.
+
+    Example:
+        >>> import os, tempfile
+        >>> log = AuditLog(os.path.join(tempfile.mkdtemp(), "audit.db"), party="alice")
+        >>> h = log.append("bob", "step", session="s1", step=1, batch=32)
+        >>> log.head_ref == [1, h]
+        True
+        >>> log.close()
+    """
 
     def __init__(self, path: str | Path, party: str) -> None:
         self.path, self.party = Path(path), party

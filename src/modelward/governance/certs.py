@@ -286,6 +286,11 @@ def make_certs(out: str | Path, parties: list[str], hosts: list[str] | None = No
             ``"overwrite"`` (``--force``).
     Returns:
         ``{"ca": ca.pem, party: party.pem ...}``.
+
+    Example:
+        >>> import tempfile
+        >>> sorted(make_certs(tempfile.mkdtemp(), ["alice", "bob"]))
+        ['alice', 'bob', 'ca']
     """
     out = Path(out)
     if not parties:

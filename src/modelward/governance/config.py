@@ -94,7 +94,30 @@ class PeerConfig(StrictModel):
 
 
 class PartyConfig(StrictModel):
-    """``PARTY.toml``; see the module docstring and docs/governance.md."""
+    """``PARTY.toml``; see the module docstring and docs/governance.md.
+
+    Args:
+        name: this party's name (its certificate's identity); host / port: where it listens (port 0: a free one,
+            written to ``address_file``).
+        layers: the contiguous layers it owns; input_shape: the whole model's input shape (no batch);
+            num_classes: the model's classes; model / init: the zoo model and where its initial parameters come from.
+        data: the party's local data (the first party's inputs, the last party's labels).
+        tls: its CA, certificate and key; peers: the pinned peers; prev / next: its neighbours in the chain;
+            driver: the identity the driver uses.
+        policy / policy_file: its consent :class:`~modelward.governance.consent.Policy` (inline or a TOML file).
+        checkpoint_dir / checkpoint_every / keep_checkpoints: checkpointing; audit_db: its audit log.
+        max_message_mb, max_batch, max_abs_input, max_abs_param, max_sessions_per_peer, audit_refusals_every_s:
+            hard limits independent of the policy.
+
+    Returns:
+        A strict config for :func:`~modelward.governance.server.serve` (load files with :func:`load_party_config`).
+
+    Example:
+        >>> cfg = PartyConfig(name="alice", layers=["fc1"], input_shape=[4], num_classes=3, checkpoint_dir="ckpt",
+        ...                   audit_db="audit.db", tls={"ca": "ca.pem", "cert": "alice.pem", "key": "alice.key"})
+        >>> cfg.port, cfg.policy.training
+        (0, False)
+    """
 
     name: str
     host: str = "127.0.0.1"
@@ -160,7 +183,18 @@ def _resolve(base: Path, p: str | None) -> str | None:
 
 
 def load_party_config(path: str | Path, overrides: list[str] | None = None) -> PartyConfig:
-    """Load PARTY.toml; relative paths are relative to the file's folder."""
+    """Load PARTY.toml; relative paths are relative to the file's folder.
+
+    Args:
+        path: the TOML file.
+        overrides: ``key=value`` strings (``--set``) applied before validation.
+
+    Returns:
+        The validated :class:`PartyConfig`; a bad field raises ``ConfigError`` naming it.
+
+    Example:
+        >>> cfg = load_party_config("parties/alice.toml", ["port=5001"])  # doctest: +SKIP
+    """
     cfg = load_config(path, PartyConfig, overrides)
     return resolve_paths(cfg, Path(path).resolve().parent)
 

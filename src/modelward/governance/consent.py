@@ -49,7 +49,29 @@ _WINDOW = re.compile(r"^([01]\d|2[0-4]):([0-5]\d)-([01]\d|2[0-4]):([0-5]\d)$")
 
 
 class Policy(StrictModel):
-    """A party's consent policy; the defaults deny everything."""
+    """A party's consent policy; the defaults deny everything.
+
+    Args:
+        allow_peers: pinned peer names that may call this party.
+        training: allow training steps (forward+backward), evaluations during training, commits and restores.
+        inference: allow forward passes for predictions.
+        max_steps_per_session / max_steps_per_day / max_steps_total: step limits per peer (per session, per
+            UTC day, ever; the audit log is the counter).
+        max_passes_per_day: steps + evaluations + predictions per peer and UTC day.
+        max_batch / min_batch: batch size limits (small batches leak more).
+        eval_splits: the data splits evaluations may score (default ``["test"]``).
+        window_utc: ``"HH:MM-HH:MM"`` when passes are allowed (may wrap midnight).
+        approval / approval_command: a ``"pkg.mod:fn"`` hook or a command asked yes/no for a request;
+            approval_scope: ask once per ``"session"`` or per ``"pass"``; approval_timeout_s: the command's time limit.
+
+    Returns:
+        A strict config, evaluated per pass by :class:`ConsentChecker`.
+
+    Example:
+        >>> p = Policy(allow_peers=["bob"], training=True, max_batch=256)
+        >>> p.inference, p.eval_splits
+        (False, ['test'])
+    """
 
     allow_peers: list[str] = Field(default_factory=list)  # pinned peer names that may call this party
     training: bool = False  # training steps (forward+backward), evaluation during training, commits, restores
@@ -121,7 +143,25 @@ def load_hook(spec: str) -> Callable[[dict], object]:
 
 
 class ConsentChecker:
-    """Evaluates a Policy for each pass; decisions are the caller's to audit."""
+    """Evaluates a Policy for each pass; decisions are the caller's to audit.
+
+    Args:
+        policy: the party's :class:`Policy`.
+        audit: the party's :class:`~modelward.governance.audit.AuditLog` (it counts past passes for the limits).
+        now: a clock returning an aware UTC datetime (default: the system clock; tests pass a fixed one).
+
+    Returns:
+        The checker; ``check_peer(caller)`` and ``check(request)`` return a ``Decision(allowed, reason)``.
+
+    Example:
+        >>> import os, tempfile
+        >>> from modelward.governance.audit import AuditLog
+        >>> log = AuditLog(os.path.join(tempfile.mkdtemp(), "audit.db"), party="alice")
+        >>> checker = ConsentChecker(Policy(allow_peers=["bob"]), log)
+        >>> checker.check_peer("bob").allowed, checker.check_peer("eve").allowed
+        (True, False)
+        >>> log.close()
+    """
 
     def __init__(self, policy: Policy, audit: AuditLog, now: Callable[[], dt.datetime] | None = None) -> None:
         self.policy, self.audit = policy, audit

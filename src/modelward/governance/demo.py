@@ -128,7 +128,24 @@ def run_split_demo(out_dir: Path, model: nn.Module, data: DataSplit, train_cfg: 
                    console: Console, cut: str | None = None) -> SplitDemoResult:
     """Make certs in out_dir, start alice+bob party servers on 127.0.0.1 (subprocesses), split-train `model`
     (alice: the layers up to and including `cut`, default: the first part in model.part_names), collect the
-    trained parameters (each party exports its checkpoint at the end), stop the servers, verify the audit logs."""
+    trained parameters (each party exports its checkpoint at the end), stop the servers, verify the audit logs.
+
+    Args:
+        out_dir: the demo folder (certificates, party configs, checkpoints, audit logs).
+        model: the whole model to split (its layers in chain order).
+        data: the :class:`~modelward.core.data.DataSplit` (alice gets the inputs, bob the labels).
+        train_cfg: the training procedure; seed: the data order.
+        console: a rich ``Console`` for status lines.
+        cut: the last layer alice holds (default: the first part in ``model.part_names``).
+
+    Returns:
+        A :class:`SplitDemoResult`: the trained ``state_dict`` (names as in ``model``), the test-loss ``curve``,
+        ``party_params`` (party -> parameter names) and a ``summary`` (bytes per link, seconds, steps).
+
+    Example:
+        >>> res = run_split_demo(Path("demo"), model, data, TrainConfig(steps=50), 0, Console())  # doctest: +SKIP
+        >>> model.load_state_dict(res.state_dict)  # doctest: +SKIP
+    """
     out_dir = Path(out_dir)
     names = [lay.name for lay in model_layers(model)]
     cut = cut or getattr(model, "part_names", names)[0]

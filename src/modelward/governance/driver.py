@@ -79,7 +79,27 @@ class PartyRef(StrictModel):
 
 
 class SplitConfig(StrictModel):
-    """``SPLIT.toml``: the parties in chain order, the driver's identity, and the training procedure."""
+    """``SPLIT.toml``: the parties in chain order, the driver's identity, and the training procedure.
+
+    Args:
+        parties: at least 2 distinct parties in chain order (``name`` with ``address`` or ``address_file``,
+            optionally a pinned ``fingerprint`` or ``cert``).
+        tls: the driver's CA, client certificate and key (the identity the parties know as their ``driver``).
+        train: the training procedure; seed: the data order.
+        out_dir: where curves, steps and the session id go; session: the session id (default: a fresh one kept
+            in ``out_dir/session.json`` so reruns resume).
+        timeout_s: per request; retry_s: how long to wait for a crashed party; max_message_mb: message size limit.
+
+    Returns:
+        A strict config for :func:`run_training`.
+
+    Example:
+        >>> cfg = SplitConfig(parties=[{"name": "alice", "address": "127.0.0.1:5001"},
+        ...                            {"name": "bob", "address": "127.0.0.1:5002"}],
+        ...                   tls={"ca": "ca.pem", "cert": "driver.pem", "key": "driver.key"})
+        >>> [p.name for p in cfg.parties], cfg.timeout_s
+        (['alice', 'bob'], 60.0)
+    """
 
     parties: list[PartyRef]
     tls: TLSConfig  # the driver's client certificate (the identity the parties know as their `driver`)
@@ -111,6 +131,9 @@ def load_split_config(path: str | Path, overrides: list[str] | None = None) -> S
 
     Returns:
         The validated :class:`SplitConfig`; a bad field raises ConfigError naming it.
+
+    Example:
+        >>> cfg = load_split_config("split.toml", ["train.steps=50"])  # doctest: +SKIP
     """
     cfg = load_config(path, SplitConfig, overrides)
     base = Path(path).resolve().parent
@@ -443,7 +466,21 @@ def _write_progress(out_dir: Path, curve: list[tuple[int, float]], rows: list[di
 
 def run_training(cfg: SplitConfig, on_step=None, on_eval=None) -> SplitTrainResult:
     """`modelward split train`: resumable (the session id lives in out_dir/session.json); writes curve.json,
-    steps.csv (per step: loss, seconds, bytes per link), summary.json and the resolved config."""
+    steps.csv (per step: loss, seconds, bytes per link), summary.json and the resolved config.
+
+    Args:
+        cfg: the :class:`SplitConfig` (the parties must be serving).
+        on_step: optional callback ``on_step(step, loss, links)`` after every training step.
+        on_eval: optional callback ``on_eval(step, test_loss)`` after every evaluation.
+
+    Returns:
+        A :class:`SplitTrainResult` (``curve``, ``steps_run``, ``seconds``, bytes per ``links``, ``resumes``,
+        the parties' ``audit_heads`` and ``train_loss``).
+
+    Example:
+        >>> result = run_training(load_split_config("split.toml"))  # doctest: +SKIP
+        >>> result.curve[-1]  # (step, test loss)  # doctest: +SKIP
+    """
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sess_file = out / "session.json"

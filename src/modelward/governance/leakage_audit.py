@@ -61,7 +61,23 @@ class AuditSettings(StrictModel):
 
 class LeakageAuditConfig(StrictModel):
     """The TOML file of ``modelward split audit-leakage``: ``[data]``, ``[model]``, ``cut``, ``[train]``,
-    ``[audit]``. ``cut`` is the last layer Alice holds (default: the first layer)."""
+    ``[audit]``. ``cut`` is the last layer Alice holds (default: the first layer).
+
+    Args:
+        data: the data set (Alice's inputs, Bob's labels).
+        model: the zoo model that is split.
+        cut: the last layer Alice holds (None: the first layer).
+        train: the split training (default 300 steps).
+        audit: the sweep (``methods``, noise ``scales``, ``seeds``, the ``positive`` class, ``init``).
+
+    Returns:
+        A strict config for :func:`run_audit` (``modelward.governance.run_leakage_audit``).
+
+    Example:
+        >>> cfg = LeakageAuditConfig()
+        >>> cfg.cut, cfg.train.steps, cfg.audit.methods
+        (None, 300, ['isotropic', 'marvell'])
+    """
 
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -225,6 +241,9 @@ def run_audit(cfg: LeakageAuditConfig, out_dir: str | Path, *, workers: int = 1,
             ``tradeoff_parties.png``.
     Returns:
         One row per (method, scale) with means (and SDs over seeds) of accuracy and attack AUCs.
+
+    Example:
+        >>> rows = run_audit(LeakageAuditConfig(), "leakage-out")  # doctest: +SKIP
     """
     import functools
 

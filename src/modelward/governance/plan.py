@@ -110,7 +110,19 @@ class Segment(nn.Module):
 
 @dataclass(frozen=True)
 class SplitPlan:
-    """Which party owns which layers, in chain order (first = data owner, last = label owner)."""
+    """Which party owns which layers, in chain order (first = data owner, last = label owner).
+
+    Args:
+        layers: the model's layer names in chain order.
+        owners: party name -> its layer names (insertion order = chain order).
+
+    Returns:
+        The plan (usually built by :func:`make_plan`); ``parties`` lists the party names in chain order.
+
+    Example:
+        >>> SplitPlan(["fc1", "fc2"], {"alice": ["fc1"], "bob": ["fc2"]}).parties
+        ['alice', 'bob']
+    """
 
     layers: list[str]
     owners: dict[str, list[str]] = field(default_factory=dict)  # party -> its layer names, insertion = chain order

@@ -127,7 +127,20 @@ def _lock(cfg: PartyConfig):
 
 
 def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None) -> None:
-    """Run a party until SIGTERM/SIGINT (or `stop_event`); shut down gracefully, saving a checkpoint."""
+    """Run a party until SIGTERM/SIGINT (or `stop_event`); shut down gracefully, saving a checkpoint.
+
+    Args:
+        cfg: the party's :class:`~modelward.governance.config.PartyConfig`.
+        log: where status lines go (default ``print``).
+        stop_event: set it to stop the server from another thread.
+
+    Returns:
+        None, once the server has stopped.
+
+    Example:
+        >>> from modelward.governance.config import load_party_config
+        >>> serve(load_party_config("parties/alice.toml"))  # blocks until SIGTERM  # doctest: +SKIP
+    """
     check_test_only(cfg)
     Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     with _lock(cfg):

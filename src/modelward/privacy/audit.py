@@ -91,7 +91,27 @@ class MembershipAttackSpec(AlgorithmSpec):
 
 
 class AuditConfig(StrictModel):
-    """One membership-inference audit (see examples/privacy_bcw.toml)."""
+    """One membership-inference audit (see examples/privacy_bcw.toml).
+
+    Args:
+        name: the study's name.
+        seed: base seed (each repetition derives its own).
+        repetitions: independent repetitions (targets, splits, attacks) averaged in the tables.
+        data: the data source; model / init / train: the target's architecture, initialiser and training.
+        split: the member / non-member / hold-out fractions.
+        defense: an optional defence of the target (e.g. DP-SGD).
+        shadows: the shared shadow pool's size and training.
+        attacks: the attacks to run (``[[attacks]]`` with ``name``, ``params``, ``label``, ``calibrate``);
+            labels must be distinct.
+        device: where models train (not part of the fingerprint: an audit may resume on another device).
+
+    Returns:
+        A validated, strict config (unknown keys raise) for :func:`run_audit`.
+
+    Example:
+        >>> [a.name for a in AuditConfig(repetitions=2).attacks]
+        ['naive', 'loss']
+    """
 
     name: str = "audit"
     seed: int = 0
@@ -338,6 +358,10 @@ def run_audit(cfg: AuditConfig, out_dir: str | Path, *, workers: int = 1, execut
         progress: one unit per run.
     Returns:
         one row per attack label with means over repetitions.
+
+    Example:
+        >>> rows = run_audit(AuditConfig(), "privacy-out")  # doctest: +SKIP
+        >>> len(rows)  # one row per attack label  # doctest: +SKIP
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

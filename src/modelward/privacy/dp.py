@@ -40,7 +40,25 @@ def _opacus() -> object:
 
 
 class DPConfig(StrictModel):
-    """DP-SGD hyper-parameters. Give ``target_epsilon`` (noise found for it) or ``noise_multiplier``."""
+    """DP-SGD hyper-parameters. Give ``target_epsilon`` (noise found for it) or ``noise_multiplier``.
+
+    Args:
+        target_epsilon: the ε to reach after ``epochs`` (Opacus finds the noise multiplier).
+        noise_multiplier: an explicit noise multiplier σ instead.
+        delta: δ (None: 1 / (10 N)).
+        max_grad_norm: per-example gradient clipping norm C.
+        accountant: the privacy accountant named next to every ε (``"rdp"`` default).
+        epochs / batch_size: the training length and the expected batch size (Poisson sampling).
+        optimizer / lr / momentum: ``"sgd"`` or ``"adam"`` and its step size (momentum for SGD).
+
+    Returns:
+        A strict config for :func:`train_dp`.
+
+    Example:
+        >>> cfg = DPConfig(target_epsilon=1.0, epochs=5)
+        >>> cfg.accountant, cfg.max_grad_norm
+        ('rdp', 1.0)
+    """
 
     target_epsilon: float | None = Field(None, gt=0.0)
     noise_multiplier: float | None = Field(None, ge=0.0)
@@ -111,8 +129,8 @@ def train_dp(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: DPConfig, 
     Returns:
         :class:`DPReport`; the model is left in eval mode with Opacus' hooks removed.
     Example:
-        >>> rep = train_dp(net, x, y, DPConfig(target_epsilon=1.0, epochs=30))
-        >>> rep.text()    # 'ε = 0.998 at δ = 0.000351 (rdp accountant)'
+        >>> rep = train_dp(net, x, y, DPConfig(target_epsilon=1.0, epochs=30))  # doctest: +SKIP
+        >>> rep.text()    # 'ε = 0.998 at δ = 0.000351 (rdp accountant)'  # doctest: +SKIP
     """
     _opacus()
     from opacus import PrivacyEngine

@@ -61,8 +61,8 @@ def invert(model: nn.Module, targets: torch.Tensor | list[int], x0: torch.Tensor
     Returns:
         :class:`InversionResult` with the reconstructions (same dtype/device as the model's parameters).
     Example:
-        >>> rec = invert(net, [3, 7], x0=0.0, input_shape=(1, 8, 8), steps=128, step_size=0.05)
-        >>> rec.x.shape   # torch.Size([2, 1, 8, 8])
+        >>> rec = invert(net, [3, 7], x0=0.0, input_shape=(1, 8, 8), steps=128, step_size=0.05)  # doctest: +SKIP
+        >>> rec.x.shape   # torch.Size([2, 1, 8, 8])  # doctest: +SKIP
     """
     if steps < 0 or step_size <= 0:
         raise ConfigError(f"inversion: steps must be >= 0 and step_size > 0 (got {steps}, {step_size})")

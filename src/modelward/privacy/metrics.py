@@ -29,7 +29,20 @@ def _check(scores: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def roc_curve(scores: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(fpr, tpr, thresholds): predict member iff score ≥ threshold; ties move together (no optimistic order)."""
+    """(fpr, tpr, thresholds): predict member iff score ≥ threshold; ties move together (no optimistic order).
+
+    Args:
+        scores: per-example attack scores (higher = member).
+        members: the true membership (bool), same length.
+
+    Returns:
+        ``(fpr, tpr, thresholds)`` arrays, starting at ``(0, 0, inf)``, one point per distinct score.
+
+    Example:
+        >>> fpr, tpr, thr = roc_curve(np.array([0.9, 0.2]), np.array([True, False]))
+        >>> fpr.tolist(), tpr.tolist()
+        ([0.0, 0.0, 1.0], [0.0, 1.0, 1.0])
+    """
     s, m = _check(scores, members)
     order = np.argsort(-s, kind="mergesort")
     s, m = s[order], m[order]

@@ -113,7 +113,27 @@ class MetaConfig(StrictModel):
 
 
 class PropertyConfig(StrictModel):
-    """``modelward privacy property``: watermark property inference on one image data set."""
+    """``modelward privacy property``: watermark property inference on one image data set.
+
+    Args:
+        name / seed: the study's name and seed.
+        data: the image data source (default ``digits``).
+        universe: number of candidate glyph properties; properties: how many of them are embedded
+            (must not exceed ``universe``).
+        glyph: glyph size in pixels; fraction: share of images carrying the property.
+        subsample: each shadow model trains on this share of the train split.
+        shadow_models: number of shadow models (≥ 5); test_fraction: share held out to score the meta-classifier.
+        trainers: target training kinds (``standard`` / ``pgd`` / ``gloro``).
+        train / inversion / meta: the target training, inversion and meta-classifier settings.
+
+    Returns:
+        A strict config for :func:`run_property`.
+
+    Example:
+        >>> cfg = PropertyConfig(shadow_models=8, trainers=["standard"])
+        >>> cfg.universe, cfg.properties
+        (30, 14)
+    """
 
     name: str = "property"
     seed: int = 0
@@ -252,6 +272,10 @@ def run_property(cfg: PropertyConfig, out: Path, progress: ProgressSink | None =
         cfg: :class:`PropertyConfig`; out: the output folder; progress: one unit per shadow model.
     Returns:
         one :class:`PropertyResult` per trainer (F1 on the held-out 20 % of shadow models).
+
+    Example:
+        >>> from pathlib import Path
+        >>> results = run_property(PropertyConfig(shadow_models=8), Path("property-out"))  # doctest: +SKIP
     """
     from modelward.core.records import atomic_write_json, write_table
     from modelward.privacy.figures import image_grid

@@ -32,7 +32,24 @@ class MembershipSplit:
 
 def membership_split(x: torch.Tensor, y: torch.Tensor, seed: int, train: float = 0.25, test: float = 0.25
                      ) -> MembershipSplit:
-    """Random disjoint train/test/hold-out split (fractions train, test, rest), seeded."""
+    """Random disjoint train/test/hold-out split (fractions train, test, rest), seeded.
+
+    Args:
+        x: all inputs; y: their labels.
+        seed: seeds the permutation.
+        train: share of members (the target's training set); test: share of non-members; the rest is the
+            attacker's hold-out. Needs ``train > 0``, ``test > 0``, ``train + test < 1`` (else ``ConfigError``).
+
+    Returns:
+        A :class:`MembershipSplit` (``x_in``/``y_in``, ``x_out``/``y_out``, ``x_aux``/``y_aux``); its
+        ``evaluation()`` gives the balanced member/non-member evaluation set.
+
+    Example:
+        >>> import torch
+        >>> s = membership_split(torch.randn(20, 4), torch.randint(2, (20,)), seed=0)
+        >>> len(s.x_in), len(s.x_out), len(s.x_aux)
+        (5, 5, 10)
+    """
     if train <= 0 or test <= 0 or train + test >= 1:
         raise ConfigError(f"split fractions: need train > 0, test > 0, train + test < 1 (got {train}, {test})")
     n = len(x)

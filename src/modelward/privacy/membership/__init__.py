@@ -33,7 +33,22 @@ def attack_class(name: str) -> type[MembershipAttack]:
 
 
 def make_membership_attack(name: str, calibrate: float | None = None, **params: Any) -> MembershipAttack:
-    """Build attack ``name`` with ``params``; ``calibrate=α`` wraps it in App. C's hold-out calibration."""
+    """Build attack ``name`` with ``params``; ``calibrate=α`` wraps it in App. C's hold-out calibration.
+
+    Args:
+        name: a key of ``ATTACKS`` (naive, loss, shadow, bayesian_wb, nn_wb, deep_wb, lira, rmia);
+            an unknown name raises :class:`~modelward.errors.ConfigError` naming the valid ones.
+        calibrate: the calibration level α (None: no calibration).
+        **params: the attack's constructor parameters (unknown ones raise ``ConfigError``).
+
+    Returns:
+        An unfitted :class:`~modelward.privacy.membership.base.MembershipAttack` (wrapped in ``Calibrated`` when
+        ``calibrate`` is given).
+
+    Example:
+        >>> make_membership_attack("loss", tau=0.05).name
+        'loss'
+    """
     attack = ATTACKS.create(name, **params)
     if calibrate is not None:
         from modelward.privacy.membership.calibration import Calibrated

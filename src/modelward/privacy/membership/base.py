@@ -24,6 +24,27 @@ class AttackData:
     """The attacker's knowledge (Threat Model 8.1): target model, hold-out data, algorithm A, shadow models.
 
     ``cache`` lets attacks share expensive artefacts in one audit (e.g. bayesian-wb and nn-wb the same proxies).
+
+    Args:
+        target: the attacked model (returns logits).
+        x_aux: the attacker's hold-out inputs from D*, disjoint from the target's training set.
+        y_aux: their labels.
+        num_classes: number of classes of the target.
+        trainer: the training algorithm A (needed by attacks that train proxies, e.g. bayesian_wb).
+        shadows: a shared :class:`~modelward.privacy.shadows.ShadowPool` (needed by shadow / lira / rmia).
+        seed: seeds the attacks' random choices.
+        cache: artefacts shared between attacks of one audit.
+
+    Returns:
+        A dataclass passed to :meth:`MembershipAttack.fit`; ``need_trainer(who)`` / ``need_shadows(who)`` return
+        the trainer / pool or raise :class:`~modelward.errors.ConfigError` naming the attack.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> data = AttackData(nn.Linear(4, 2), torch.randn(10, 4), torch.randint(2, (10,)), num_classes=2)
+        >>> data.shadows is None and data.seed
+        0
     """
 
     target: nn.Module
@@ -58,6 +79,24 @@ class MembershipAttack:
 
     Subclasses set ``name`` and ``threshold`` (the decision threshold on their score scale) and implement
     :meth:`score`; :meth:`fit` is optional.
+
+    Args:
+        (none here) subclasses take their own parameters; ``fit(data)`` takes an :class:`AttackData`;
+        ``score`` / ``decide`` / ``run`` take inputs ``x`` and labels ``y`` (and optionally a ``threshold``
+        overriding ``self.threshold``).
+
+    Returns:
+        ``fit`` returns the attack itself; ``score`` a float array (higher = more likely a member); ``decide`` the
+        bool array ``score > threshold``; ``run`` a :class:`MembershipResult` (scores, decisions, threshold).
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from modelward.privacy import make_membership_attack
+        >>> x, y = torch.randn(20, 4), torch.randint(2, (20,))
+        >>> attack = make_membership_attack("loss").fit(AttackData(nn.Linear(4, 2), x, y, num_classes=2))
+        >>> isinstance(attack, MembershipAttack), attack.decide(x[:5], y[:5]).shape
+        (True, (5,))
     """
 
     name: str = "base"
