@@ -1,7 +1,13 @@
 """TransferAttack honours the EvasionAttack seeding contract: results depend on `seed` only, global RNG untouched."""
 
+import pytest
 import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from torch import nn
 
+from modelward.robustness.attacks import make_attack
+from modelward.robustness.attacks.base import predict
 from modelward.robustness.attacks.transfer import TransferAttack
 
 
@@ -27,3 +33,62 @@ def test_transfer_attack_depends_on_its_seed_only() -> None:
         outs.append(attack(x, y).x_adv)
         assert torch.equal(torch.get_rng_state(), before)  # the caller's global RNG is not touched
     assert torch.equal(outs[0], outs[1])  # the proxy no longer depends on the global RNG state
+
+
+torch.set_num_threads(1)  # the CI box is shared; oversubscribed BLAS threads are 10-50x slower
+
+EPS = 0.15
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[torch.Tensor, torch.Tensor]:
+    d = load_digits()
+    return torch.tensor(d.data / 16, dtype=torch.float32).view(-1, 1, 8, 8), torch.tensor(d.target)
+
+
+@pytest.fixture(scope="module")
+def victim(digits) -> nn.Module:
+    x, y = digits
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    opt = torch.optim.Adam(m.parameters(), 1e-2)
+    for _ in range(250):
+        opt.zero_grad()
+        F.cross_entropy(m(x[:1400]), y[:1400]).backward()
+        opt.step()
+    return m
+
+
+@pytest.fixture(scope="module")
+def batch(digits, victim) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = digits
+    xs, ys = x[1400:], y[1400:]
+    keep = predict(victim, xs) == ys  # attack only points the model gets right
+    return xs[keep][:60], ys[keep][:60]
+
+
+def _rand_success(model: nn.Module, x: torch.Tensor, y: torch.Tensor, delta: torch.Tensor) -> float:
+    return float((predict(model, (x + delta).clamp(0, 1)) != y).float().mean())
+
+
+def _in_box(x_adv: torch.Tensor) -> bool:
+    return bool(x_adv.min() >= 0.0) and bool(x_adv.max() <= 1.0)
+
+
+def test_transfer_attack_through_proxy(digits, victim, batch):
+    x, y = batch
+    xq = digits[0][:1000]
+    atk = make_attack("transfer", victim, eps=EPS, x_query=xq, proxy_steps=300, attack_params={"steps": 10})
+    res = atk(x, y)
+    assert atk.queries == len(xq)
+    assert atk.proxy_agreement(digits[0][1400:]) > 0.8
+    assert (res.x_adv - x).abs().max() <= EPS + TOL and _in_box(res.x_adv)
+    g = torch.Generator().manual_seed(1)
+    rand = EPS * (torch.randint(0, 2, x.shape, generator=g) * 2 - 1).float()
+    assert res.success_rate > _rand_success(victim, x, y, rand) + 0.2
+    # black-box should not beat white-box PGD by much (gradient-masking sanity, digest §9.1)
+    white = make_attack("pgd", victim, eps=EPS, steps=10)(x, y)
+    assert res.success_rate <= white.success_rate + 0.05
+
+

@@ -1,0 +1,68 @@
+"""C&W finds smaller perturbations than FGSM at equal success."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from torch import nn
+
+from modelward.robustness.attacks import make_attack
+from modelward.robustness.attacks.base import predict
+
+torch.set_num_threads(1)  # the CI box is shared; oversubscribed BLAS threads are 10-50x slower
+
+EPS = 0.15
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[torch.Tensor, torch.Tensor]:
+    d = load_digits()
+    return torch.tensor(d.data / 16, dtype=torch.float32).view(-1, 1, 8, 8), torch.tensor(d.target)
+
+
+@pytest.fixture(scope="module")
+def victim(digits) -> nn.Module:
+    x, y = digits
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    opt = torch.optim.Adam(m.parameters(), 1e-2)
+    for _ in range(250):
+        opt.zero_grad()
+        F.cross_entropy(m(x[:1400]), y[:1400]).backward()
+        opt.step()
+    return m
+
+
+@pytest.fixture(scope="module")
+def batch(digits, victim) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = digits
+    xs, ys = x[1400:], y[1400:]
+    keep = predict(victim, xs) == ys  # attack only points the model gets right
+    return xs[keep][:60], ys[keep][:60]
+
+
+def _rand_success(model: nn.Module, x: torch.Tensor, y: torch.Tensor, delta: torch.Tensor) -> float:
+    return float((predict(model, (x + delta).clamp(0, 1)) != y).float().mean())
+
+
+def _in_box(x_adv: torch.Tensor) -> bool:
+    return bool(x_adv.min() >= 0.0) and bool(x_adv.max() <= 1.0)
+
+
+def test_cw_smaller_than_fgsm_at_equal_success(victim, batch):
+    x, y = batch[0][:30], batch[1][:30]
+    cw = make_attack("cw", victim, steps=60, binary_steps=5, lr=0.05)(x, y)
+    # smallest FGSM ε reaching C&W's success rate
+    for eps in [0.05 * k for k in range(1, 21)]:
+        fg = make_attack("fgsm", victim, eps=eps)(x, y)
+        if fg.success_rate >= cw.success_rate:
+            break
+    assert fg.success_rate >= cw.success_rate
+    l2_cw = (cw.x_adv - x).flatten(1).norm(dim=1)[cw.success].mean()
+    l2_fg = (fg.x_adv - x).flatten(1).norm(dim=1)[fg.success].mean()
+    assert l2_cw < 0.8 * l2_fg
+
+
