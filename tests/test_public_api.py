@@ -18,7 +18,8 @@ MORE = {"modelward.robustness": ("NonLocalMeans", "TransformedModel", "FeatureSq
         "modelward.extraction": ("LocalVictim", "HttpVictim", "ExtractionAttack", "ExtractionResult"),
         "modelward.privacy": ("AttackData", "MembershipAttack", "AuditConfig", "DPConfig", "PropertyConfig"),
         "modelward.governance": ("AuditLog", "Policy", "ConsentChecker", "PartyConfig", "SplitPlan", "SplitConfig",
-                                 "LeakageAuditConfig")}
+                                 "LeakageAuditConfig"),
+        "modelward.cost": ("CostConfig",), "modelward.assess": ("AssessConfig", "SplitConfig")}
 STRATEGIES = ("KnockoffRandom", "KnockoffAdaptive", "JBDA", "JBDATR", "Naive", "Top1", "S4L", "Smoothing", "DDAE",
               "DDAEPlus", "PBayes", "MQPI")
 

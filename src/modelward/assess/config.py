@@ -25,7 +25,19 @@ SECTIONS: tuple[SectionName, ...] = ("robustness", "privacy", "extraction", "com
 
 class SplitConfig(StrictModel):
     """The parts a split would hand to each party, e.g. ``alice = ["conv1"]``, ``bob = ["conv2", "fc1", "logits"]``
-    (names, globs and ``a+b`` unions as ``modelward parts`` prints them)."""
+    (names, globs and ``a+b`` unions as ``modelward parts`` prints them).
+
+    Args:
+        parties: party name -> the part names it holds (at least 2 parties, each with at least one part).
+        study: an existing completion study folder with these parts (read, not rerun).
+
+    Returns:
+        A strict config, the ``[split]`` table of :class:`AssessConfig`.
+
+    Example:
+        >>> SplitConfig(parties={"alice": ["conv1"], "bob": ["conv2", "fc1", "logits"]}).study is None
+        True
+    """
 
     parties: dict[str, list[str]] = Field(min_length=2)
     study: str | None = None  # an existing completion study folder with these parts (e.g. the demo's): read, not rerun
@@ -50,7 +62,26 @@ class RobustnessOptions(StrictModel):
 
 
 class AssessConfig(StrictModel):
-    """A `modelward assess` file (see examples/assess_digits.toml)."""
+    """A `modelward assess` file (see examples/assess_digits.toml).
+
+    Args:
+        name: the model's name in the report.
+        checkpoint: the safetensors checkpoint to assess (or give ``model`` with ``arch = "entrypoint"``).
+        model / data: the model and data (None: from the checkpoint's metadata; data else ``digits``).
+        train: the recipe for shadow models and completion originals.
+        profile: ``"quick"``, ``"standard"`` or ``"thorough"``; seed; device.
+        sections: the threat areas to run (distinct; default all).
+        split: an optional :class:`SplitConfig` (the parts each party would hold).
+        extraction: ``budget`` and ModelGuard ``epsilon``; robustness: ``linf_eps`` / ``l2_eps`` lists.
+
+    Returns:
+        A strict config for :func:`~modelward.assess.run.run_assessment`.
+
+    Example:
+        >>> cfg = AssessConfig(checkpoint="model.safetensors", profile="quick")
+        >>> cfg.profile, cfg.seed
+        ('quick', 0)
+    """
 
     name: str = "model"
     checkpoint: str | None = None

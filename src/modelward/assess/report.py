@@ -157,7 +157,17 @@ def render_html(out: Path, report: dict[str, Any]) -> str:
 
 
 def write_report(out: str | Path) -> tuple[Path, Path]:
-    """Write report.json and report.html into `out` from its section files; returns their paths."""
+    """Write report.json and report.html into `out` from its section files; returns their paths.
+
+    Args:
+        out: an assessment folder (as written by :func:`~modelward.assess.run.run_assessment`).
+
+    Returns:
+        ``(report.json path, report.html path)``.
+
+    Example:
+        >>> json_path, html_path = write_report("assess-out")  # doctest: +SKIP
+    """
     out = Path(out)
     report = build_report(out)
     j = atomic_write_json(out / "report.json", report)

@@ -57,7 +57,23 @@ class CostSettings(StrictModel):
 
 
 class CostConfig(StrictModel):
-    """The whole ``modelward cost`` config: ``[data]``, ``[model]``, ``[train]`` as elsewhere, plus ``[cost]``."""
+    """The whole ``modelward cost`` config: ``[data]``, ``[model]``, ``[train]`` as elsewhere, plus ``[cost]``.
+
+    Args:
+        name / seed: the run's name and seed.
+        data: the data source; model: the model (default: ``modelward.cost.models:square_mlp`` with 16 hidden
+            units); train: how it is trained when ``cost.weights`` is not given.
+        cost: ``[cost]``: the ``backends``, test ``samples``, ``repeats``, the split ``cut``, the training comparison
+            (``train_steps``, ``train_batch``), the user's ``weights`` and the ``he`` / ``mpc`` settings.
+
+    Returns:
+        A strict config for :func:`run_cost`.
+
+    Example:
+        >>> cfg = CostConfig(cost={"backends": ["plain", "he"], "samples": 4})
+        >>> cfg.cost.backends, cfg.model.entrypoint
+        (['plain', 'he'], 'modelward.cost.models:square_mlp')
+    """
 
     name: str = "cost"
     seed: int = 0
@@ -193,6 +209,14 @@ def run_cost(cfg: CostConfig, work_dir: Path | None = None, progress: ProgressSi
         work_dir: where party processes keep their files (default: temporary folders).
         progress: a ProgressSink (``start``/``advance``/``done``); None = silent.
         log: optional ``callable(str)`` for one-line status messages.
+
+    Returns:
+        ``(results, info)``: one :class:`~modelward.cost.result.BackendResult` per backend (``plain`` first, always
+        measured as the reference) and a dict of run information (training time, the training comparison).
+
+    Example:
+        >>> results, info = run_cost(CostConfig(cost={"backends": ["plain", "split"]}))  # doctest: +SKIP
+        >>> [r.status for r in results]  # doctest: +SKIP
     """
     progress = as_sink(progress)
     say = log or (lambda _msg: None)
