@@ -19,7 +19,8 @@ MORE = {"modelward.robustness": ("NonLocalMeans", "TransformedModel", "FeatureSq
         "modelward.privacy": ("AttackData", "MembershipAttack", "AuditConfig", "DPConfig", "PropertyConfig"),
         "modelward.governance": ("AuditLog", "Policy", "ConsentChecker", "PartyConfig", "SplitPlan", "SplitConfig",
                                  "LeakageAuditConfig"),
-        "modelward.cost": ("CostConfig",), "modelward.assess": ("AssessConfig", "SplitConfig")}
+        "modelward.cost": ("CostConfig",), "modelward.assess": ("AssessConfig", "SplitConfig"),
+        "modelward.bias": ("GaussianSetting", "LinearModel", "SGDSchedule")}
 STRATEGIES = ("KnockoffRandom", "KnockoffAdaptive", "JBDA", "JBDATR", "Naive", "Top1", "S4L", "Smoothing", "DDAE",
               "DDAEPlus", "PBayes", "MQPI")
 

@@ -67,7 +67,24 @@ def theorem_9_1(p: float, distance: float) -> float:
 
 @dataclass(frozen=True)
 class GaussianSetting:
-    """Eq. 9.1: y ∼ Bernoulli(p), x | y ∼ N(μ_y, Σ) with diagonal Σ = diag(var)."""
+    """Eq. 9.1: y ∼ Bernoulli(p), x | y ∼ N(μ_y, Σ) with diagonal Σ = diag(var).
+
+    Args:
+        p: P(y = 1), in (0, 1).
+        mu0 / mu1: the class means (1-D arrays of equal length).
+        var: the per-feature variances (> 0), the diagonal of Σ.
+
+    Returns:
+        The setting; ``distance`` is the Mahalanobis distance D between the means and ``sample(n, rng,
+        balanced=False)`` draws ``(x, y)``.
+
+    Example:
+        >>> s = GaussianSetting(0.5, np.zeros(2), np.ones(2), np.ones(2))
+        >>> round(s.distance, 4)
+        1.4142
+        >>> s.sample(10, np.random.default_rng(0), balanced=True)[0].shape
+        (10, 2)
+    """
 
     p: float
     mu0: np.ndarray
@@ -102,7 +119,18 @@ class GaussianSetting:
 
 @dataclass(frozen=True)
 class LinearModel:
-    """A binary linear classifier: predict 1 iff wᵀx + b > 0 (weights in the input units)."""
+    """A binary linear classifier: predict 1 iff wᵀx + b > 0 (weights in the input units).
+
+    Args:
+        w: the weight vector; b: the intercept.
+
+    Returns:
+        The model; ``decision(x)`` gives wᵀx + b per row, ``predict(x)`` the 0/1 labels.
+
+    Example:
+        >>> LinearModel(np.array([1.0, -1.0]), 0.0).predict(np.array([[2.0, 1.0], [0.0, 1.0]]))
+        array([1, 0])
+    """
 
     w: np.ndarray
     b: float
@@ -116,7 +144,19 @@ class LinearModel:
 
 def bayes_optimal(setting: GaussianSetting) -> LinearModel:
     """The Bayes-optimal predictor of Eq. 9.2 with the corrected intercept (LDA):
-    w = Σ⁻¹(μ1 − μ0), b = −½(μ1 + μ0)ᵀw + log(p/(1 − p))."""
+    w = Σ⁻¹(μ1 − μ0), b = −½(μ1 + μ0)ᵀw + log(p/(1 − p)).
+
+    Args:
+        setting: the :class:`GaussianSetting`.
+
+    Returns:
+        The optimal :class:`LinearModel`.
+
+    Example:
+        >>> m = bayes_optimal(asymmetric_gaussian(n_weak=10, weak_var=3.0))
+        >>> m.w[:3].round(4).tolist(), round(m.b, 4)
+        ([1.0, -1.0, 0.3333], -1.6667)
+    """
     w = (setting.mu1 - setting.mu0) / setting.var
     b = float(-0.5 * (setting.mu1 + setting.mu0) @ w + math.log(setting.p / (1.0 - setting.p)))
     return LinearModel(w, b)
@@ -130,8 +170,19 @@ def asymmetric_gaussian(n_weak: int = 1000, weak_var: float = 3.0, strong_var: f
     variance ``strong_var`` (σ_s² = 1), the weak ones the *variance* ``weak_var`` (Sec. 9.3 uses σ_w² = 3 for
     Table 9.6; Fig. 9.3a writes "σ_w = 10" — pass ``weak_var=10`` or ``100`` to choose a reading).
 
+    Args:
+        n_weak: number of weak features (≥ 0).
+        weak_var / strong_var: the variances of the weak and strong features (> 0).
+        p: P(y = 1).
+        n_strong_per_class: strong features per class (≥ 1).
+
+    Returns:
+        The :class:`GaussianSetting` with ``2 n_strong_per_class + n_weak`` features.
+
     Example:
         >>> s = asymmetric_gaussian(n_weak=1000, weak_var=3.0)   # Table 9.6's synthetic row: 1,002 features
+        >>> len(s.var)
+        1002
     """
     if n_weak < 0 or n_strong_per_class < 1 or weak_var <= 0 or strong_var <= 0:
         raise ConfigError("asymmetric_gaussian: need n_weak >= 0, n_strong_per_class >= 1 and positive variances")
@@ -145,7 +196,18 @@ def asymmetric_gaussian(n_weak: int = 1000, weak_var: float = 3.0, strong_var: f
 def asymmetry(x: np.ndarray, y: np.ndarray) -> float:
     """Fraction of features oriented towards y = 1: sign(mean(x | y=1) − mean(x | y=0)) > 0 (Table 9.6 "asymm.").
 
-    The digest notes the learned weights are far less asymmetric than the data, so this uses class means."""
+    The digest notes the learned weights are far less asymmetric than the data, so this uses class means.
+
+    Args:
+        x: the features (N, d); y: binary 0/1 labels with both classes present (else ``DataError``).
+
+    Returns:
+        The fraction in [0, 1].
+
+    Example:
+        >>> asymmetry(np.array([[0.0, 1.0], [1.0, 0.0]]), np.array([0, 1]))
+        0.5
+    """
     x, y = np.asarray(x), np.asarray(y)
     if not ((y == 0).any() and (y == 1).any()):
         raise DataError("asymmetry: both classes must be present")
@@ -156,7 +218,19 @@ def asymmetry(x: np.ndarray, y: np.ndarray) -> float:
 def weak_weight_error(w_hat: np.ndarray, w_opt: np.ndarray, n_strong: int = 2) -> float:
     """(1/n) Σ_i (ŵ_{i+n_strong} − w_{i+n_strong}): the signed error of the weak-feature weights (Fig. 9.3c);
     positive = SGD over-estimates the weak features. Weights must be on the same scale (e.g. both in the units of
-    the raw features)."""
+    the raw features).
+
+    Args:
+        w_hat: the learned weights; w_opt: the optimal ones (same length > ``n_strong``).
+        n_strong: the leading strong features to skip.
+
+    Returns:
+        The mean signed error over the weak features.
+
+    Example:
+        >>> round(weak_weight_error(np.array([1.0, -1.0, 0.5, 0.5]), np.array([1.0, -1.0, 0.3, 0.3])), 6)
+        0.2
+    """
     w_hat, w_opt = np.asarray(w_hat, dtype=float).ravel(), np.asarray(w_opt, dtype=float).ravel()
     if w_hat.shape != w_opt.shape or len(w_hat) <= n_strong:
         raise ConfigError("weak_weight_error: weight vectors must have equal length > n_strong")
@@ -166,7 +240,20 @@ def weak_weight_error(w_hat: np.ndarray, w_opt: np.ndarray, n_strong: int = 2) -
 def mahalanobis_distance(x: np.ndarray, y: np.ndarray, pooled: str = "diagonal") -> float:
     """D between the class means of a binary data set, with the pooled within-class covariance ("diagonal" or
     "full"). Table 9.2 does not say how its D was computed, and neither choice reproduces its values (digest §5);
-    this is reported for context, never used as a test target."""
+    this is reported for context, never used as a test target.
+
+    Args:
+        x: the features (N, d); y: binary 0/1 labels.
+        pooled: ``"diagonal"`` or ``"full"`` pooled within-class covariance (else ``ConfigError``).
+
+    Returns:
+        The distance D.
+
+    Example:
+        >>> x = np.array([[0.0], [0.5], [1.0], [1.5]])
+        >>> mahalanobis_distance(x, np.array([0, 0, 1, 1]))
+        4.0
+    """
     x, y = np.asarray(x, dtype=float), np.asarray(y)
     d = x[y == 1].mean(0) - x[y == 0].mean(0)
     resid = np.concatenate([x[y == 1] - x[y == 1].mean(0), x[y == 0] - x[y == 0].mean(0)])

@@ -31,7 +31,22 @@ LEARNERS = Registry("learner")
 
 
 class SGDSchedule(StrictModel):
-    """SGD hyper-parameters, all explicit (scikit-learn ``SGDClassifier`` names)."""
+    """SGD hyper-parameters, all explicit (scikit-learn ``SGDClassifier`` names).
+
+    Args:
+        loss: the SGD loss (default ``"log_loss"``: logistic regression).
+        learning_rate / eta0 / power_t: the step-size schedule (``constant`` / ``optimal`` / ``invscaling`` /
+            ``adaptive``), the initial step and the inverse-scaling exponent.
+        alpha / penalty: regularisation strength and kind (``l2``, ``l1``, ``elasticnet`` or None).
+        max_iter / tol: epochs and stopping tolerance; fit_intercept: learn b.
+
+    Returns:
+        A strict config for :func:`fit_sgd`.
+
+    Example:
+        >>> SGDSchedule(eta0=0.001).loss, SGDSchedule().learning_rate
+        ('log_loss', 'constant')
+    """
 
     loss: SGDLoss = "log_loss"
     learning_rate: Literal["constant", "optimal", "invscaling", "adaptive"] = "constant"
@@ -66,8 +81,19 @@ def _check_xy(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def fit_sgd(x: np.ndarray, y: np.ndarray, schedule: SGDSchedule | None = None, seed: int = 0) -> FittedLinear:
     """SGD-trained linear classifier (Fig. 9.3–9.4, Table 9.6 "logistic regression trained with SGD").
 
+    Args:
+        x: features (N, d); y: binary 0/1 labels with both classes (else ``ConfigError``).
+        schedule: the :class:`SGDSchedule` (default: its defaults).
+        seed: the SGD shuffling seed.
+
+    Returns:
+        :class:`FittedLinear` (``model``: the :class:`LinearModel`, ``learner``, ``n_iter``).
+
     Example:
-        >>> fit_sgd(x, y, SGDSchedule(loss="log_loss", learning_rate="constant", eta0=0.01), seed=0).model.w
+        >>> from modelward.bias.amplification import asymmetric_gaussian
+        >>> x, y = asymmetric_gaussian(n_weak=10).sample(200, np.random.default_rng(0), balanced=True)
+        >>> fit_sgd(x, y, SGDSchedule(loss="log_loss", learning_rate="constant", eta0=0.01), seed=0).model.w.shape
+        (12,)
     """
     import warnings
 
@@ -88,7 +114,20 @@ def fit_sgd(x: np.ndarray, y: np.ndarray, schedule: SGDSchedule | None = None, s
 
 @LEARNERS.register("lbfgs_logistic")
 def fit_lbfgs_logistic(x: np.ndarray, y: np.ndarray, c: float = 1.0, max_iter: int = 1000) -> FittedLinear:
-    """Logistic regression optimised by L-BFGS (Fig. 9.4: less bias amplification than SGD)."""
+    """Logistic regression optimised by L-BFGS (Fig. 9.4: less bias amplification than SGD).
+
+    Args:
+        x: features (N, d); y: binary 0/1 labels.
+        c: inverse regularisation strength C; max_iter: L-BFGS iterations.
+
+    Returns:
+        :class:`FittedLinear` with ``learner == "lbfgs_logistic"``.
+
+    Example:
+        >>> fit_lbfgs_logistic(np.array([[0.0], [1.0], [2.0], [3.0]]), np.array([0, 0, 1, 1])).model.predict(
+        ...     np.array([[0.0], [3.0]]))
+        array([0, 1])
+    """
     from sklearn.linear_model import LogisticRegression
 
     x, y = _check_xy(x, y)
@@ -99,7 +138,18 @@ def fit_lbfgs_logistic(x: np.ndarray, y: np.ndarray, c: float = 1.0, max_iter: i
 
 @LEARNERS.register("linear_svm")
 def fit_linear_svm(x: np.ndarray, y: np.ndarray, c: float = 1.0) -> FittedLinear:
-    """SVM trained by SMO (libsvm), linear kernel, penalty C (Fig. 9.4 uses C = 1.0)."""
+    """SVM trained by SMO (libsvm), linear kernel, penalty C (Fig. 9.4 uses C = 1.0).
+
+    Args:
+        x: features (N, d); y: binary 0/1 labels; c: the penalty C.
+
+    Returns:
+        :class:`FittedLinear` with ``learner == "linear_svm"``.
+
+    Example:
+        >>> fit_linear_svm(np.array([[0.0], [1.0], [2.0], [3.0]]), np.array([0, 0, 1, 1])).learner
+        'linear_svm'
+    """
     from sklearn.svm import SVC
 
     x, y = _check_xy(x, y)
@@ -109,7 +159,18 @@ def fit_linear_svm(x: np.ndarray, y: np.ndarray, c: float = 1.0) -> FittedLinear
 
 @LEARNERS.register("gaussian_nb")
 def fit_gaussian_nb(x: np.ndarray, y: np.ndarray):  # type: ignore[no-untyped-def]
-    """Gaussian naive Bayes (Table 9.2); returns the fitted scikit-learn estimator (``.predict``)."""
+    """Gaussian naive Bayes (Table 9.2); returns the fitted scikit-learn estimator (``.predict``).
+
+    Args:
+        x: features (N, d); y: binary 0/1 labels.
+
+    Returns:
+        The fitted ``sklearn.naive_bayes.GaussianNB``.
+
+    Example:
+        >>> fit_gaussian_nb(np.array([[0.0], [1.0], [2.0], [3.0]]), np.array([0, 0, 1, 1])).predict([[0.0], [3.0]])
+        array([0, 1])
+    """
     from sklearn.naive_bayes import GaussianNB
 
     x, y = _check_xy(x, y)
@@ -119,7 +180,20 @@ def fit_gaussian_nb(x: np.ndarray, y: np.ndarray):  # type: ignore[no-untyped-de
 def fit_learner(name: str, x: np.ndarray, y: np.ndarray, schedule: SGDSchedule | None = None, seed: int = 0,
                 c: float = 1.0):  # type: ignore[no-untyped-def]
     """Dispatch by name: ``sgd`` (with ``schedule``), ``lbfgs_logistic``, ``linear_svm``, ``gaussian_nb``.
-    Linear learners return :class:`FittedLinear`; ``gaussian_nb`` a scikit-learn estimator."""
+    Linear learners return :class:`FittedLinear`; ``gaussian_nb`` a scikit-learn estimator.
+
+    Args:
+        name: a key of ``LEARNERS`` (unknown names raise ``ConfigError`` naming the valid ones).
+        x: features (N, d); y: binary 0/1 labels.
+        schedule / seed: used by ``sgd``; c: the C of ``lbfgs_logistic`` and ``linear_svm``.
+
+    Returns:
+        :class:`FittedLinear`, or the ``GaussianNB`` estimator for ``gaussian_nb``.
+
+    Example:
+        >>> fit_learner("lbfgs_logistic", np.array([[0.0], [1.0], [2.0], [3.0]]), np.array([0, 0, 1, 1])).learner
+        'lbfgs_logistic'
+    """
     fn = LEARNERS.get(name)  # ConfigError naming the valid choices
     if name == "sgd":
         return fn(x, y, schedule, seed)
@@ -145,7 +219,21 @@ def _last_linear(model: nn.Module, head: str | None) -> tuple[str, nn.Linear]:
 @torch.no_grad()
 def penultimate_features(model: nn.Module, x: torch.Tensor, head: str | None = None,
                          batch_size: int = 1024) -> np.ndarray:
-    """z = h(x): the input of the head layer (the last ``nn.Linear`` unless ``head`` names one), as float64."""
+    """z = h(x): the input of the head layer (the last ``nn.Linear`` unless ``head`` names one), as float64.
+
+    Args:
+        model: the deep net; x: its inputs.
+        head: the name of the head ``nn.Linear`` (default: the last one).
+        batch_size: inputs per forward pass (the model runs in eval mode; its modes are restored).
+
+    Returns:
+        A float64 array (N, head.in_features).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        >>> penultimate_features(net, torch.randn(5, 4)).shape
+        (5, 8)
+    """
     name, lin = _last_linear(model, head)
     feats: list[torch.Tensor] = []
 
@@ -168,7 +256,20 @@ def penultimate_features(model: nn.Module, x: torch.Tensor, head: str | None = N
 
 def linear_head(model: nn.Module, classes: tuple[int, int] = (0, 1), head: str | None = None) -> LinearModel:
     """The head g of a deep net sliced at its penultimate layer, as a binary linear model predicting
-    ``classes[1]`` iff (W_{c1} − W_{c0})ᵀz + (b_{c1} − b_{c0}) > 0 (exactly the argmax for a 2-way head)."""
+    ``classes[1]`` iff (W_{c1} − W_{c0})ᵀz + (b_{c1} − b_{c0}) > 0 (exactly the argmax for a 2-way head).
+
+    Args:
+        model: the deep net; classes: two different outputs (c0, c1) of its head.
+        head: the name of the head ``nn.Linear`` (default: the last one).
+
+    Returns:
+        A :class:`~modelward.bias.amplification.LinearModel` over the penultimate features.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        >>> linear_head(net, classes=(0, 2)).w.shape
+        (8,)
+    """
     _, lin = _last_linear(model, head)
     c0, c1 = classes
     n_out = lin.out_features
