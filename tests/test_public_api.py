@@ -20,7 +20,10 @@ MORE = {"modelward.robustness": ("NonLocalMeans", "TransformedModel", "FeatureSq
         "modelward.governance": ("AuditLog", "Policy", "ConsentChecker", "PartyConfig", "SplitPlan", "SplitConfig",
                                  "LeakageAuditConfig"),
         "modelward.cost": ("CostConfig",), "modelward.assess": ("AssessConfig", "SplitConfig"),
-        "modelward.bias": ("GaussianSetting", "LinearModel", "SGDSchedule")}
+        "modelward.bias": ("GaussianSetting", "LinearModel", "SGDSchedule"),
+        "modelward.explain": ("InternalInfluence", "Slice", "ClassQoI", "ComparativeQoI", "MaxClassQoI", "UnitQoI",
+                              "ChannelQoI", "LambdaQoI", "PointDoI", "LinearDoI", "GaussianDoI", "DatasetDoI",
+                              "MixtureDoI")}
 STRATEGIES = ("KnockoffRandom", "KnockoffAdaptive", "JBDA", "JBDATR", "Naive", "Top1", "S4L", "Smoothing", "DDAE",
               "DDAEPlus", "PBayes", "MQPI")
 

@@ -60,9 +60,18 @@ class Slice:
     (``None`` = the input itself, h = identity); ``to_layer`` is the module whose output the quantity of interest
     reads (``None`` = the model output). ``Slice(None, "conv2")`` with a unit QoI localises an internal unit (§3.3).
 
+    Args:
+        from_layer: the module whose output is z = h(x) (None: the input).
+        to_layer: the module whose output the QoI reads (None: the model output).
+
+    Returns:
+        The slice; ``check(model)`` raises ``ConfigError`` naming the valid module names when a layer is unknown.
+
     Example:
         >>> Slice("fc1")            # influence of the fc1 units on the output
+        Slice(from_layer='fc1', to_layer=None)
         >>> Slice(None, "conv2")    # input influence on conv2's units
+        Slice(from_layer=None, to_layer='conv2')
     """
 
     from_layer: str | None = None
@@ -80,7 +89,19 @@ class Slice:
 # quantities of interest
 class QuantityOfInterest(ABC):
     """q: output (or a layer's output) → one number per row (§3.2). ``rows`` holds, for each row of ``y``, the
-    index of the explained input it belongs to (so per-input targets work on the batched DoI samples)."""
+    index of the explained input it belongs to (so per-input targets work on the batched DoI samples).
+
+    Args:
+        (subclasses) their own parameters; calling takes ``y`` (outputs, one row per sample) and ``rows``.
+
+    Returns:
+        Calling it returns a tensor (N,): one number per row of ``y``.
+
+    Example:
+        >>> q = ClassQoI(1)
+        >>> isinstance(q, QuantityOfInterest), q(torch.tensor([[0.0, 2.0]]), torch.tensor([0])).tolist()
+        (True, [2.0])
+    """
 
     @abstractmethod
     def __call__(self, y: torch.Tensor, rows: torch.Tensor) -> torch.Tensor: ...
@@ -106,7 +127,18 @@ def _pick(y: torch.Tensor, c: torch.Tensor | int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class ClassQoI(QuantityOfInterest):
-    """q(y) = y_c: the logit of class ``c`` (one class, or one class per explained input)."""
+    """q(y) = y_c: the logit of class ``c`` (one class, or one class per explained input).
+
+    Args:
+        c: a class index, or a tuple of one class per explained input.
+
+    Returns:
+        Calling ``q(y, rows)`` returns y_c per row (``ConfigError`` if ``c`` is out of range).
+
+    Example:
+        >>> ClassQoI((0, 1))(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([0, 1])).tolist()
+        [1.0, 4.0]
+    """
 
     c: int | tuple[int, ...]
 
@@ -116,7 +148,18 @@ class ClassQoI(QuantityOfInterest):
 
 @dataclass(frozen=True)
 class ComparativeQoI(QuantityOfInterest):
-    """q(y) = y_{c1} − y_{c2}: "why c1 rather than c2" (§3.2)."""
+    """q(y) = y_{c1} − y_{c2}: "why c1 rather than c2" (§3.2).
+
+    Args:
+        c1 / c2: the two classes (an index, or one per explained input).
+
+    Returns:
+        Calling ``q(y, rows)`` returns y_{c1} − y_{c2} per row.
+
+    Example:
+        >>> ComparativeQoI(1, 0)(torch.tensor([[1.0, 3.0]]), torch.tensor([0])).tolist()
+        [2.0]
+    """
 
     c1: int | tuple[int, ...]
     c2: int | tuple[int, ...]
@@ -127,7 +170,18 @@ class ComparativeQoI(QuantityOfInterest):
 
 @dataclass(frozen=True)
 class MaxClassQoI(QuantityOfInterest):
-    """q(y) = max_i y_i (the predicted class's logit at each sample)."""
+    """q(y) = max_i y_i (the predicted class's logit at each sample).
+
+    Args:
+        (none)
+
+    Returns:
+        Calling ``q(y, rows)`` returns the largest output per row.
+
+    Example:
+        >>> MaxClassQoI()(torch.tensor([[1.0, 3.0], [5.0, 0.0]]), torch.tensor([0, 1])).tolist()
+        [3.0, 5.0]
+    """
 
     def __call__(self, y: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return y.flatten(1).max(1).values
@@ -135,7 +189,18 @@ class MaxClassQoI(QuantityOfInterest):
 
 @dataclass(frozen=True)
 class UnitQoI(QuantityOfInterest):
-    """q(z) = z_i: one internal unit (flat index into the layer output), for feature localisation (§3.3)."""
+    """q(z) = z_i: one internal unit (flat index into the layer output), for feature localisation (§3.3).
+
+    Args:
+        unit: the flat index into the layer's output.
+
+    Returns:
+        Calling ``q(z, rows)`` returns z_unit per row.
+
+    Example:
+        >>> UnitQoI(2)(torch.tensor([[1.0, 2.0, 7.0]]), torch.tensor([0])).tolist()
+        [7.0]
+    """
 
     unit: int
 
@@ -145,7 +210,18 @@ class UnitQoI(QuantityOfInterest):
 
 @dataclass(frozen=True)
 class ChannelQoI(QuantityOfInterest):
-    """q(z) = Σ_{spatial} z_{c,·,·}: one channel of a convolutional layer (TruLens' internal-channel QoI)."""
+    """q(z) = Σ_{spatial} z_{c,·,·}: one channel of a convolutional layer (TruLens' internal-channel QoI).
+
+    Args:
+        channel: the channel index (``ConfigError`` if out of range).
+
+    Returns:
+        Calling ``q(z, rows)`` returns the channel's spatial sum per row.
+
+    Example:
+        >>> ChannelQoI(1)(torch.ones(2, 3, 4, 4), torch.tensor([0, 1])).tolist()
+        [16.0, 16.0]
+    """
 
     channel: int
 
@@ -156,7 +232,18 @@ class ChannelQoI(QuantityOfInterest):
 
 
 class LambdaQoI(QuantityOfInterest):
-    """Any user function of the output: ``fn(y) -> (N,)`` or ``fn(y, rows) -> (N,)``."""
+    """Any user function of the output: ``fn(y) -> (N,)`` or ``fn(y, rows) -> (N,)``.
+
+    Args:
+        fn: the function (one or two parameters); it must return one value per row (else ``ConfigError``).
+
+    Returns:
+        Calling ``q(y, rows)`` returns ``fn``'s values.
+
+    Example:
+        >>> LambdaQoI(lambda y: y.sum(1))(torch.tensor([[1.0, 2.0]]), torch.tensor([0])).tolist()
+        [3.0]
+    """
 
     def __init__(self, fn: Callable[..., torch.Tensor]) -> None:
         self.fn = fn
@@ -207,7 +294,20 @@ def _baseline_like(baseline: torch.Tensor | float | None, x: torch.Tensor) -> to
 
 class DistributionOfInterest(ABC):
     """𝒟 as a weighted sample set (Eq. 3.2). ``space`` says where the samples live: the model's input, or the
-    slice's latent space z = h(x) ("a DoI may be expressed directly over the latent space", §3.2)."""
+    slice's latent space z = h(x) ("a DoI may be expressed directly over the latent space", §3.2).
+
+    Args:
+        (subclasses) their own parameters; ``sample(x, baseline=None)`` takes the B explained points.
+
+    Returns:
+        ``sample`` returns samples (S, B, *shape) and weights (S,) summing to 1; ``baseline(x)`` the reference
+        point of attributions (default 0).
+
+    Example:
+        >>> pts, w = PointDoI().sample(torch.ones(2, 3))
+        >>> isinstance(PointDoI(), DistributionOfInterest), tuple(pts.shape), w.tolist()
+        (True, (1, 2, 3), [1.0])
+    """
 
     space: Space = "input"
 
@@ -224,7 +324,18 @@ class DistributionOfInterest(ABC):
 @dataclass(frozen=True)
 class PointDoI(DistributionOfInterest):
     """The point mass at x: the most local explanation (saliency maps, §3.4). Baseline for attributions: 0
-    (gradient × input)."""
+    (gradient × input).
+
+    Args:
+        space: ``"input"`` or ``"slice"`` (the latent space of the slice).
+
+    Returns:
+        ``sample(x)`` returns ``x`` itself as one sample of weight 1.
+
+    Example:
+        >>> tuple(PointDoI().sample(torch.ones(2, 3))[0].shape)
+        (1, 2, 3)
+    """
 
     space: Space = "input"
 
@@ -237,7 +348,21 @@ class LinearDoI(DistributionOfInterest):
     """Uniform on the segment from ``baseline`` to x (integrated gradients, Eq. 3.3), discretised with ``steps``
     points by ``rule``. With ``space="slice"`` the path runs in the latent space between h(baseline) and h(x)
     (Captum's ``LayerIntegratedGradients``); ``baseline`` is an input-space tensor/number (None = zeros) unless
-    ``baseline_space="slice"``."""
+    ``baseline_space="slice"``.
+
+    Args:
+        baseline_value: the path's start (tensor or number; None = zeros).
+        steps: points on the path; rule: the quadrature rule (default ``"gausslegendre"``; validated early).
+        space: ``"input"`` or ``"slice"``; baseline_space: where ``baseline_value`` lives.
+
+    Returns:
+        ``sample(x)`` returns ``steps`` points between the baseline and ``x`` with quadrature weights summing to 1.
+
+    Example:
+        >>> pts, w = LinearDoI(steps=8).sample(torch.ones(2, 3))
+        >>> tuple(pts.shape), round(float(w.sum()), 6)
+        ((8, 2, 3), 1.0)
+    """
 
     baseline_value: torch.Tensor | float | None = None
     steps: int = 50
@@ -260,7 +385,20 @@ class LinearDoI(DistributionOfInterest):
 
 @dataclass(frozen=True)
 class GaussianDoI(DistributionOfInterest):
-    """x + N(0, std²) samples (SmoothGrad, §3.4); ``samples`` draws, seeded (no global RNG)."""
+    """x + N(0, std²) samples (SmoothGrad, §3.4); ``samples`` draws, seeded (no global RNG).
+
+    Args:
+        std: the noise standard deviation (≥ 0, input units); samples: draws (≥ 1); seed: the noise seed.
+        space: ``"input"`` or ``"slice"``.
+
+    Returns:
+        ``sample(x)`` returns ``samples`` noisy copies of ``x`` with equal weights.
+
+    Example:
+        >>> pts, w = GaussianDoI(std=0.1, samples=5).sample(torch.zeros(2, 3))
+        >>> tuple(pts.shape), round(float(w.sum()), 6)
+        ((5, 2, 3), 1.0)
+    """
 
     std: float = 0.15
     samples: int = 50
@@ -281,7 +419,21 @@ class GaussianDoI(DistributionOfInterest):
 
 class DatasetDoI(DistributionOfInterest):
     """A fixed multiset of points (a data set: the "zoomed-out", global explanation of Eq. 3.2), optionally
-    weighted. It does not depend on the explained point: the influence comes back with batch size 1."""
+    weighted. It does not depend on the explained point: the influence comes back with batch size 1.
+
+    Args:
+        points: the points (N, *shape), at least one.
+        weights: one non-negative weight per point, not all zero (default: uniform; normalised to sum 1).
+        space: ``"input"`` or ``"slice"``.
+
+    Returns:
+        ``sample(x)`` returns the points (N, 1, *shape) and their weights, whatever ``x`` is.
+
+    Example:
+        >>> doi = DatasetDoI(torch.zeros(4, 3), weights=torch.tensor([1.0, 1.0, 2.0, 0.0]))
+        >>> doi.weights.tolist()
+        [0.25, 0.25, 0.5, 0.0]
+    """
 
     def __init__(self, points: torch.Tensor, weights: torch.Tensor | None = None, space: Space = "input") -> None:
         if len(points) == 0:
@@ -300,7 +452,20 @@ class DatasetDoI(DistributionOfInterest):
 
 class MixtureDoI(DistributionOfInterest):
     """𝒟 = Σ_a α_a P_a (Axiom 4.3, distributional linearity): the union of the components' samples, each
-    component's weights scaled by its α. Components must live in the same space and depend on x alike."""
+    component's weights scaled by its α. Components must live in the same space and depend on x alike.
+
+    Args:
+        components: ``(α, DoI)`` pairs; the α are non-negative, not all zero, and normalised to sum 1.
+
+    Returns:
+        ``sample(x)`` returns the union of the components' samples with weights scaled by their α.
+
+    Example:
+        >>> mix = MixtureDoI([(1.0, PointDoI()), (3.0, LinearDoI(steps=4))])
+        >>> pts, w = mix.sample(torch.ones(2, 3))
+        >>> tuple(pts.shape), round(float(w.sum()), 6)
+        ((5, 2, 3), 1.0)
+    """
 
     def __init__(self, components: Sequence[tuple[float, DistributionOfInterest]]) -> None:
         if not components:
@@ -359,8 +524,12 @@ class InternalInfluence:
         influence ⊙ (z − z_baseline) (§3.1's units of output; completeness along a path, Eq. 3.3).
 
     Example:
-        >>> ii = InternalInfluence(net, Slice("fc1"), ClassQoI(3), LinearDoI(steps=64))
-        >>> infl = ii.influence(x)          # (B, 64) for a 64-unit fc1
+        >>> net = nn.Sequential()
+        >>> net.add_module("fc1", nn.Linear(4, 8)); net.add_module("act", nn.ReLU())
+        >>> net.add_module("logits", nn.Linear(8, 3))
+        >>> ii = InternalInfluence(net, Slice("fc1"), ClassQoI(2), LinearDoI(steps=16))
+        >>> tuple(ii.influence(torch.randn(5, 4)).shape)  # (B, 8) for the 8-unit fc1
+        (5, 8)
     """
 
     def __init__(self, model: nn.Module, slice: Slice | str | None = None,
@@ -553,7 +722,23 @@ def as_doi(d: DistributionOfInterest | str | None) -> DistributionOfInterest:
 
 
 def completeness_gap(ii: InternalInfluence, x: torch.Tensor) -> torch.Tensor:
-    """Σ attribution − (q(x) − q(baseline)) per input (Eq. 3.3 efficiency); → 0 as the path resolution grows."""
+    """Σ attribution − (q(x) − q(baseline)) per input (Eq. 3.3 efficiency); → 0 as the path resolution grows.
+
+    Args:
+        ii: an :class:`InternalInfluence` with a :class:`LinearDoI` (else ``ConfigError``).
+        x: the explained inputs.
+
+    Returns:
+        The gap per input (B,).
+
+    Example:
+        >>> net = nn.Sequential()
+        >>> net.add_module("fc1", nn.Linear(4, 8)); net.add_module("act", nn.ReLU())
+        >>> net.add_module("logits", nn.Linear(8, 3))
+        >>> ii = InternalInfluence(net, None, ClassQoI(0), LinearDoI(steps=64))
+        >>> tuple(completeness_gap(ii, torch.randn(3, 4)).shape)  # small; → 0 with more steps
+        (3,)
+    """
     if not isinstance(ii.doi, LinearDoI):
         raise ConfigError("completeness is defined for a straight-line path DoI (LinearDoI)")
     attr = ii.attribution(x).flatten(1).sum(1)

@@ -57,8 +57,22 @@ def top_units(model: nn.Module, layer: str, x: torch.Tensor, target: int | Quant
     The DoI is the sample set ``x`` (e.g. the test points of the class), each point explained with ``doi``
     (default: the point itself); ``by="attribution"`` ranks by influence × activation instead.
 
+    Args:
+        model: the model; layer: the slice's layer; x: the points (the DoI sample set).
+        target: a class index or a :class:`~modelward.explain.influence.QuantityOfInterest`.
+        k: how many units (≥ 1); by: ``"influence"`` or ``"attribution"``.
+        doi: how each point is explained (default: the point itself); batch_size: rows per pass.
+
+    Returns:
+        The top ``k`` :class:`UnitScore` (unit index, score), highest first.
+
     Example:
-        >>> top_units(net, "fc1", x_test[y_test == 3], target=3, k=4)
+        >>> net = nn.Sequential()
+        >>> net.add_module("fc1", nn.Linear(4, 8)); net.add_module("act", nn.ReLU())
+        >>> net.add_module("logits", nn.Linear(8, 3))
+        >>> x_test = torch.randn(20, 4)
+        >>> len(top_units(net, "fc1", x_test, target=2, k=3))
+        3
     """
     if k < 1:
         raise ConfigError(f"top_units: k must be >= 1, got {k}")
@@ -82,7 +96,26 @@ def _unit_qoi(model: nn.Module, layer: str, unit: int, x: torch.Tensor) -> Quant
 def attribute(model: nn.Module, x: torch.Tensor, qoi: QuantityOfInterest | int | str, method: Method,
               slice: Slice | None = None, steps: int = 64, std: float = 0.15, samples: int = 32, seed: int = 0,
               baseline: torch.Tensor | float | None = None, batch_size: int | None = None) -> torch.Tensor:
-    """Input attributions of ``qoi`` by a named special case (§3.4) over one core (:class:`InternalInfluence`)."""
+    """Input attributions of ``qoi`` by a named special case (§3.4) over one core (:class:`InternalInfluence`).
+
+    Args:
+        model: the model; x: the explained inputs; qoi: a QoI, a class index or ``"max"``.
+        method: ``"saliency"``, ``"gradient_x_input"``, ``"smoothgrad"`` or ``"integrated_gradients"`` (unknown
+            names raise ``ConfigError`` naming the valid ones).
+        slice: an optional :class:`~modelward.explain.influence.Slice` (``to_layer`` reads the QoI inside).
+        steps / baseline: for integrated gradients; std / samples / seed: for SmoothGrad; batch_size: rows per pass.
+
+    Returns:
+        The attributions (influences for saliency and SmoothGrad), shaped like ``x``.
+
+    Example:
+        >>> net = nn.Sequential()
+        >>> net.add_module("fc1", nn.Linear(4, 8)); net.add_module("act", nn.ReLU())
+        >>> net.add_module("logits", nn.Linear(8, 3))
+        >>> x = torch.randn(5, 4)
+        >>> attribute(net, x, 2, "integrated_gradients", steps=16).shape == x.shape
+        True
+    """
     from modelward.explain.methods import METHODS as REGISTRY
 
     params: dict[str, object] = {"layer": None if slice is None else slice.from_layer, "batch_size": batch_size}
@@ -106,7 +139,23 @@ def attribute(model: nn.Module, x: torch.Tensor, qoi: QuantityOfInterest | int |
 def unit_attribution(model: nn.Module, layer: str, unit: int, x: torch.Tensor, method: Method = "integrated_gradients",
                      steps: int = 64, batch_size: int | None = None) -> torch.Tensor:
     """Localise a unit (§3.3 step 2): input attribution of q(z) = z_unit (summed over space for a channel) through
-    the slice (h, h'), i.e. ``Slice(None, layer)``."""
+    the slice (h, h'), i.e. ``Slice(None, layer)``.
+
+    Args:
+        model: the model; layer: the layer holding the unit; unit: its index (a channel for conv maps).
+        x: the inputs; method: the attribution method; steps: path steps; batch_size: rows per pass.
+
+    Returns:
+        The input attributions of the unit, shaped like ``x``.
+
+    Example:
+        >>> net = nn.Sequential()
+        >>> net.add_module("fc1", nn.Linear(4, 8)); net.add_module("act", nn.ReLU())
+        >>> net.add_module("logits", nn.Linear(8, 3))
+        >>> x = torch.randn(5, 4)
+        >>> unit_attribution(net, "fc1", 3, x, steps=16).shape == x.shape
+        True
+    """
     qoi = _unit_qoi(model, layer, unit, x)
     return attribute(model, x, qoi, method, Slice(None, layer), steps=steps, batch_size=batch_size)
 
@@ -156,7 +205,24 @@ def unit_inversion(model: nn.Module, layer: str, units: list[int], input_shape: 
                    ) -> torch.Tensor:
     """Visualise units by inversion: inputs that maximise each unit (activation maximisation), by ℓ2-normalised
     projected gradient steps from a grey seed. Uses :func:`modelward.privacy.inversion.invert` (loss = −unit)
-    when the privacy area is installed, else the same recipe here."""
+    when the privacy area is installed, else the same recipe here.
+
+    Args:
+        model: the model; layer: the layer; units: the unit (channel) indices to visualise.
+        input_shape: one input's shape (no batch); steps / step_size: the ascent; x0: the grey seed value;
+        box: the input range kept (None: unbounded).
+
+    Returns:
+        One input per unit: a tensor (len(units), *input_shape).
+
+    Example:
+        >>> net = nn.Sequential()
+        >>> net.add_module("fc1", nn.Linear(4, 8)); net.add_module("act", nn.ReLU())
+        >>> net.add_module("logits", nn.Linear(8, 3))
+        >>> x = torch.randn(5, 4)
+        >>> tuple(unit_inversion(net, "fc1", [0, 5], input_shape=(4,), steps=8).shape)
+        (2, 4)
+    """
     wrapped = _UnitOutput(model, layer)
     try:
         from modelward.privacy.inversion import invert
@@ -192,6 +258,20 @@ def compare_models(models: dict[str, nn.Module], x: torch.Tensor, target: torch.
                    ) -> tuple[dict[str, torch.Tensor], list[dict[str, float | str]]]:
     """Explain the same inputs with several models (e.g. standard vs GloRo net, §3.3 / Ch. 5–6) and measure how
     alike their explanations are.
+
+    Args:
+        models: name -> model (at least one); x: the inputs.
+        target: a class index, or a tensor of one class per input.
+        method: the attribution method; steps: path steps; batch_size: rows per pass.
+
+    Example:
+        >>> net = nn.Sequential()
+        >>> net.add_module("fc1", nn.Linear(4, 8)); net.add_module("act", nn.ReLU())
+        >>> net.add_module("logits", nn.Linear(8, 3))
+        >>> x = torch.randn(5, 4)
+        >>> attrs, rows = compare_models({"a": net, "b": net}, x, target=1, steps=8)
+        >>> sorted(attrs)
+        ['a', 'b']
 
     Returns:
         (attributions per model, rows of pairwise similarity: mean cosine and mean Spearman rank correlation of the
