@@ -1,9 +1,6 @@
 """TransferAttack honours the EvasionAttack seeding contract: results depend on `seed` only, global RNG untouched."""
 
-import pytest
 import torch
-import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from torch import nn
 
 from modelward.robustness.attacks import make_attack
@@ -41,33 +38,6 @@ EPS = 0.15
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def digits() -> tuple[torch.Tensor, torch.Tensor]:
-    d = load_digits()
-    return torch.tensor(d.data / 16, dtype=torch.float32).view(-1, 1, 8, 8), torch.tensor(d.target)
-
-
-@pytest.fixture(scope="module")
-def victim(digits) -> nn.Module:
-    x, y = digits
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-    opt = torch.optim.Adam(m.parameters(), 1e-2)
-    for _ in range(250):
-        opt.zero_grad()
-        F.cross_entropy(m(x[:1400]), y[:1400]).backward()
-        opt.step()
-    return m
-
-
-@pytest.fixture(scope="module")
-def batch(digits, victim) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = digits
-    xs, ys = x[1400:], y[1400:]
-    keep = predict(victim, xs) == ys  # attack only points the model gets right
-    return xs[keep][:60], ys[keep][:60]
-
-
 def _rand_success(model: nn.Module, x: torch.Tensor, y: torch.Tensor, delta: torch.Tensor) -> float:
     return float((predict(model, (x + delta).clamp(0, 1)) != y).float().mean())
 
@@ -76,13 +46,13 @@ def _in_box(x_adv: torch.Tensor) -> bool:
     return bool(x_adv.min() >= 0.0) and bool(x_adv.max() <= 1.0)
 
 
-def test_transfer_attack_through_proxy(digits, victim, batch):
+def test_transfer_attack_through_proxy(digits_xy, victim, batch):
     x, y = batch
-    xq = digits[0][:1000]
+    xq = digits_xy[0][:1000]
     atk = make_attack("transfer", victim, eps=EPS, x_query=xq, proxy_steps=300, attack_params={"steps": 10})
     res = atk(x, y)
     assert atk.queries == len(xq)
-    assert atk.proxy_agreement(digits[0][1400:]) > 0.8
+    assert atk.proxy_agreement(digits_xy[0][1400:]) > 0.8
     assert (res.x_adv - x).abs().max() <= EPS + TOL and _in_box(res.x_adv)
     g = torch.Generator().manual_seed(1)
     rand = EPS * (torch.randint(0, 2, x.shape, generator=g) * 2 - 1).float()

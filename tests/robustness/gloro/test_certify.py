@@ -40,14 +40,6 @@ def _eps_for(model: nn.Module, x: torch.Tensor, q: float) -> float:
 
 
 # -- operator norms --------------------------------------------------------------------------------------------
-def _conv_net(seed: int = 0) -> nn.Sequential:
-    return build_gloro_model("c(8,3,1).c(8,4,2).d(16)", (1, 8, 8), 4, seed=seed)
-
-
-def _images(n: int = 200, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(n, 1, 8, 8, generator=g)
-    return x, torch.randint(4, (n,), generator=g)
 
 
 def test_certified_points_survive_pgd_with_restarts() -> None:

@@ -22,39 +22,8 @@ from modelward.robustness.gloro.lipschitz import ConvBound, LipschitzBound
 torch.set_num_threads(1)
 
 
-def _blobs(n: int = 240, m: int = 4, d: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.rand(m, d, generator=g)
-    y = torch.randint(m, (n,), generator=g)
-    x = (centers[y] + 0.08 * torch.randn(n, d, generator=g)).clamp(0, 1)
-    return x, y
-
-
-def _mlp(d: int = 6, m: int = 4, seed: int = 0) -> nn.Sequential:
-    return build_gloro_model("d(16).d(16)", (d,), m, seed=seed)
-
-
-def _eps_for(model: nn.Module, x: torch.Tensor, q: float) -> float:
-    """An ε at which about a fraction ``q`` of the points is certified: the q-quantile of the certified radii."""
-    net = GloroNet(model, tuple(x.shape[1:]), 0.0)
-    net.freeze()
-    with torch.no_grad():
-        f = model(x)
-        j = f.argmax(1)
-        r = (f.gather(1, j[:, None]) - f) / net.frozen_K[j].clamp_min(1e-12)
-        r[torch.arange(len(x)), j] = float("inf")
-        return float(r.min(1).values.quantile(1 - q))
-
-
-# -- operator norms --------------------------------------------------------------------------------------------
 def _conv_net(seed: int = 0) -> nn.Sequential:
     return build_gloro_model("c(8,3,1).c(8,4,2).d(16)", (1, 8, 8), 4, seed=seed)
-
-
-def _images(n: int = 200, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(n, 1, 8, 8, generator=g)
-    return x, torch.randint(4, (n,), generator=g)
 
 
 def test_power_iteration_matches_svd_for_dense() -> None:
@@ -100,6 +69,8 @@ def test_power_gradient_is_leading_singular_direction() -> None:
 
 
 # -- the Lipschitz bound is an upper bound -----------------------------------------------------------------------
+
+
 def test_bound_dominates_empirical_ratios_and_jacobians() -> None:
     torch.manual_seed(0)
     model = build_gloro_model("c(4,3,1).c(8,4,2).d(16)", (1, 8, 8), 5, seed=3)
@@ -121,6 +92,8 @@ def test_bound_dominates_empirical_ratios_and_jacobians() -> None:
 
 
 # -- soundness: certified points are never flipped --------------------------------------------------------------
+
+
 def test_unknown_layer_is_refused_with_its_name() -> None:
     model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 3))
     with pytest.raises(UnknownLipschitzError, match=r"layer '1' \(GELU\)"):

@@ -44,6 +44,8 @@ def _eps_for(model: nn.Module, x: torch.Tensor, q: float) -> float:
 
 
 # -- operator norms --------------------------------------------------------------------------------------------
+
+
 def _conv_net(seed: int = 0) -> nn.Sequential:
     return build_gloro_model("c(8,3,1).c(8,4,2).d(16)", (1, 8, 8), 4, seed=seed)
 
@@ -95,6 +97,8 @@ def test_basic_variant_never_certifies_more() -> None:
 
 
 # -- relaxations -----------------------------------------------------------------------------------------------
+
+
 def test_rtk1_and_singleton_affinity_equal_gloro() -> None:
     x, y = _blobs(seed=7)
     model = _mlp(seed=7)
@@ -162,6 +166,8 @@ def test_rtk_sound_against_pgd_on_topk_sets() -> None:
 
 
 # -- refusals, layers, losses, schedules -------------------------------------------------------------------------
+
+
 def test_batchnorm_only_in_eval_and_frozen_bound_expires_when_weights_change() -> None:
     model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))
     model.eval()
@@ -177,6 +183,8 @@ def test_batchnorm_only_in_eval_and_frozen_bound_expires_when_weights_change() -
 
 
 # -- certificates that cannot go stale or low (issue 13 item 7) ------------------------------------------------
+
+
 def test_frozen_bound_follows_data_edits_and_layer_swaps() -> None:
     x, y = _images()
     model = _conv_net()
