@@ -20,6 +20,7 @@ _EXPORTS = {
     "evaluate_membership": f"{_P}.metrics:evaluate", "roc_curve": f"{_P}.metrics:roc_curve",
     "AuditConfig": f"{_P}.audit:AuditConfig", "run_audit": f"{_P}.audit:run_audit",
     "invert": f"{_P}.inversion:invert",
+    "HyperplaneRecovery": f"{_P}.hyperplanes:HyperplaneRecovery", "match_columns": f"{_P}.hyperplanes:match_columns",
     "PropertyConfig": f"{_P}.property:PropertyConfig", "run_property": f"{_P}.property:run_property",
     "DPConfig": f"{_P}.dp:DPConfig", "train_dp": f"{_P}.dp:train_dp",
 }
