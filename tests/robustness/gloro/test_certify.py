@@ -2,55 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import nn
 
 from modelward.robustness.attacks import make_attack
 from modelward.robustness.gloro import (
     GloroNet,
-    build_gloro_model,
     certify,
 )
 
 torch.set_num_threads(1)
 
 
-def _blobs(n: int = 240, m: int = 4, d: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.rand(m, d, generator=g)
-    y = torch.randint(m, (n,), generator=g)
-    x = (centers[y] + 0.08 * torch.randn(n, d, generator=g)).clamp(0, 1)
-    return x, y
-
-
-def _mlp(d: int = 6, m: int = 4, seed: int = 0) -> nn.Sequential:
-    return build_gloro_model("d(16).d(16)", (d,), m, seed=seed)
-
-
-def _eps_for(model: nn.Module, x: torch.Tensor, q: float) -> float:
-    """An ε at which about a fraction ``q`` of the points is certified: the q-quantile of the certified radii."""
-    net = GloroNet(model, tuple(x.shape[1:]), 0.0)
-    net.freeze()
-    with torch.no_grad():
-        f = model(x)
-        j = f.argmax(1)
-        r = (f.gather(1, j[:, None]) - f) / net.frozen_K[j].clamp_min(1e-12)
-        r[torch.arange(len(x)), j] = float("inf")
-        return float(r.min(1).values.quantile(1 - q))
-
-
-# -- operator norms --------------------------------------------------------------------------------------------
-
-
-def test_certified_points_survive_pgd_with_restarts() -> None:
-    x, y = _blobs()
-    model = _mlp(seed=2)
+def test_certified_points_survive_pgd_with_restarts(blobs: Callable[..., Any], gloro_mlp: Callable[..., Any], eps_for: Callable[..., Any]) -> None:
+    x, y = blobs()
+    model = gloro_mlp(seed=2)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(150):  # a little standard training gives a mix of certified and rejected points
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-    eps = _eps_for(model, x, 0.5)
+    eps = eps_for(model, x, 0.5)
     net = GloroNet(model, (6,), eps)
     cert = certify(net, x, y, epsilon=eps)
     ok = cert.certified
@@ -68,11 +43,11 @@ def test_certified_points_survive_pgd_with_restarts() -> None:
     assert bool(big(xs, ps).success.any())
 
 
-def test_certified_radius_is_the_certification_threshold() -> None:
+def test_certified_radius_is_the_certification_threshold(blobs: Callable[..., Any], gloro_mlp: Callable[..., Any]) -> None:
     from modelward.robustness.gloro import certified_radius
 
-    x, _ = _blobs(80)
-    net = GloroNet(_mlp(), (6,), 0.0)
+    x, _ = blobs(80)
+    net = GloroNet(gloro_mlp(), (6,), 0.0)
     r = certified_radius(net, x)
     assert r.shape == (80,) and bool((r > 0).all()) and bool(torch.isfinite(r).all())
     assert bool(certify(net, x, epsilon=float(r.median()) * 0.999).certified.any())

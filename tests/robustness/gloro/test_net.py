@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -19,33 +21,6 @@ from modelward.robustness.gloro import (
 torch.set_num_threads(1)
 
 
-def _blobs(n: int = 240, m: int = 4, d: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.rand(m, d, generator=g)
-    y = torch.randint(m, (n,), generator=g)
-    x = (centers[y] + 0.08 * torch.randn(n, d, generator=g)).clamp(0, 1)
-    return x, y
-
-
-def _mlp(d: int = 6, m: int = 4, seed: int = 0) -> nn.Sequential:
-    return build_gloro_model("d(16).d(16)", (d,), m, seed=seed)
-
-
-def _eps_for(model: nn.Module, x: torch.Tensor, q: float) -> float:
-    """An ε at which about a fraction ``q`` of the points is certified: the q-quantile of the certified radii."""
-    net = GloroNet(model, tuple(x.shape[1:]), 0.0)
-    net.freeze()
-    with torch.no_grad():
-        f = model(x)
-        j = f.argmax(1)
-        r = (f.gather(1, j[:, None]) - f) / net.frozen_K[j].clamp_min(1e-12)
-        r[torch.arange(len(x)), j] = float("inf")
-        return float(r.min(1).values.quantile(1 - q))
-
-
-# -- operator norms --------------------------------------------------------------------------------------------
-
-
 def _conv_net(seed: int = 0) -> nn.Sequential:
     return build_gloro_model("c(8,3,1).c(8,4,2).d(16)", (1, 8, 8), 4, seed=seed)
 
@@ -56,11 +31,11 @@ def _images(n: int = 200, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.randint(4, (n,), generator=g)
 
 
-def test_global_robustness_pairs_agree() -> None:
+def test_global_robustness_pairs_agree(blobs: Callable[..., Any], gloro_mlp: Callable[..., Any], eps_for: Callable[..., Any]) -> None:
     """Thm 6.2: two non-⊥ points within 2ε get the same label."""
-    x, _ = _blobs(400, seed=4)
-    model = _mlp(seed=5)
-    net = GloroNet(model, (6,), _eps_for(model, x, 0.5))
+    x, _ = blobs(400, seed=4)
+    model = gloro_mlp(seed=5)
+    net = GloroNet(model, (6,), eps_for(model, x, 0.5))
     cert = certify(net, x)
     xs, ps = x[cert.certified], cert.predictions[cert.certified]
     dist = torch.cdist(xs, xs)
@@ -87,10 +62,10 @@ def test_linear_model_certificate_is_exact() -> None:
     assert torch.equal(cert.certified, expect)
 
 
-def test_basic_variant_never_certifies_more() -> None:
-    x, y = _blobs(seed=6)
-    model = _mlp(seed=6)
-    eps = _eps_for(model, x, 0.5)
+def test_basic_variant_never_certifies_more(blobs: Callable[..., Any], gloro_mlp: Callable[..., Any], eps_for: Callable[..., Any]) -> None:
+    x, y = blobs(seed=6)
+    model = gloro_mlp(seed=6)
+    eps = eps_for(model, x, 0.5)
     margin = certify(GloroNet(model, (6,), eps), x, y)
     basic = certify(GloroNet(model, (6,), eps, variant="basic"), x, y)
     assert bool((basic.certified <= margin.certified).all()) and basic.certified.sum() < margin.certified.sum()
@@ -99,10 +74,10 @@ def test_basic_variant_never_certifies_more() -> None:
 # -- relaxations -----------------------------------------------------------------------------------------------
 
 
-def test_rtk1_and_singleton_affinity_equal_gloro() -> None:
-    x, y = _blobs(seed=7)
-    model = _mlp(seed=7)
-    eps = _eps_for(model, x, 0.5)
+def test_rtk1_and_singleton_affinity_equal_gloro(blobs: Callable[..., Any], gloro_mlp: Callable[..., Any], eps_for: Callable[..., Any]) -> None:
+    x, y = blobs(seed=7)
+    model = gloro_mlp(seed=7)
+    eps = eps_for(model, x, 0.5)
     nets = [GloroNet(model, (6,), eps), RtkGloroNet(model, (6,), eps, k=1),
             AffinityGloroNet(model, (6,), eps, [[0], [1], [2], [3]])]
     outs = []
@@ -117,10 +92,10 @@ def test_rtk1_and_singleton_affinity_equal_gloro() -> None:
     assert 0 < certs[0].certified.sum() < len(x)
 
 
-def test_affinity_with_all_small_subsets_equals_rtk_and_rtk_is_monotone() -> None:
-    x, y = _blobs(seed=8, m=5)
-    model = _mlp(m=5, seed=8)
-    eps = _eps_for(model, x, 0.3)
+def test_affinity_with_all_small_subsets_equals_rtk_and_rtk_is_monotone(blobs: Callable[..., Any], gloro_mlp: Callable[..., Any], eps_for: Callable[..., Any]) -> None:
+    x, y = blobs(seed=8, m=5)
+    model = gloro_mlp(m=5, seed=8)
+    eps = eps_for(model, x, 0.3)
     sets = [list(s) for r in (1, 2) for s in itertools.combinations(range(5), r)]
     rtk2 = certify(RtkGloroNet(model, (6,), eps, k=2), x, y)
     aff = certify(AffinityGloroNet(model, (6,), eps, sets), x, y)
@@ -144,10 +119,10 @@ def test_rtk_bottom_gradient_variants(gradient: str, expected: float) -> None:
         RtkGloroNet(nn.Sequential(nn.Linear(3, 4)), (3,), 0.1, k=2, bottom_gradient="half")
 
 
-def test_rtk_sound_against_pgd_on_topk_sets() -> None:
-    x, y = _blobs(seed=9, m=5)
-    model = _mlp(m=5, seed=9)
-    eps = _eps_for(model, x, 0.3)
+def test_rtk_sound_against_pgd_on_topk_sets(blobs: Callable[..., Any], gloro_mlp: Callable[..., Any], eps_for: Callable[..., Any]) -> None:
+    x, y = blobs(seed=9, m=5)
+    model = gloro_mlp(m=5, seed=9)
+    eps = eps_for(model, x, 0.3)
     net = RtkGloroNet(model, (6,), eps, k=3)
     cert = certify(net, x, y)
     ok = cert.certified
