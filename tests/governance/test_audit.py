@@ -1,4 +1,9 @@
+import os
 import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +153,36 @@ def test_refusals_are_rate_limited_and_counted(tmp_path):
     rows = a.db.execute("SELECT caller, decision, reason FROM audit").fetchall()
     a.close()
     assert len(rows) == 3 and rows[-1][2].startswith("not pinned (5 similar")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="kill -9 semantics")
+def test_records_written_in_the_background_survive_kill_9(tmp_path):
+    """A data pass's record is synced to disk in the background, but it is in the log before the answer leaves:
+    killing the process right after the append loses nothing."""
+    db = tmp_path / "audit.db"
+    code = textwrap.dedent(f"""
+        import os, signal
+        from modelward.governance.audit import AuditLog
+        log = AuditLog({str(db)!r}, "bob")
+        for i in range(50):
+            log.append("alice", "step", "s", i, i + 1, 32, durable=False)
+        print(log.head, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
+    assert r.returncode == -9, r.stderr
+    res = verify(db, expect_head=r.stdout.strip())
+    assert res.ok and res.records == 50 and res.head_at == 50, res
+
+
+def test_sync_and_close_make_background_records_durable(tmp_path):
+    log = AuditLog(tmp_path / "audit.db", "bob")
+    for i in range(5):
+        log.append("alice", "step", "s", i, i + 1, 32, durable=False)
+    log.sync()
+    assert log._synced == log.last_id == 5  # every record appended so far is on stable storage
+    log.append("alice", "step", "s", 5, 6, 32, durable=False)
+    log.close()
+    log.close()  # idempotent
+    assert verify(tmp_path / "audit.db").records == 6

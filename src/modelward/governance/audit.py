@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -49,10 +50,20 @@ def record_hash(prev_hash: str, rec: dict[str, Any]) -> str:
 
 
 class AuditLog:
-    """Thread-safe appender. Records are written (and committed) before the response leaves the party.
+    """Thread-safe appender. Every record is written to the log (SQLite WAL) before the response leaves the party,
+    so a crashed or killed party process never loses one.
 
-    Each record carries the hash of the previous one (a hash chain in SQLite, WAL + synchronous=FULL), so
-    :func:`verify` finds any edited, deleted, inserted or reordered record.
+    Durability against a power cut (the WAL on stable storage, ``fsync``) is immediate by default
+    (``append(..., durable=True)``). A party writes the records of its data passes (steps, evaluations,
+    predictions) with ``durable=False``: a background thread syncs them while the step travels on, and
+    :meth:`sync` — which the party calls before it saves a checkpoint and before it answers any control
+    operation — waits for it. So no saved state rests on a record that a power cut could take away, and the fsync
+    is off the step's critical path. (What a power cut *can* lose: the records of the last data passes, at most
+    those since the last sync, together with the party's in-memory state; the heads other parties anchored for
+    them then no longer match, and ``audit verify --against`` reports that tail, as it must.)
+
+    Each record carries the hash of the previous one (a hash chain in SQLite), so :func:`verify` finds any edited,
+    deleted, inserted or reordered record.
 
     Args:
         path: the SQLite file (created with its folder); an unreadable or older-format file raises ``AuditError``.
@@ -77,9 +88,11 @@ class AuditLog:
         try:
             self.db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
-            # WAL + FULL: a record is on disk before the answer leaves the party. Its head travels to the other
-            # parties, so a record lost in a power cut would later look like a truncated tail (--against).
-            self.db.execute("PRAGMA synchronous=FULL")
+            # WAL + NORMAL: a commit is written to the WAL (safe against a crash of the process) without an fsync;
+            # we fsync the WAL ourselves (sync(), the background syncer), in order, since WAL frames are appended
+            # in order a sync covers every earlier record. A record's head travels to the other parties, so a
+            # record lost in a power cut would later look like a truncated tail (--against).
+            self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
             cols = [r[1] for r in self.db.execute("PRAGMA table_info(audit)")]
         except sqlite3.DatabaseError as e:
@@ -91,10 +104,61 @@ class AuditLog:
         self.lock = threading.Lock()
         row = self.db.execute("SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1").fetchone()
         self.last_id, self.head = (row[0], row[1]) if row else (0, GENESIS)
+        self._wal_fd: int | None = None
+        self._synced = -1  # records up to this id are on stable storage (-1: not known yet)
+        self._wanted = self.last_id
+        self._sync_error: OSError | None = None
+        self._closing = False
+        self._cv = threading.Condition()
+        self._syncer = threading.Thread(target=self._sync_loop, name=f"audit-sync-{party}", daemon=True)
+        self._syncer.start()
+        self.sync()  # whatever an earlier run left in the WAL is durable from here on
+
+    # ------------------------------------------------------------------ durability
+    def _fsync_wal(self) -> None:
+        if self._wal_fd is None:
+            try:
+                self._wal_fd = os.open(f"{self.path}-wal", os.O_RDONLY)
+            except FileNotFoundError:  # nothing written through the WAL yet: the database file holds everything
+                os.fsync(fd := os.open(self.path, os.O_RDONLY))
+                os.close(fd)
+                return
+        os.fsync(self._wal_fd)
+
+    def _sync_loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._wanted <= self._synced and not self._closing:
+                    self._cv.wait()
+                if self._closing and self._wanted <= self._synced:
+                    return
+                target = self._wanted
+            try:
+                self._fsync_wal()
+            except OSError as e:
+                with self._cv:
+                    self._sync_error = e
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                self._synced = max(self._synced, target)
+                self._cv.notify_all()
+
+    def sync(self) -> None:
+        """Wait until every record appended so far is on stable storage (raises AuditError if that failed)."""
+        with self._cv:
+            target = self._wanted = max(self._wanted, self.last_id)
+            self._cv.notify_all()
+            while self._synced < target:
+                if self._sync_error is not None or not self._syncer.is_alive():
+                    raise AuditError(f"{self.path}: cannot sync the audit log to disk ({self._sync_error})")
+                self._cv.wait(1.0)
 
     def append(self, caller: str, op: str, session: str = "", step: int = 0, seq: int = 0, batch: int = 0,
                shapes: dict[str, list[int]] | None = None, decision: str = "allow", reason: str = "", *,
-               purpose: str | None = "", anchors: dict[str, list] | None = None) -> str:
+               purpose: str | None = "", anchors: dict[str, list] | None = None, durable: bool = True) -> str:
+        """Append one record; returns its hash. With ``durable=False`` the fsync happens in the background
+        (the record is written already; :meth:`sync` waits for it)."""
         with self.lock:
             rec = {"id": self.last_id + 1, "ts": round(time.time(), 6), "party": self.party, "caller": caller,
                    "op": op, "purpose": purpose or "", "session": session, "step": int(step), "seq": int(seq),
@@ -105,7 +169,12 @@ class AuditLog:
             self.db.execute(f"INSERT INTO audit ({','.join(FIELDS)}, prev_hash, hash) VALUES "
                             f"({','.join('?' * (len(FIELDS) + 2))})", [*(rec[f] for f in FIELDS), self.head, h])
             self.last_id, self.head = rec["id"], h
-            return h
+        with self._cv:
+            self._wanted = max(self._wanted, rec["id"])
+            self._cv.notify_all()
+        if durable:
+            self.sync()
+        return h
 
     def refusal(self, caller: str, op: str, reason: str, every_s: float, **kw: Any) -> bool:
         """Record a wire- or identity-level refusal, at most once per `every_s` seconds per (caller, op); the
@@ -155,8 +224,20 @@ class AuditLog:
         return int(row[0] or 0)
 
     def close(self) -> None:
-        with self.lock:
-            self.db.close()
+        if self._closing:
+            return
+        try:
+            self.sync()
+        finally:
+            with self._cv:
+                self._closing = True
+                self._cv.notify_all()
+            self._syncer.join(5.0)
+            with self.lock:
+                self.db.close()
+            if self._wal_fd is not None:
+                os.close(self._wal_fd)
+                self._wal_fd = None
 
 
 @dataclass(frozen=True)
