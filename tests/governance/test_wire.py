@@ -112,3 +112,29 @@ def test_decode_accepts_any_byte_buffer_and_returns_writable_tensors():
         assert h.equal(t)
         h.add_(1)  # owns its memory: the message buffer is untouched
     assert decode(data).tensors["h"].equal(t)
+
+
+def test_channels_last_batches_travel_in_their_own_memory_order():
+    h = torch.randn(3, 5, 4, 2).contiguous(memory_format=torch.channels_last)
+    raw = encode(Message("step", tensors={"h": h, "x": torch.randn(3, 5, 4, 2), "one": torch.randn(3, 1, 4, 2)}))
+    assert b'"layout":"channels_last"' in raw and raw.count(b"channels_last") == 1  # only the real one
+    m = decode(raw)
+    got = m.tensors["h"]
+    assert torch.equal(got, h) and got.shape == h.shape
+    assert got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()  # no conversion
+    assert m.tensors["x"].is_contiguous() and torch.equal(m.tensors["x"], decode(raw).tensors["x"])
+    # the bytes are the tensor's memory order (N, H, W, C)
+    assert raw.endswith(m.tensors["one"].numpy().tobytes())
+    assert h.permute(0, 2, 3, 1).contiguous().numpy().tobytes() in raw
+
+
+@pytest.mark.parametrize("layout,shape", [("channels_first", [1, 2, 2, 2]), ("channels_last", [2, 4]),
+                                          (["channels_last"], [1, 2, 2, 2])])
+def test_bad_layouts_are_refused(layout, shape):
+    import json
+
+    n = 4 * int(torch.tensor(shape).prod())
+    header = json.dumps({"op": "f", "tensors": [{"name": "h", "dtype": "float32", "shape": shape, "nbytes": n,
+                                                 "layout": layout}]}).encode()
+    with pytest.raises(WireError, match="layout"):
+        decode(_with_header(header, b"\0" * n))

@@ -2,7 +2,8 @@
 
 A message is ``MAGIC | u32 header length | JSON header | raw tensor bytes``. The header names the operation, the
 session, the training step, a per-link sequence number, free JSON metadata, and for every tensor its name, dtype,
-shape and byte count. Decoding checks everything before any byte is interpreted as a tensor and raises
+shape, byte count and memory layout (``"channels_last"`` for an image batch stored channels-last — the layout the
+CPU convolutions produce and want — so that neither side converts it; row-major otherwise). Decoding checks everything before any byte is interpreted as a tensor and raises
 :class:`WireError` (never anything else) on malformed, oversized or non-finite input.
 """
 
@@ -54,13 +55,24 @@ def encode(msg: Message) -> bytes:
     for name, t in msg.tensors.items():
         if t.dtype not in _NAMES:
             raise WireError(f"tensor {name!r}: dtype {t.dtype} cannot be sent; valid: {sorted(DTYPES)}")
-        t = t.detach().contiguous().cpu()
+        t = t.detach().cpu()
+        spec = {"name": name, "dtype": _NAMES[t.dtype], "shape": list(t.shape)}
+        if _is_channels_last(t):  # sent in its memory order (N, H, W, C): no conversion on either side
+            t = t.permute(0, 2, 3, 1)
+            spec["layout"] = "channels_last"
+        t = t.contiguous()  # a no-op for the layouts above
         raw = t.reshape(-1).view(torch.uint8).numpy()  # a view: the join below is the only copy
-        specs.append({"name": name, "dtype": _NAMES[t.dtype], "shape": list(t.shape), "nbytes": raw.nbytes})
+        spec["nbytes"] = raw.nbytes
+        specs.append(spec)
         blobs.append(raw)
     header = json.dumps({"op": msg.op, "session": msg.session, "step": msg.step, "seq": msg.seq,
                          "meta": msg.meta, "tensors": specs}, separators=(",", ":")).encode()
     return b"".join([MAGIC, struct.pack("<I", len(header)), header, *blobs])
+
+
+def _is_channels_last(t: torch.Tensor) -> bool:
+    """A 4-D tensor stored channels-last and not also row-major (as a 1-channel or 1×1 batch would be)."""
+    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -122,6 +134,10 @@ def decode(data: bytes, max_bytes: int = 64 * 2**20, allow_nonfinite: bool = Fal
         if (not isinstance(shape, list) or len(shape) > MAX_NDIM
                 or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 2**31 for d in shape)):
             raise WireError(f"tensor {name!r}: shape must be a list of at most {MAX_NDIM} non-negative ints")
+        layout = spec.get("layout", "contiguous")
+        if layout not in ("contiguous", "channels_last") or (layout == "channels_last" and len(shape) != 4):
+            raise WireError(f"tensor {name!r}: layout {layout!r} invalid; valid: contiguous, channels_last "
+                            "(4-D only)")
         expected = math.prod(shape) * _itemsize(dtype)
         if nbytes != expected:
             raise WireError(f"tensor {name!r}: {nbytes!r} bytes declared, {dtype}{shape} needs {expected}")
@@ -130,7 +146,12 @@ def decode(data: bytes, max_bytes: int = 64 * 2**20, allow_nonfinite: bool = Fal
         if expected:
             # one copy, straight from the received buffer into memory the tensor owns
             buf = bytearray(view[offset : offset + expected])
-            t = torch.frombuffer(buf, dtype=torch.uint8).view(DTYPES[dtype]).reshape(shape)
+            t = torch.frombuffer(buf, dtype=torch.uint8).view(DTYPES[dtype])
+            if layout == "channels_last":  # (N, H, W, C) in memory, seen as (N, C, H, W)
+                n, c, h, w = shape
+                t = t.reshape(n, h, w, c).permute(0, 3, 1, 2)
+            else:
+                t = t.reshape(shape)
         else:
             t = torch.empty(shape, dtype=DTYPES[dtype])
         offset += expected
