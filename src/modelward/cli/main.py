@@ -4,13 +4,10 @@ single commands, ``register(app)``. ModelwardErrors are printed without a traceb
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 
 import typer
-from rich.console import Console
 
-from modelward.errors import ModelwardError
+from modelward.cli._errors import run_app
 
 # group name -> module; modules are imported only when present, so areas can grow independently
 GROUPS: dict[str, tuple[str, str]] = {
@@ -30,7 +27,6 @@ COMMANDS = ["modelward.cli.parts", "modelward.cli.train", "modelward.cli.demo", 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="modelward: security and governance of trained deep-learning models.")
-err_console = Console(stderr=True)
 
 
 @app.callback()
@@ -54,19 +50,8 @@ for _module in COMMANDS:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or os.environ.get("MODELWARD_DEBUG") == "1"
-    args = [a for a in args if a != "--debug"]
-    try:
-        app(args, prog_name="modelward")
-    except ModelwardError as e:
-        if debug:
-            raise
-        from rich.markup import escape
+    run_app(app, argv)
 
-        # escape: messages quote TOML tables like [data] or [[evaluate.attacks]], which rich reads as markup
-        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
-        sys.exit(2)
 
 if __name__ == "__main__":
     main()

@@ -135,4 +135,6 @@ def serve(
 
 
 if __name__ == "__main__":  # the launcher starts servers this way: lighter than importing every command group
-    app()
+    from modelward.cli._errors import run_app
+
+    run_app(app, prog_name="modelward party")

@@ -1,0 +1,29 @@
+"""How every `modelward` entry point ends on a ModelwardError: one red line, exit code 2, no traceback
+(``--debug`` or ``MODELWARD_DEBUG=1`` re-raises). Light on purpose: the party server's own entry point
+(``python -m modelward.cli.party``) uses it without importing every command group."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from modelward.errors import ModelwardError
+
+
+def run_app(app: Any, argv: list[str] | None = None, prog_name: str = "modelward") -> None:
+    """Run a typer app; a ModelwardError prints ``error: <message>`` on stderr and exits with code 2."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("MODELWARD_DEBUG") == "1"
+    args = [a for a in args if a != "--debug"]
+    try:
+        app(args, prog_name=prog_name)
+    except ModelwardError as e:
+        if debug:
+            raise
+        from rich.console import Console
+        from rich.markup import escape
+
+        # escape: messages quote TOML tables like [data] or [[evaluate.attacks]], which rich reads as markup
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        sys.exit(2)
