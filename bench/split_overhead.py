@@ -7,6 +7,11 @@ evaluations. Every step is the full protocol: consent and audit on both parties,
 rollback copy, the numeric check and the two-phase commit.
 
     python bench/split_overhead.py [--steps 40] [--channels 64,128] [--fc 256] [--batch 128] [--cut conv1]
+                                   [--driver both|process|hosted]
+
+Two deployments of the driver are measured: ``process`` (the driver in its own process, as `split train`
+runs by default; one gRPC call driver→alice per step) and ``hosted`` (`split train --host alice.toml`: Alice's
+organisation runs her party inside the driver's process, so a step crosses the network only between the parties).
 
 The compute-heavy configuration used for the goal is ``--channels 16,512 --fc 2048 --steps 30``: Bob holds 4.2 M
 parameters, and the activation crossing the cut is small (128 KB per batch). The parties checkpoint every 10 steps,
@@ -16,6 +21,7 @@ as in production, and this is part of the measured split time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import statistics
@@ -29,8 +35,10 @@ from modelward.core.data import DataConfig, load_data
 from modelward.core.init import init_model_
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
+from modelward.governance.config import load_party_config
 from modelward.governance.demo import prepare_local_split
-from modelward.governance.driver import SplitDriver
+from modelward.governance.driver import SplitDriver, hosted_connect
+from modelward.governance.server import hosted_party
 
 
 def _cpu(pid: int) -> float:
@@ -51,6 +59,8 @@ def main() -> None:
     ap.add_argument("--cut", default="conv1")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads in every process (same for both runs)")
+    ap.add_argument("--driver", choices=["both", "process", "hosted"], default="both",
+                    help="where the driver runs: its own process, hosted with alice's party, or both (alternating)")
     ap.add_argument("--repeat", type=int, default=3, help="alternate monolithic and split runs this many times; the "
                                                           "fastest of each is compared (the CPU is shared)")
     args = ap.parse_args()
@@ -72,39 +82,57 @@ def main() -> None:
 
     # monolithic and split runs alternate, `--repeat` times each, on the same parties (restored to step 0 before
     # every split run): the fastest of each kind is compared, which is what the machine can do when it is not
-    # busy with other work. CPU seconds (this process + both party processes) are reported too: they do not
+    # busy with other work. CPU seconds (this process + the party processes) are reported too: they do not
     # depend on the load.
-    monos, splits, cpu_mono, cpu_split = [], [], [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        split = prepare_local_split(Path(tmp), model, data, ["alice", "bob"], [args.cut], threads=args.threads)
-        split.start()
-        try:
-            for _ in range(args.repeat):
-                c0 = time.process_time()
-                t, mono_err = run_mono()
-                monos.append(t)
-                cpu_mono.append(time.process_time() - c0)
-                with SplitDriver(split.split_config(tc, args.seed)) as drv:
+    modes = ["process", "hosted"] if args.driver == "both" else [args.driver]
+    monos, cpu_mono = [], []
+    splits: dict[str, list[float]] = {m: [] for m in modes}
+    cpu_split: dict[str, list[float]] = {m: [] for m in modes}
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        locals_ = {m: prepare_local_split(Path(tmp) / m, model, data, ["alice", "bob"], [args.cut],
+                                          threads=args.threads) for m in modes}
+        hosts = {}
+        for m, split in locals_.items():
+            stack.callback(split.stop)
+            split.start(None if m == "process" else ["bob"])
+            if m == "hosted":
+                hosts[m] = stack.enter_context(hosted_party(load_party_config(split.party_configs["alice"])))
+        for _ in range(args.repeat):
+            c0 = time.process_time()
+            t, mono_err = run_mono()
+            monos.append(t)
+            cpu_mono.append(time.process_time() - c0)
+            for m in modes:
+                split = locals_[m]
+                cfg = split.split_config(tc, args.seed)
+                connect = hosted_connect(hosts[m], cfg) if m in hosts else None
+                with SplitDriver(cfg, connect=connect) as drv:
                     drv.open(train=True)  # connection set-up and session opening are not part of a step
                     for n in drv.names:
                         drv.call(n, "restore", 0, {"to_step": 0})
-                    c0 = time.process_time() + sum(_cpu(p.proc.pid) for p in split.processes.values())
+                    pids = [p.proc.pid for p in split.processes.values()]
+                    c0 = time.process_time() + sum(_cpu(p) for p in pids)
                     t0 = time.perf_counter()
-                    res = drv.train()
-                    splits.append(time.perf_counter() - t0)
-                    cpu_split.append(time.process_time() + sum(_cpu(p.proc.pid) for p in split.processes.values())
-                                     - c0)
-        finally:
-            split.stop()
-    mono_s, split_s = min(monos), min(splits)
+                    results[m] = drv.train()
+                    splits[m].append(time.perf_counter() - t0)
+                    cpu_split[m].append(time.process_time() + sum(_cpu(p) for p in pids) - c0)
+    mono_s = min(monos)
     print(f"monolithic: {mono_s:.2f}s  ({1000 * mono_s / args.steps:.1f} ms/step)  final error {mono_err:.4f}  "
           f"(runs: {', '.join(f'{t:.2f}' for t in monos)}s; CPU {min(cpu_mono):.2f}s)")
-    print(f"split:      {split_s:.2f}s  ({1000 * split_s / args.steps:.1f} ms/step)  final error {res.curve[-1][1]:.4f}"
-          f"  (runs: {', '.join(f'{t:.2f}' for t in splits)}s; CPU of driver + parties {min(cpu_split):.2f}s)")
-    print(f"wall-time ratio split/monolithic: {split_s / mono_s:.3f}x (fastest runs; median "
-          f"{statistics.median(splits) / statistics.median(monos):.3f}x)  (goal <= 1.3x compute-heavy, <= 1.4x "
-          f"default); CPU-time ratio {min(cpu_split) / min(cpu_mono):.3f}x; load average {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} CPUs")
+    for m in modes:
+        split_s, res = min(splits[m]), results[m]
+        where = ("driver in its own process" if m == "process" else
+                 "driver hosting alice's party (split train --host)")
+        print(f"split, {where}:")
+        print(f"    {split_s:.2f}s  ({1000 * split_s / args.steps:.1f} ms/step)  final error {res.curve[-1][1]:.4f}"
+              f"  (runs: {', '.join(f'{t:.2f}' for t in splits[m])}s; CPU of driver + parties "
+              f"{min(cpu_split[m]):.2f}s)")
+        print(f"    wall-time ratio split/monolithic: {split_s / mono_s:.3f}x (fastest runs; median "
+              f"{statistics.median(splits[m]) / statistics.median(monos):.3f}x)  (goal <= 1.3x compute-heavy, "
+              f"<= 1.4x default); CPU-time ratio {min(cpu_split[m]) / min(cpu_mono):.3f}x")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    res = results[modes[0]]
     link = res.links["alice<->bob"]
     wire = link["sent"] + link["received"]
     ctl = sum(v["sent"] + v["received"] for k, v in res.links.items() if k.startswith("driver<->"))

@@ -21,13 +21,21 @@ def _mb(n: float) -> str:
 def train(
     config: Annotated[Path, typer.Argument(help="SPLIT.toml")],
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
+    host: Annotated[Path | None, typer.Option("--host", help="PARTY.toml of a party to run inside this process "
+                                              "(your own, normally the first): one network hop less per step; "
+                                              "do not also `party serve` it")] = None,
 ) -> None:
     """Train over the parties; resumable (rerun the same command after an interruption)."""
+    from contextlib import nullcontext
+
     from modelward.core.progress import make_progress
+    from modelward.governance.config import load_party_config
     from modelward.governance.driver import load_split_config, run_training
+    from modelward.governance.server import hosted_party
 
     cfg = load_split_config(config, set_)
-    with make_progress(console) as progress:
+    hosted = hosted_party(load_party_config(host)) if host is not None else nullcontext()
+    with hosted as party, make_progress(console) as progress:
         task = progress.add_task("split train", total=cfg.train.steps, info="connecting")
         state = {"L": float("nan")}
 
@@ -39,7 +47,7 @@ def train(
             state["L"] = val
             progress.update(task, completed=step)
 
-        res = run_training(cfg, on_step, on_eval)
+        res = run_training(cfg, on_step, on_eval, host=party)
     console.print(f"trained {res.steps_run} steps in {res.seconds:.1f}s (resumed {res.resumes}×); test "
                   f"{cfg.train.loss} {res.curve[-1][1]:.4f}")
     for link, s in res.links.items():

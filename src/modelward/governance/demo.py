@@ -53,7 +53,9 @@ class LocalSplit:
                                             {n: self.root / n / "server.log" for n in names}))
 
     def split_config(self, train_cfg: TrainConfig, seed: int, **kw: Any) -> SplitConfig:
-        return SplitConfig(parties=[PartyRef(name=n, address=self.processes[n].address,
+        # a party without a server process here is hosted by the driver (its address is never dialled)
+        return SplitConfig(parties=[PartyRef(name=n, address=self.processes[n].address if n in self.processes
+                                             else "127.0.0.1:0",
                                              cert=str(self.root / f"certs/{n}.pem")) for n in self.party_configs],
                            tls=self.tls, train=train_cfg, seed=seed, out_dir=str(self.root / "driver"), **kw)
 

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import Field, model_validator
@@ -43,6 +43,9 @@ from modelward.governance.client import (  # noqa: F401 - re-exported
 )
 from modelward.governance.config import TLSConfig, _resolve
 from modelward.governance.wire import Message, WireError  # noqa: F401 - re-exported
+
+if TYPE_CHECKING:
+    from modelward.governance.party import Party
 
 
 class PartyRef(StrictModel):
@@ -162,6 +165,34 @@ Connect = Callable[[PartyRef, SplitConfig], PartyClient]
 
 def grpc_connect(ref: PartyRef, cfg: SplitConfig) -> PartyClient:
     return GrpcPartyClient(ref.name, ref.resolved_address(), cfg.tls, ref.pin(), cfg.max_message_mb, cfg.timeout_s)
+
+
+def hosted_connect(host: Party, cfg: SplitConfig) -> Connect:
+    """Reach `host` — a party running inside the driver's process (:func:`governance.server.hosted_party`) —
+    directly, as its configured driver, and every other party over gRPC with mutual TLS.
+
+    Args:
+        host: the hosted party (normally the first one, run by the organisation that drives the training).
+        cfg: the split configuration; it must list the hosted party.
+
+    Returns:
+        A ``connect(ref, cfg)`` for :class:`SplitDriver`.
+
+    Example:
+        >>> drv = SplitDriver(cfg, connect=hosted_connect(alice, cfg))  # doctest: +SKIP
+    """
+    from modelward.governance.client import InProcessClient
+
+    names = [p.name for p in cfg.parties]
+    if host.cfg.name not in names:
+        raise ConfigError(f"--host: party {host.cfg.name!r} is not one of this split's parties {names}")
+
+    def connect(ref: PartyRef, c: SplitConfig) -> PartyClient:
+        if ref.name == host.cfg.name:
+            return InProcessClient(host, caller=host.cfg.driver)
+        return grpc_connect(ref, c)
+
+    return connect
 
 
 class SplitDriver:
@@ -464,7 +495,7 @@ def _write_progress(out_dir: Path, curve: list[tuple[int, float]], rows: list[di
         write_csv(out_dir / "steps.csv", rows, list(rows[0]))
 
 
-def run_training(cfg: SplitConfig, on_step=None, on_eval=None) -> SplitTrainResult:
+def run_training(cfg: SplitConfig, on_step=None, on_eval=None, host: Party | None = None) -> SplitTrainResult:
     """`modelward split train`: resumable (the session id lives in out_dir/session.json); writes curve.json,
     steps.csv (per step: loss, seconds, bytes per link), summary.json and the resolved config.
 
@@ -472,6 +503,8 @@ def run_training(cfg: SplitConfig, on_step=None, on_eval=None) -> SplitTrainResu
         cfg: the :class:`SplitConfig` (the parties must be serving).
         on_step: optional callback ``on_step(step, loss, links)`` after every training step.
         on_eval: optional callback ``on_eval(step, test_loss)`` after every evaluation.
+        host: a party hosted in this process (:func:`governance.server.hosted_party`; ``split train --host``):
+            reached directly instead of over the network.
 
     Returns:
         A :class:`SplitTrainResult` (``curve``, ``steps_run``, ``seconds``, bytes per ``links``, ``resumes``,
@@ -490,7 +523,7 @@ def run_training(cfg: SplitConfig, on_step=None, on_eval=None) -> SplitTrainResu
     session = session or uuid.uuid4().hex
     sess_file.write_text(json.dumps({"session": session}))
     dump_config(cfg, out / "config.json")
-    with SplitDriver(cfg, session) as drv:
+    with SplitDriver(cfg, session, connect=None if host is None else hosted_connect(host, cfg)) as drv:
         res = drv.train(on_step, on_eval, out)
         drv.checkpoint_all()  # the trained state is durable on every party when `split train` returns
     summary = {"steps": res.steps_run, "seconds": res.seconds, "resumes": res.resumes,

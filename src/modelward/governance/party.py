@@ -70,11 +70,15 @@ MAX_RESULTS = 16  # prediction results kept for the driver to fetch (oldest drop
 
 
 def _layout(x: torch.Tensor) -> torch.Tensor:
-    """A private copy of an input in the layout the CPU convolution kernels are fastest with: channels-last for
-    image batches, as is for anything else. Values are unchanged; only the memory order differs."""
+    """An input in the layout the CPU convolution kernels are fastest with: channels-last for image batches, as
+    is for anything else. Values are unchanged; only the memory order differs. `x` must be the party's own
+    tensor (decoded from a message, or indexed from its data): one already in that layout is used as it is,
+    anything else is copied."""
     if x.dim() == 4 and x.is_floating_point():
+        if _format_of(x) is torch.channels_last:  # strides exactly channels-last (what the kernels look at)
+            return x
         return x.clone(memory_format=torch.channels_last)
-    return x.clone()
+    return x
 
 
 def _format_of(t: torch.Tensor) -> torch.memory_format:
@@ -282,6 +286,10 @@ class Party:
         return tensors, meta
 
     def _save_checkpoint(self, background: bool = False):
+        # the records of every step in this checkpoint are on stable storage before it is (a step's own record
+        # may still be syncing in the background when the step commits; a power cut loses the in-memory state
+        # too, and the party restarts from a checkpoint)
+        self.audit.sync()
         tensors, meta = self._state_tensors()
         return self.ckpt.save(self.step, tensors, meta, background)
 
@@ -374,7 +382,11 @@ class Party:
             down = reply.meta.pop("_anchors", {})
             if down:
                 rec["anchors"] = {**rec["anchors"], **down}
-            self.audit.append(caller, op, **rec, decision="allow", reason=decision.reason + self._note)
+            # a data pass's record is written now (a crash of this process cannot lose it) and synced to stable
+            # storage in the background, off the step's critical path; every checkpoint and every answer to a
+            # control operation waits for it, so no saved state rests on a record a power cut could take away
+            self.audit.append(caller, op, **rec, decision="allow", reason=decision.reason + self._note,
+                              durable=op not in DATA_OPS)
             if op in DATA_OPS:  # our head (including this record) travels back along the chain
                 reply.meta["anchors"] = {**down, self.cfg.name: self.audit.head_ref}
             reply.session, reply.seq = msg.session, msg.seq

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -126,6 +128,46 @@ def _lock(cfg: PartyConfig):
     return FolderLock(cfg.checkpoint_dir, what="party")
 
 
+def _shut_down(party: Party) -> None:
+    """A clean stop: an uncommitted step rolled back, a checkpoint of the current step, the audit log closed."""
+    with party.lock:
+        if party.prepared is not None:  # never committed: the driver will abort or restore it anyway
+            party._rollback(party.prepared)
+            party.prepared = None
+        if party.step not in party.checkpoints():
+            party._save_checkpoint()
+    party.close()
+
+
+@contextmanager
+def hosted_party(cfg: PartyConfig) -> Iterator[Party]:
+    """A party run inside the caller's process instead of behind its own server: the organisation that drives
+    the training hosts its own party next to the driver (``modelward split train --host PARTY.toml``), which
+    saves one network hop per step. The same state machine, consent checks and audit log; the party still
+    reaches its next neighbour over mutual TLS, and its state folder is locked as by ``party serve``.
+
+    Args:
+        cfg: the hosted party's configuration (paths resolved).
+
+    Returns:
+        A context manager yielding the :class:`Party`; on exit it stops cleanly (uncommitted step rolled back,
+        checkpoint saved, audit log closed).
+
+    Example:
+        >>> from modelward.governance.config import load_party_config
+        >>> with hosted_party(load_party_config("parties/alice.toml")) as alice:  # doctest: +SKIP
+        ...     run_training(load_split_config("split.toml"), host=alice)
+    """
+    check_test_only(cfg)
+    Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    with _lock(cfg):
+        party = Party(cfg)
+        try:
+            yield party
+        finally:
+            _shut_down(party)
+
+
 def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None) -> None:
     """Run a party until SIGTERM/SIGINT (or `stop_event`); shut down gracefully, saving a checkpoint.
 
@@ -167,11 +209,5 @@ def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None
         while not stop.wait(0.2):
             pass
         server.server.stop(1.0).wait()
-        with party.lock:
-            if party.prepared is not None:  # never committed: the driver will abort or restore it anyway
-                party._rollback(party.prepared)
-                party.prepared = None
-            if party.step not in party.checkpoints():
-                party._save_checkpoint()
-        party.close()
+        _shut_down(party)
         log(f"party {cfg.name}: stopped at step {party.step}")
