@@ -74,3 +74,51 @@ def test_bobs_ca_cannot_make_an_alice(tmp_path):
     db.close()
     assert len(rows) == 1 and rows[0][1] == "deny"
     assert rows[0][0].startswith("unpinned " + fake_fp[:16]) and fake_fp in rows[0][2] and "'alice'" in rows[0][2]
+
+
+def test_a_handshake_with_an_unknown_ca_is_refused_and_audited(tmp_path):
+    """A client whose certificate no trusted CA signed never reaches the party's code (gRPC refuses the TLS
+    handshake); the party server still records the refusal, rate-limited, and its log keeps gRPC's line."""
+    import time
+
+    import grpc
+
+    from modelward.governance.certs import make_certs
+
+    data = load_data(DataConfig(source="breast_cancer"))
+    model = build_model(ModelConfig(arch="mlp", hidden=[8]), data.input_shape, data.num_classes)
+    split = prepare_local_split(tmp_path / "run", model, data, ["alice", "bob"], ["fc1"], own_init=False, threads=1,
+                                extra={"alice": {"audit_refusals_every_s": 30.0}})
+    make_certs(tmp_path / "stranger", ["mallory"])
+    log = tmp_path / "run/alice/server.log"
+    alice = start_party(split.party_configs["alice"], log)
+    try:
+        creds = grpc.ssl_channel_credentials((tmp_path / "run/certs/ca.pem").read_bytes(),
+                                             (tmp_path / "stranger/mallory.key").read_bytes(),
+                                             (tmp_path / "stranger/mallory.pem").read_bytes())
+        for _ in range(3):  # three attempts: one record, the other two counted in the next one
+            with grpc.secure_channel(alice.address, creds, options=[("grpc.ssl_target_name_override", "alice")]) as ch:
+                with pytest.raises(grpc.RpcError):
+                    ch.unary_unary("/modelward.Party/Call")(b"hello", timeout=5)
+        rows: list = []
+        deadline = time.monotonic() + 20
+        while not rows and time.monotonic() < deadline:
+            time.sleep(0.2)
+            db = sqlite3.connect(tmp_path / "run/alice/audit.db")
+            rows = db.execute("SELECT caller, decision, reason FROM audit WHERE op = '(tls handshake)'").fetchall()
+            db.close()
+        # the party still serves its own driver normally
+        own = TLSConfig(ca=str(tmp_path / "run/certs/ca.pem"), cert=str(tmp_path / "run/certs/alice.pem"),
+                        key=str(tmp_path / "run/certs/alice.key"))
+        good = GrpcPartyClient("alice", alice.address, own, cert_fingerprint(
+            (tmp_path / "run/certs/alice.pem").read_bytes()), timeout=20)
+        assert good.call(Message("status")).meta["party"] == "alice"
+        good.close()
+    finally:
+        alice.stop()
+    assert len(rows) == 1, rows  # rate-limited: one record for the burst
+    caller, decision, reason = rows[0]
+    assert caller == "(unauthenticated TLS client)" and decision == "deny"
+    assert "CERTIFICATE_VERIFY_FAILED" in reason or "certificate" in reason.lower(), reason
+    text = log.read_text()
+    assert "Handshake failed" in text and "READY alice" in text and "stopped at step" in text

@@ -13,7 +13,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from concurrent import futures
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import grpc
@@ -113,6 +113,80 @@ def describe(party: Party, port: int) -> str:
             f"window={pol.window_utc}, approval={pol.approval or pol.approval_command}")
 
 
+class TLSRefusalMonitor:
+    """Audit TLS handshakes the server refused before any identity existed (an unknown CA, no client certificate,
+    not TLS at all). gRPC drops such connections inside its C core, which only logs them (``Handshake failed …``
+    on standard error); the party server routes its standard error through a pipe, forwards every line unchanged
+    and records each handshake refusal in the audit log, rate-limited like the other refusals. The peer's
+    address is not known at that level; the record names the TLS error.
+
+    Args:
+        party: the party whose audit log records the refusals.
+        fd: the file descriptor to watch (standard error).
+
+    Returns:
+        A context manager; on exit standard error is restored.
+
+    Example:
+        >>> with TLSRefusalMonitor(party):  # doctest: +SKIP
+        ...     server.start()
+    """
+
+    MARK = "Handshake failed"
+
+    def __init__(self, party: Party, fd: int = 2) -> None:
+        self.party, self.fd = party, fd
+        self.seen = 0  # handshake refusals noticed (recorded or rate-limited)
+
+    def __enter__(self) -> TLSRefusalMonitor:
+        import os
+
+        self._saved = os.dup(self.fd)
+        read, self._write = os.pipe()
+        os.dup2(self._write, self.fd)
+        self._thread = threading.Thread(target=self._pump, args=(read,), name="tls-refusals", daemon=True)
+        self._thread.start()
+        return self
+
+    def _pump(self, read: int) -> None:
+        import os
+
+        with os.fdopen(read, "rb", buffering=0) as pipe:
+            pending = b""
+            while chunk := pipe.read(65536):
+                try:
+                    os.write(self._saved, chunk)  # the log stays as it was
+                except OSError:
+                    pass
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                pending = pending[-65536:]
+                for line in lines:
+                    if self.MARK.encode() in line:
+                        self._record(line.decode("utf-8", "replace"))
+
+    def _record(self, line: str) -> None:
+        self.seen += 1
+        detail = line.split(self.MARK, 1)[1].strip(" :")
+        detail = detail.removeprefix("with error ")[:300]
+        try:  # never let auditing take the pump (and with it the server's standard error) down
+            self.party.audit.refusal("(unauthenticated TLS client)", "(tls handshake)",
+                                     f"TLS handshake refused before any identity was established: {detail}",
+                                     self.party.cfg.audit_refusals_every_s)
+        except Exception:  # noqa: BLE001 - the log line itself is still forwarded
+            pass
+
+    def __exit__(self, *exc: object) -> None:
+        import os
+        import sys
+
+        sys.stderr.flush()
+        os.dup2(self._saved, self.fd)  # the pipe's last writer goes: the pump reads to the end and stops
+        os.close(self._write)
+        self._thread.join(5.0)
+        os.close(self._saved)
+
+
 def _write_address(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -168,13 +242,15 @@ def hosted_party(cfg: PartyConfig) -> Iterator[Party]:
             _shut_down(party)
 
 
-def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None) -> None:
+def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None, audit_tls: bool = True) -> None:
     """Run a party until SIGTERM/SIGINT (or `stop_event`); shut down gracefully, saving a checkpoint.
 
     Args:
         cfg: the party's :class:`~modelward.governance.config.PartyConfig`.
         log: where status lines go (default ``print``).
         stop_event: set it to stop the server from another thread.
+        audit_tls: record refused TLS handshakes in the audit log (:class:`TLSRefusalMonitor`; it takes over
+            this process's standard error, so pass False when several servers share one process).
 
     Returns:
         None, once the server has stopped.
@@ -192,22 +268,23 @@ def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None
         except BaseException:
             party.close()
             raise
-        port = server.start()
-        if cfg.address_file:
-            _write_address(Path(cfg.address_file), f"{cfg.host}:{port}\n")
-        log(describe(party, port))
-        log(f"READY {cfg.name} {cfg.host}:{port}")
-        stop = stop_event or threading.Event()
+        with TLSRefusalMonitor(party) if audit_tls else nullcontext():
+            port = server.start()
+            if cfg.address_file:
+                _write_address(Path(cfg.address_file), f"{cfg.host}:{port}\n")
+            log(describe(party, port))
+            log(f"READY {cfg.name} {cfg.host}:{port}")
+            stop = stop_event or threading.Event()
 
-        def _handler(signum, _frame):
-            log(f"party {cfg.name}: received {signal.Signals(signum).name}, shutting down")
-            stop.set()
+            def _handler(signum, _frame):
+                log(f"party {cfg.name}: received {signal.Signals(signum).name}, shutting down")
+                stop.set()
 
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _handler)
-            signal.signal(signal.SIGINT, _handler)
-        while not stop.wait(0.2):
-            pass
-        server.server.stop(1.0).wait()
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, _handler)
+                signal.signal(signal.SIGINT, _handler)
+            while not stop.wait(0.2):
+                pass
+            server.server.stop(1.0).wait()
         _shut_down(party)
         log(f"party {cfg.name}: stopped at step {party.step}")
