@@ -28,6 +28,8 @@ import math
 import secrets
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,11 +95,12 @@ def _opt_fields(tc: TrainConfig) -> dict[str, Any]:
 
 
 def _max_abs(t: torch.Tensor) -> float:
-    """max |t| (NaN if any element is NaN, inf if any is infinite) in one pass."""
+    """max |t| (NaN if any element is NaN, inf if any is infinite) in one pass, without a temporary |t|."""
     if t.numel() == 0:
         return 0.0
-    m = t.detach().abs().max()
-    return float(m) if not torch.isnan(m) else float("nan")
+    lo, hi = torch.aminmax(t.detach())  # both NaN if any element is
+    lo, hi = float(lo), float(hi)
+    return float("nan") if math.isnan(hi) or math.isnan(lo) else max(-lo, hi)
 
 
 @dataclass
@@ -156,6 +159,9 @@ class Party:
         # parameters and buffers, detached views of the live storage (every update is in place): what a step
         # snapshots, restores and checks, without rebuilding state_dict() each time
         self._live = dict(self.segment.state_dict())
+        self._param_keys = [k for k in self._live if k in self.params]
+        # copies the parameters for the rollback while the forward and backward passes run (_snapshot_start)
+        self._copier = ThreadPoolExecutor(1, thread_name_prefix=f"snapshot-{cfg.name}")
         self._load_data()
         self.audit = AuditLog(cfg.audit_db, cfg.name)
         self.consent = ConsentChecker(cfg.policy, self.audit)
@@ -544,17 +550,27 @@ class Party:
             g["lr"] = self.train_cfg.lr_at(self.step)
 
     def _snapshot(self) -> _Prepared:
-        """The state before a step, copied into buffers reused from step to step (one fused copy): parameters,
-        buffers (BatchNorm statistics) and the optimizer's per-parameter state and hyper-parameters."""
+        """The state before a step (see :meth:`_snapshot_start`), taken at once."""
+        return self._snapshot_start()()
+
+    def _snapshot_start(self) -> Callable[[], _Prepared]:
+        """Start copying the state before a step into buffers reused from step to step: parameters, buffers
+        (BatchNorm statistics) and the optimizer's per-parameter state and hyper-parameters. The buffers (which
+        the forward pass updates) and the hyper-parameters are copied now; the parameters and the optimizer state,
+        which nothing changes before ``opt.step()``, are copied by a helper thread while the forward and backward
+        passes run. Returns the function that waits for the copy and gives the snapshot (call it before the
+        update, and before any rollback)."""
         assert self.opt is not None
         live = self._live
         bk = self._backup
         if bk is None or list(bk) != list(live) or any(bk[k].shape != v.shape for k, v in live.items()):
             bk = self._backup = {k: torch.empty_like(v) for k, v in live.items()}
-        torch._foreach_copy_(list(bk.values()), list(live.values()))
+        buffers = [k for k in live if k not in self._param_keys]
+        if buffers:
+            torch._foreach_copy_([bk[k] for k in buffers], [live[k] for k in buffers])
+        dst: list[torch.Tensor] = [bk[k] for k in self._param_keys]
+        src: list[torch.Tensor] = [live[k] for k in self._param_keys]
         opt_state: dict[int, dict[str, Any]] = {}
-        dst: list[torch.Tensor] = []
-        src: list[torch.Tensor] = []
         for i, p in enumerate(self.params.values()):
             st = self.opt.state.get(p)
             if not st:
@@ -571,10 +587,17 @@ class Party:
                 else:
                     saved[k] = copy.deepcopy(v)
             opt_state[i] = saved
-        if dst:
-            torch._foreach_copy_(dst, src)
         groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
-        return _Prepared(self.step, bk, {"state": opt_state, "groups": groups})
+        snap = _Prepared(self.step, bk, {"state": opt_state, "groups": groups})
+        if not dst:
+            return lambda: snap
+        copying = self._copier.submit(torch._foreach_copy_, dst, src)
+
+        def done() -> _Prepared:
+            copying.result()
+            return snap
+
+        return done
 
     def _rollback(self, snap: _Prepared) -> None:
         """Back to the state before the step: parameters, buffers (BatchNorm statistics) and optimizer state."""
@@ -629,7 +652,7 @@ class Party:
             raise PartyError(f"party {self.cfg.name}: step {self.prepared.step} is prepared and neither committed "
                              "nor aborted")
         idx, x = self._input(msg, "train", self._limit())
-        snap = self._snapshot()
+        snapshot = self._snapshot_start()
         try:
             self.segment.train()
             inp = None if self.is_first else _layout(x).requires_grad_(True)
@@ -650,10 +673,11 @@ class Party:
             grad = inp.grad if inp is not None else None
             if grad is not None and self._protect is not None:
                 grad = self._protect(grad, self.y_train[idx], self.cfg.label_protection, step=msg.step, index=idx)
+            snap = snapshot()  # the copy of the parameters is complete before they change
             self.opt.step()
             self._check_update()
         except BaseException:
-            self._rollback(snap)
+            self._rollback(snapshot())
             raise
         self.prepared = snap
         return Message("step", step=msg.step, meta={"loss": loss, "_anchors": down},
@@ -760,6 +784,7 @@ class Party:
 
     def close(self) -> None:
         with self.lock:
+            self._copier.shutdown()
             self.ckpt.join()
             if self.next_client is not None:
                 self.next_client.close()
