@@ -3,20 +3,28 @@ network hop less per step). Bob is a real server process on 127.0.0.1; everythin
 monolithic equivalence, consent and audit on both sides, cross-anchored logs, one server per state folder."""
 
 import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from modelward.core.config import to_toml
 from modelward.core.data import DataConfig, load_data
 from modelward.core.init import init_model_
+from modelward.core.io import load_tensors
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.governance.audit import verify_against
 from modelward.governance.checkpoints import Checkpoints
 from modelward.governance.config import load_party_config
 from modelward.governance.demo import prepare_local_split
-from modelward.governance.launch import spawn_party
+from modelward.governance.launch import spawn_party, start_party
 from modelward.governance.server import hosted_party
 
 STEPS = 6
@@ -47,8 +55,6 @@ def test_hosted_driver_trains_like_monolithic_with_both_parties_auditing(hosted)
     mono = train(model, data.x_train, data.y_train, data.x_test, data.y_test, tc, seed=0)
     assert curve == [tuple(c) for c in mono.curve]
     # alice's record of every step names the driver as the caller; bob's names alice (peer to peer)
-    import sqlite3
-
     for party, caller in (("alice", "alice"), ("bob", "alice")):
         db = sqlite3.connect(root / party / "audit.db")
         steps = db.execute("SELECT COUNT(*) FROM audit WHERE op = 'step' AND decision = 'allow' AND caller = ?",
@@ -81,3 +87,59 @@ def test_hosting_a_party_the_split_does_not_list_is_refused(hosted, tmp_path):
     with hosted_party(load_party_config(split.party_configs["alice"])) as alice:
         with pytest.raises(ConfigError, match="carol"):
             SplitDriver(cfg, connect=hosted_connect(alice, cfg))
+
+
+def test_kill_9_of_the_hosting_driver_resumes_with_no_step_lost_or_repeated(tmp_path):
+    """The driver process hosting alice dies (kill -9) mid-run: alice's in-memory state and the driver go with it,
+    bob keeps a prepared step. Rerunning the same command resumes from the common checkpoint and ends where a
+    monolithic run ends; both audit logs stay intact and anchored to each other."""
+    data = load_data(DataConfig(source="digits", seed=0))
+    model = init_model_(build_model(ModelConfig(arch="cnn", channels=[4, 8], fc=16), (1, 8, 8), 10), seed=0)
+    (tmp_path / "slowpass.py").write_text("import time\n\ndef ok(request):\n    time.sleep(0.04)\n    return True\n")
+    policy = {"allow_peers": ["alice"], "training": True, "inference": True, "approval": "slowpass:ok",
+              "approval_scope": "pass"}  # bob approves every pass after 40 ms: the run is slow enough to kill
+    split = prepare_local_split(tmp_path / "run", model, data, ["alice", "bob"], ["conv1"], threads=1,
+                                checkpoint_every=3, policies={"bob": policy})
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    split.processes["bob"] = start_party(split.party_configs["bob"], tmp_path / "run/bob/server.log", env=env)
+    tc = TrainConfig(steps=24, eval_every=6, batch_size=32)
+    (tmp_path / "split.toml").write_text(to_toml(split.split_config(tc, seed=3).model_dump(mode="json",
+                                                                                           exclude_none=True)))
+    cmd = [sys.executable, "-m", "modelward.cli.main", "split", "train", str(tmp_path / "split.toml"), "--host",
+           str(split.party_configs["alice"])]
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    penv = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    try:
+        driver = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=penv)
+        deadline, done = time.monotonic() + 120, 0
+        while done < 11 and time.monotonic() < deadline and driver.poll() is None:
+            time.sleep(0.02)
+            try:
+                db = sqlite3.connect(tmp_path / "run/bob/audit.db")
+                done = db.execute("SELECT COUNT(*) FROM audit WHERE op='step' AND decision='allow'").fetchone()[0]
+                db.close()
+            except sqlite3.OperationalError:
+                pass
+        assert driver.poll() is None and 11 <= done < tc.steps, done
+        driver.kill()  # kill -9: the hosted alice dies with the driver
+        driver.wait()
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=penv)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        summary = json.loads((tmp_path / "run/driver/summary.json").read_text())
+        assert summary["steps"] == tc.steps
+    finally:
+        split.stop()
+    state = {}
+    for p in ("alice", "bob"):
+        ck = Checkpoints(tmp_path / f"run/{p}/checkpoints", 3)
+        assert ck.list()[-1] == tc.steps
+        state.update({k[6:]: v for k, v in load_tensors(ck.path(tc.steps)).items() if k.startswith("model.")})
+    ref = build_model(ModelConfig(arch="cnn", channels=[4, 8], fc=16), (1, 8, 8), 10)
+    ref.load_state_dict(model.state_dict())
+    mono = train(ref, data.x_train, data.y_train, data.x_test, data.y_test, tc, seed=3)
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(state[k].to(v.dtype), v, atol=1e-5, rtol=1e-5, msg=k)
+    assert [tuple(c) for c in json.loads((tmp_path / "run/driver/curve.json").read_text())] == \
+        [tuple(c) for c in mono.curve]
+    assert verify_against(tmp_path / "run/bob/audit.db", tmp_path / "run/alice/audit.db").ok
+    assert verify_against(tmp_path / "run/alice/audit.db", tmp_path / "run/bob/audit.db").ok
