@@ -2,7 +2,8 @@
 
 The main verbs, imported lazily (``from modelward.governance import make_plan, verify_audit_log``):
 ``make_plan(model, parties, cuts)`` splits a model between parties; ``serve_party(cfg)`` runs one party's gRPC
-server; ``load_split_config`` / ``run_training`` drive split training across the parties; ``AuditLog`` /
+server; ``load_split_config`` / ``run_training`` drive split training across the parties (``hosted_party``
+runs the driver's own party inside its process: ``run_training(cfg, host=party)``); ``AuditLog`` /
 ``verify_audit_log`` are the tamper-evident audit trail; ``Policy`` / ``ConsentChecker`` decide per-pass
 consent; ``make_certs`` / ``keygen`` create the mutual-TLS identities; ``run_split_demo`` does it all on one
 machine; ``protect_gradient`` is label protection, ``run_leakage_audit`` measures label leakage.
@@ -16,7 +17,7 @@ _EXPORTS = {
     "PartyConfig": f"{_G}.config:PartyConfig", "load_party_config": f"{_G}.config:load_party_config",
     "serve_party": f"{_G}.server:serve",
     "SplitConfig": f"{_G}.driver:SplitConfig", "load_split_config": f"{_G}.driver:load_split_config",
-    "run_training": f"{_G}.driver:run_training",
+    "run_training": f"{_G}.driver:run_training", "hosted_party": f"{_G}.server:hosted_party",
     "AuditLog": f"{_G}.audit:AuditLog", "verify_audit_log": f"{_G}.audit:verify",
     "Policy": f"{_G}.consent:Policy", "ConsentChecker": f"{_G}.consent:ConsentChecker",
     "make_certs": f"{_G}.certs:make_certs", "keygen": f"{_G}.certs:keygen",
