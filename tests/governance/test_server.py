@@ -93,3 +93,32 @@ def test_cross_pinned_self_signed_and_consortium_csr(tmp_path):
         assert srv.call(r["b"]["key"], bob_signed, r["a"]["cert"], "alice") == "bob"
     finally:
         srv.server.stop(None)
+
+
+def test_tls_refusal_monitor_forwards_stderr_and_records_each_handshake_failure(capfd):
+    import os
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from modelward.governance.server import TLSRefusalMonitor
+
+    recorded = []
+    party = SimpleNamespace(audit=SimpleNamespace(refusal=lambda *a, **k: recorded.append(a)),
+                            cfg=SimpleNamespace(audit_refusals_every_s=10.0))
+    with TLSRefusalMonitor(party) as mon:
+        os.write(2, b"I1122 ssl.cc:1] Handshake failed with error SSL_ERROR_SSL: CERTIFICATE_VERIFY_FAILED: x\n")
+        print("an ordinary line", file=sys.stderr, flush=True)
+        os.write(2, b"a line split Handshake fa")  # across two writes
+        os.write(2, b"iled with error WRONG_VERSION_NUMBER\n")
+        deadline = time.monotonic() + 5
+        while mon.seen < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert mon.seen == 2 and len(recorded) == 2
+    assert recorded[0][:2] == ("(unauthenticated TLS client)", "(tls handshake)")
+    assert recorded[0][2].endswith("SSL_ERROR_SSL: CERTIFICATE_VERIFY_FAILED: x")
+    assert recorded[1][2].endswith("WRONG_VERSION_NUMBER")
+    err = capfd.readouterr().err  # everything still reaches the log, unchanged
+    assert "an ordinary line" in err and err.count("Handshake failed") == 2
+    print("after", file=sys.stderr, flush=True)  # standard error is restored
+    assert "after" in capfd.readouterr().err

@@ -141,11 +141,16 @@ class TLSRefusalMonitor:
     def __enter__(self) -> TLSRefusalMonitor:
         import os
 
-        self._saved = os.dup(self.fd)
+        self.active = False
+        try:
+            self._saved = os.dup(self.fd)
+        except OSError:  # no standard error to watch (closed): nothing gRPC logs can be seen, nor audited
+            return self
         read, self._write = os.pipe()
         os.dup2(self._write, self.fd)
         self._thread = threading.Thread(target=self._pump, args=(read,), name="tls-refusals", daemon=True)
         self._thread.start()
+        self.active = True
         return self
 
     def _pump(self, read: int) -> None:
@@ -180,6 +185,9 @@ class TLSRefusalMonitor:
         import os
         import sys
 
+        if not self.active:
+            return
+        self.active = False
         sys.stderr.flush()
         os.dup2(self._saved, self.fd)  # the pipe's last writer goes: the pump reads to the end and stops
         os.close(self._write)
