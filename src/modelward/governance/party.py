@@ -160,6 +160,7 @@ class Party:
         # snapshots, restores and checks, without rebuilding state_dict() each time
         self._live = dict(self.segment.state_dict())
         self._param_keys = [k for k in self._live if k in self.params]
+        self._buffer_keys = [k for k in self._live if k not in self.params]  # BatchNorm statistics and the like
         # copies the parameters for the rollback while the forward and backward passes run (_snapshot_start)
         self._copier = ThreadPoolExecutor(1, thread_name_prefix=f"snapshot-{cfg.name}")
         self._load_data()
@@ -549,10 +550,6 @@ class Party:
         for g in self.opt.param_groups:
             g["lr"] = self.train_cfg.lr_at(self.step)
 
-    def _snapshot(self) -> _Prepared:
-        """The state before a step (see :meth:`_snapshot_start`), taken at once."""
-        return self._snapshot_start()()
-
     def _snapshot_start(self) -> Callable[[], _Prepared]:
         """Start copying the state before a step into buffers reused from step to step: parameters, buffers
         (BatchNorm statistics) and the optimizer's per-parameter state and hyper-parameters. The buffers (which
@@ -565,9 +562,8 @@ class Party:
         bk = self._backup
         if bk is None or list(bk) != list(live) or any(bk[k].shape != v.shape for k, v in live.items()):
             bk = self._backup = {k: torch.empty_like(v) for k, v in live.items()}
-        buffers = [k for k in live if k not in self._param_keys]
-        if buffers:
-            torch._foreach_copy_([bk[k] for k in buffers], [live[k] for k in buffers])
+        if self._buffer_keys:
+            torch._foreach_copy_([bk[k] for k in self._buffer_keys], [live[k] for k in self._buffer_keys])
         dst: list[torch.Tensor] = [bk[k] for k in self._param_keys]
         src: list[torch.Tensor] = [live[k] for k in self._param_keys]
         opt_state: dict[int, dict[str, Any]] = {}
