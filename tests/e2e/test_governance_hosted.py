@@ -65,6 +65,12 @@ def test_hosted_driver_trains_like_monolithic_with_both_parties_auditing(hosted)
     assert verify_against(root / "bob/audit.db", root / "alice/audit.db").ok
     assert verify_against(root / "alice/audit.db", root / "bob/audit.db").ok
     assert STEPS in Checkpoints(root / "alice/checkpoints", 3).list()
+    # predictions through the hosted party too (alice has no server to reach)
+    r = CliRunner().invoke(app, ["split", "predict", str(root / "split.toml"), "--host",
+                                 str(split.party_configs["alice"])], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    lines = (root / "driver/predictions.csv").read_text().splitlines()
+    assert len(lines) == 1 + len(data.y_test) and lines[0].startswith("index,prediction,logit_0")
 
 
 def test_a_hosted_party_cannot_also_be_served(hosted, tmp_path):

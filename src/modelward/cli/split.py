@@ -63,18 +63,25 @@ def predict(
     out: Annotated[Path | None, typer.Option("--out", help="CSV of predictions (default out_dir/predictions.csv)")]
     = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
+    host: Annotated[Path | None, typer.Option("--host", help="PARTY.toml of a party to run inside this process "
+                                              "(as for split train --host)")] = None,
 ) -> None:
     """Split inference on the data owner's samples; every party must consent to inference."""
+    from contextlib import nullcontext
+
     from modelward.core.records import write_csv
     from modelward.errors import ConfigError
-    from modelward.governance.driver import SplitDriver, load_split_config
+    from modelward.governance.config import load_party_config
+    from modelward.governance.driver import SplitDriver, hosted_connect, load_split_config
+    from modelward.governance.server import hosted_party
 
     if split not in ("train", "test"):
         raise ConfigError(f"--split {split!r}: valid choices: train, test")
     cfg = load_split_config(config, set_)
     out = out or Path(cfg.out_dir) / "predictions.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
-    with SplitDriver(cfg) as drv:
+    with hosted_party(load_party_config(host)) if host is not None else nullcontext() as party, \
+            SplitDriver(cfg, connect=None if party is None else hosted_connect(party, cfg)) as drv:
         drv.open(train=False)
         logits = drv.predict(split)
         links = drv.link_summary()
