@@ -9,7 +9,10 @@ audited (rate-limited).
 
 from __future__ import annotations
 
+import faulthandler
+import queue
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -148,14 +151,20 @@ class TLSRefusalMonitor:
             return self
         read, self._write = os.pipe()
         os.dup2(self._write, self.fd)
+        # the pump only forwards and spots lines (it must drain the pipe promptly: a writer blocked on a full
+        # pipe may hold locks gRPC needs); the audit records, which wait on SQLite, are written by the recorder
+        self._lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._pump, args=(read,), name="tls-refusals", daemon=True)
+        self._recorder = threading.Thread(target=self._record_all, name="tls-refusals-audit", daemon=True)
         self._thread.start()
+        self._recorder.start()
         self.active = True
         return self
 
     def _pump(self, read: int) -> None:
         import os
 
+        mark = self.MARK.encode()
         with os.fdopen(read, "rb", buffering=0) as pipe:
             pending = b""
             while chunk := pipe.read(65536):
@@ -167,19 +176,20 @@ class TLSRefusalMonitor:
                 *lines, pending = pending.split(b"\n")
                 pending = pending[-65536:]
                 for line in lines:
-                    if self.MARK.encode() in line:
-                        self._record(line.decode("utf-8", "replace"))
+                    if mark in line:
+                        self.seen += 1
+                        self._lines.put(line.decode("utf-8", "replace"))
 
-    def _record(self, line: str) -> None:
-        self.seen += 1
-        detail = line.split(self.MARK, 1)[1].strip(" :")
-        detail = detail.removeprefix("with error ")[:300]
-        try:  # never let auditing take the pump (and with it the server's standard error) down
-            self.party.audit.refusal("(unauthenticated TLS client)", "(tls handshake)",
-                                     f"TLS handshake refused before any identity was established: {detail}",
-                                     self.party.cfg.audit_refusals_every_s)
-        except Exception:  # noqa: BLE001 - the log line itself is still forwarded
-            pass
+    def _record_all(self) -> None:
+        while (line := self._lines.get()) is not None:
+            detail = line.split(self.MARK, 1)[1].strip(" :")
+            detail = detail.removeprefix("with error ")[:300]
+            try:  # never let auditing take the recorder down
+                self.party.audit.refusal("(unauthenticated TLS client)", "(tls handshake)",
+                                         f"TLS handshake refused before any identity was established: {detail}",
+                                         self.party.cfg.audit_refusals_every_s)
+            except Exception:  # noqa: BLE001 - the log line itself is forwarded anyway
+                pass
 
     def __exit__(self, *exc: object) -> None:
         import os
@@ -192,6 +202,8 @@ class TLSRefusalMonitor:
         os.dup2(self._saved, self.fd)  # the pipe's last writer goes: the pump reads to the end and stops
         os.close(self._write)
         self._thread.join(5.0)
+        self._lines.put(None)
+        self._recorder.join(5.0)
         os.close(self._saved)
 
 
@@ -283,9 +295,10 @@ def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None
             log(describe(party, port))
             log(f"READY {cfg.name} {cfg.host}:{port}")
             stop = stop_event or threading.Event()
+            received: list[str] = []
 
-            def _handler(signum, _frame):
-                log(f"party {cfg.name}: received {signal.Signals(signum).name}, shutting down")
+            def _handler(signum, _frame):  # no I/O here: the main loop reports it
+                received.append(signal.Signals(signum).name)
                 stop.set()
 
             if threading.current_thread() is threading.main_thread():
@@ -293,6 +306,16 @@ def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None
                 signal.signal(signal.SIGINT, _handler)
             while not stop.wait(0.2):
                 pass
+            log(f"party {cfg.name}: received {received[0] if received else 'stop'}, shutting down")
+        # standard error is back to normal before gRPC shuts down; a shutdown that hangs dumps every thread's
+        # stack into the log (and the launcher's SIGKILL follows)
+        try:
+            faulthandler.dump_traceback_later(15.0, exit=False, file=sys.stdout)
+        except (AttributeError, ValueError, OSError):  # a stdout without a file descriptor: no watchdog
+            pass
+        try:
             server.server.stop(1.0).wait()
-        _shut_down(party)
+            _shut_down(party)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
         log(f"party {cfg.name}: stopped at step {party.step}")
