@@ -22,8 +22,10 @@ from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.governance.audit import verify_against
 from modelward.governance.checkpoints import Checkpoints
+from modelward.governance.client import StepRolledBack
 from modelward.governance.config import load_party_config
 from modelward.governance.demo import prepare_local_split
+from modelward.governance.driver import SplitDriver, hosted_connect, load_split_config
 from modelward.governance.launch import spawn_party, start_party
 from modelward.governance.server import hosted_party
 
@@ -71,6 +73,30 @@ def test_hosted_driver_trains_like_monolithic_with_both_parties_auditing(hosted)
     assert r.exit_code == 0, r.output
     lines = (root / "driver/predictions.csv").read_text().splitlines()
     assert len(lines) == 1 + len(data.y_test) and lines[0].startswith("index,prediction,logit_0")
+
+
+def test_a_late_refusal_aborts_the_step_on_the_real_party_process(hosted):
+    """Alice (hosted) answers the driver before her own update is checked. When that check fails, Bob — a real
+    process that prepared the same step over gRPC and mutual TLS — must not commit it: the next step carrying
+    its commit is refused, the driver's vote round finds the refusal and aborts the step everywhere."""
+    root, split, _, _, _ = hosted
+    cfg = load_split_config(root / "split.toml")
+    with hosted_party(load_party_config(split.party_configs["alice"])) as alice, \
+            SplitDriver(cfg, connect=hosted_connect(alice, cfg)) as drv:
+        drv.open(train=True)
+        step = drv.status["alice"]["step"]
+        bob_before = drv.call("bob", "status", meta={"digest": True}).meta["digest"]
+        alice_before = alice.state_digest()
+        alice.cfg.max_abs_param = 1e-9
+        drv.train_step(step, torch.arange(32), lazy=True)  # answered: alice's check has not spoken yet
+        with pytest.raises(StepRolledBack, match="party alice: the update of step"):
+            drv.train_step(step + 1, torch.arange(32), lazy=True)
+        bob = drv.call("bob", "status", meta={"digest": True}).meta
+        assert (bob["digest"], bob["step"], bob["prepared"]) == (bob_before, step, None)
+        assert alice.state_digest() == alice_before and (alice.step, alice.prepared) == (step, None)
+        alice.cfg.max_abs_param = 1e6
+        drv.train_step(step, torch.arange(32))  # and the step goes through once the cause is gone
+        assert drv.call("bob", "status").meta["step"] == step + 1 == alice.step
 
 
 def test_a_hosted_party_cannot_also_be_served(hosted, tmp_path):

@@ -2,13 +2,14 @@
 purpose, per-peer limits, roles, bounded sessions, background checkpoints."""
 
 import copy
+import math
 
 import pytest
 import torch
 
 from modelward.core.io import load_tensors
 from modelward.core.train import TrainConfig, batch_order, train
-from modelward.governance.client import ConsentDenied, NumericError, PartyError
+from modelward.governance.client import ConsentDenied, NumericError, PartyError, StepRolledBack
 from modelward.governance.wire import Message, WireError
 
 TC = TrainConfig(steps=5, eval_every=2, batch_size=16, eval_batch_size=128, lr=0.05)
@@ -71,9 +72,17 @@ def test_extreme_activation_is_refused_and_an_exploding_update_rolled_back(make_
     with pytest.raises(NumericError, match="max_abs_input"):
         bob.call(Message("step", drv.session, 0, 1, {}, {"h": h, "idx": torch.arange(16)}))
     c.parties["bob"].cfg.max_abs_input = float("inf")  # without the bound, the post-update check catches it
-    with pytest.raises(NumericError, match="rolled back"):
-        bob.call(Message("step", drv.session, 0, 1, {}, {"h": h, "idx": torch.arange(16)}))
+    # bob answers with his input gradient first and checks his update right after (his vote comes late): the
+    # step is rolled back at once, and refused to anyone who would commit it
+    bob.call(Message("step", drv.session, 0, 1, {}, {"h": h, "idx": torch.arange(16)}))
+    with pytest.raises(StepRolledBack, match="rolled back"):
+        drv.call("bob", "vote", 0)
+    with pytest.raises(StepRolledBack, match="rolled back"):
+        drv.call("bob", "commit", 0)
     assert c.digests()["bob"] == before
+    assert c.parties["bob"].step == 0 and c.parties["bob"].prepared is None
+    rows = c.parties["bob"].audit.db.execute("SELECT op, step, decision, reason FROM audit").fetchall()
+    assert any(op == "step" and d == "error" and "found by the check after" in r for op, _, d, r in rows)
     assert all(torch.isfinite(p).all() for p in c.parties["bob"].params.values())
 
 
@@ -233,3 +242,51 @@ def test_a_non_peer_is_refused_before_its_message_is_decoded(make_chain):
         bob.handle("alice", b"\x00" * 1000)
     rows = bob.audit.db.execute("SELECT caller, op, decision FROM audit").fetchall()
     assert ("mallory", "(undecoded)", "deny") in rows and ("alice", "(malformed)", "deny") in rows
+
+
+@pytest.mark.parametrize("late", ["alice", "carol", "bob"])
+def test_a_check_that_fails_after_the_answer_rolls_the_step_back_on_every_party(make_chain, late):
+    """Every party answers before its own update is checked (its vote is late), so the driver already has the
+    step's loss when the check fails. The step must still be rolled back on every party, and the parties that
+    hold its commit must not apply it (the first party as well as the middle and the last one)."""
+    c = make_chain(("alice", "carol", "bob"), ("conv1", "conv2"), checkpoint_every=1)
+    drv = _open(c)
+    drv.train_step(0, torch.arange(16), lazy=True)
+    drv.train_step(1, torch.arange(16), lazy=True)
+    drv.flush()
+    before = c.digests()  # step 1 committed everywhere
+    c.parties[late].cfg.max_abs_param = 1e-9
+    loss = drv.train_step(2, torch.arange(16), lazy=True)  # answered: the late check has not spoken yet
+    assert math.isfinite(loss)
+    with pytest.raises(StepRolledBack, match=f"party {late}: the update of step 2 .* rolled back"):
+        drv.train_step(3, torch.arange(16), lazy=True)  # carries the commit of step 2: refused, aborted
+    assert c.digests() == before
+    assert {(p.step, p.prepared) for p in c.parties.values()} == {(2, None)}
+    assert {max(p.checkpoints()) for p in c.parties.values()} == {2}  # no checkpoint of the refused step
+    rows = c.parties[late].audit.db.execute("SELECT step, decision, reason FROM audit WHERE op='step'").fetchall()
+    assert any(s == 2 and d == "error" and "found by the check after" in r for s, d, r in rows)
+    # the step runs again once the cause is gone, and the next commit goes through
+    c.parties[late].cfg.max_abs_param = 1e6
+    drv.train_step(2, torch.arange(16), lazy=True)
+    drv.train_step(3, torch.arange(16))
+    assert {(p.step, p.prepared) for p in c.parties.values()} == {(4, None)}
+
+
+def test_commits_held_during_the_next_step_checkpoint_the_committed_state(make_chain, digits):
+    """The first and middle parties commit step s only once the parties after them have (while step s+1 runs
+    its forward pass, which moves the BatchNorm statistics): the checkpoint of step s+1 must still hold the
+    state right after step s, exactly as without carried commits."""
+    lazy, eager = make_chain(("alice", "carol", "bob"), ("conv1", "conv2"), checkpoint_every=2), \
+        make_chain(("alice", "carol", "bob"), ("conv1", "conv2"), checkpoint_every=2)
+    order = list(batch_order(len(digits.x_train), 16, 0).__next__() for _ in range(5))
+    for chain, is_lazy in ((lazy, True), (eager, False)):
+        drv = _open(chain)
+        for s, idx in enumerate(order):
+            drv.train_step(s, idx, lazy=is_lazy)
+        drv.flush()
+    for n in lazy.names:
+        assert lazy.parties[n].checkpoints() == eager.parties[n].checkpoints() == [0, 2, 4]
+        for step in (2, 4):
+            a, b = load_tensors(lazy.parties[n]._ckpt_path(step)), load_tensors(eager.parties[n]._ckpt_path(step))
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (n, step)
+    assert lazy.digests() == eager.digests()

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,25 +65,33 @@ class Checkpoints:
     def _list(self) -> list[int]:
         return sorted(int(m.group(1)) for p in self.dir.glob("step_*.safetensors") if (m := CKPT_RE.match(p.name)))
 
-    def save(self, step: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any], background: bool = False) -> Path:
+    def save(self, step: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any], background: bool = False,
+             before: Callable[[], None] | None = None) -> Path:
+        """Write the checkpoint of `step` (in the background: the tensors are copied first). `before` runs just
+        before the file is written, on the writing thread (what must be durable before the checkpoint is)."""
         self.join()
         path = self.path(step)
         md = {"modelward": json.dumps(meta)}
         if not background:
+            if before is not None:
+                before()
             save_tensors(path, tensors, md)
             self._prune()
             return path
         snap = {k: v.detach().clone(memory_format=torch.contiguous_format) for k, v in tensors.items()}
-        self._thread = threading.Thread(target=self._write, args=(path, snap, md), name=f"checkpoint-{step}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._write, args=(path, snap, md, before),
+                                        name=f"checkpoint-{step}", daemon=True)
         self._thread.start()
         return path
 
-    def _write(self, path: Path, snap: dict[str, torch.Tensor], md: dict[str, str]) -> None:
+    def _write(self, path: Path, snap: dict[str, torch.Tensor], md: dict[str, str],
+               before: Callable[[], None] | None) -> None:
         from safetensors.torch import save_file
 
         tmp = path.with_name(path.name + ".tmp")
         try:
+            if before is not None:
+                before()
             save_file(snap, str(tmp), metadata=md)
             os.replace(tmp, path)
             self._prune()

@@ -42,6 +42,11 @@ class NumericError(PartyError):
     """An incoming tensor is out of bounds, or an update left non-finite/exploding parameters (rolled back)."""
 
 
+class StepRolledBack(NumericError):
+    """A prepared step failed a party's late check (its update is checked after its input gradient went back):
+    that party rolled it back, so no party may commit it; the driver aborts it everywhere."""
+
+
 class PartyUnavailable(ModelwardError):
     """A party cannot be reached (not started, crashed, or the connection broke)."""
 
@@ -53,7 +58,8 @@ class TLSSetupError(ConfigError):
 # status codes <-> error classes (a party re-raises its neighbour's error class, so the driver sees the cause)
 CODES: dict[type[ModelwardError], grpc.StatusCode] = {
     ConsentDenied: grpc.StatusCode.PERMISSION_DENIED, IdentityError: grpc.StatusCode.UNAUTHENTICATED,
-    NumericError: grpc.StatusCode.OUT_OF_RANGE, WireError: grpc.StatusCode.INVALID_ARGUMENT,
+    NumericError: grpc.StatusCode.OUT_OF_RANGE, StepRolledBack: grpc.StatusCode.ABORTED,
+    WireError: grpc.StatusCode.INVALID_ARGUMENT,
     PartyError: grpc.StatusCode.FAILED_PRECONDITION, PartyUnavailable: grpc.StatusCode.UNAVAILABLE,
 }
 ERRORS: dict[grpc.StatusCode, type[ModelwardError]] = {c: t for t, c in CODES.items()}

@@ -34,7 +34,7 @@ Purpose = Literal["train", "inference"]
 # what each operation is *for*, decided by the server from what it will execute (None: no consent needed beyond
 # being a pinned, allowed peer: status, abort — an abort only ever restores the state before a refused step)
 OP_PURPOSE: dict[str, str | None] = {
-    "step": "train", "eval": "train", "commit": "train", "restore": "train", "checkpoint": "train",
+    "step": "train", "eval": "train", "vote": "train", "commit": "train", "restore": "train", "checkpoint": "train",
     "open_train": "train", "predict": "inference", "fetch": "inference", "open": None, "status": None,
     "abort": None,
 }

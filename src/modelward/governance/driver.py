@@ -40,6 +40,7 @@ from modelward.governance.client import (  # noqa: F401 - re-exported
     PartyClient,
     PartyError,
     PartyUnavailable,
+    StepRolledBack,
 )
 from modelward.governance.config import TLSConfig, _resolve
 from modelward.governance.wire import Message, WireError  # noqa: F401 - re-exported
@@ -302,12 +303,19 @@ class SplitDriver:
         meta = {} if self.uncommitted is None else {"commit": self.uncommitted}
         try:
             loss = float(self.call(self.names[0], "step", step, meta, {"idx": idx}).meta["loss"])
-        except ModelwardError:
+        except ModelwardError as e:
+            late: ModelwardError | None = None
             try:
-                self.flush()  # the previous step succeeded everywhere: whoever did not get its commit gets it now
+                # the previous step: committed where every party's (late) check passed, aborted everywhere if one
+                # failed (a party that is gone restores from its checkpoints anyway)
+                self.flush()
+            except StepRolledBack as r:
+                late = r
             except ModelwardError:
-                self.uncommitted = None  # a party that is gone restores from its checkpoints anyway
+                pass
             self.abort_all(step)
+            if late is not None and not isinstance(e, StepRolledBack):
+                raise late from e
             raise
         self.uncommitted = step
         if not lazy:
@@ -315,9 +323,16 @@ class SplitDriver:
         return loss
 
     def flush(self) -> None:
-        """Commit the last prepared step on every party (idempotent where it is committed already)."""
+        """Commit the last prepared step on every party (idempotent where it is committed already), after every
+        party voted for it: a party checks its update after sending its input gradient back, so its vote can
+        come after the step's answer. A step that a party rolled back is aborted everywhere (StepRolledBack)."""
         if self.uncommitted is not None:
             step, self.uncommitted = self.uncommitted, None
+            try:
+                self._all("vote", step)
+            except StepRolledBack:
+                self.abort_all(step)
+                raise
             self._all("commit", step)
 
     def _all(self, op: str, step: int) -> None:
@@ -447,6 +462,7 @@ class SplitDriver:
             if on_step:
                 on_step(step, loss, self.links)
             if step % tc.eval_every == 0 or step == tc.steps:
+                self.flush()  # evaluate a state every party voted for
                 curve.append((step, self.evaluate(tc.loss, tc.eval_batch_size)))
                 train_loss.append((step, running / max(k, 1)))
                 running, k = 0.0, 0

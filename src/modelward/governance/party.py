@@ -8,9 +8,11 @@ first party, labels for the last). Tensors travel only between neighbours, peer 
 
 Each party consents to step s (forward *and* backward) when the step reaches it, before computing; it then
 computes its gradients, applies its optimizer step *tentatively* (the state before the step is kept) and checks
-the result. Only when the whole chain succeeded does the driver send ``commit(s)`` to every party; any refusal or
-failure anywhere leads to ``abort(s)``, which restores parameters, optimizer state and BatchNorm statistics bit for
-bit (two-phase commit with the driver as coordinator). Evaluation and prediction travel the same chain, so every
+the result. Only when every party consented and checked does step s commit anywhere; any refusal or failure
+anywhere leads to ``abort(s)``, which restores parameters, optimizer state and BatchNorm statistics bit for bit
+(two-phase commit with the driver as coordinator). A party answers its caller before its own update (weight
+gradients, optimizer step, check) is done, so that it runs while the parties before it compute; its vote comes
+with the next request (see :meth:`Party._op_step`). Evaluation and prediction travel the same chain, so every
 party, the label holder included, consents to every pass; prediction logits stay with the label holder until the
 driver fetches them. The driver thus sees batch indices, losses and metrics — never an activation or a gradient.
 
@@ -23,13 +25,14 @@ hash-chained audit log together with the other parties' latest heads (cross-anch
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +47,7 @@ from modelward.core.train import TrainConfig, make_optimizer
 from modelward.core.zoo import build_model
 from modelward.errors import ConfigError, ModelwardError
 from modelward.governance.audit import AuditLog
+from modelward.governance.backward import input_gradient
 from modelward.governance.checkpoints import Checkpoints, state_digest
 from modelward.governance.client import (
     ConsentDenied,
@@ -52,6 +56,7 @@ from modelward.governance.client import (
     PartyClient,
     PartyError,
     PartyUnavailable,
+    StepRolledBack,
 )
 from modelward.governance.config import (  # noqa: F401 - re-exported for callers of the old single module
     PartyConfig,
@@ -66,7 +71,7 @@ from modelward.governance.plan import check_segment, model_layers, run_ops, segm
 from modelward.governance.wire import Message, SequenceGuard, WireError, decode, encode, expect
 
 DATA_OPS = ("step", "eval", "predict")  # sequenced; from the previous party (the driver for the first)
-CONTROL_OPS = ("open", "status", "commit", "abort", "restore", "checkpoint", "fetch")  # from the driver
+CONTROL_OPS = ("open", "status", "vote", "commit", "abort", "restore", "checkpoint", "fetch")  # from the driver
 OPS = DATA_OPS + CONTROL_OPS
 MAX_RESULTS = 16  # prediction results kept for the driver to fetch (oldest dropped)
 
@@ -110,6 +115,18 @@ class _Prepared:
     step: int
     model: dict[str, torch.Tensor]
     opt: dict[str, Any]
+
+
+@dataclass
+class _Late:
+    """The late part of a prepared step running on the update thread, and the request it belongs to (for the
+    audit record of a failed check)."""
+
+    future: Future
+    snapshot: Callable[[], _Prepared]
+    caller: str
+    session: str
+    seq: int
 
 
 class Party:
@@ -156,6 +173,7 @@ class Party:
             self._load_own(cfg.init.checkpoint)
         self.segment.train()
         self.params = dict(self.segment.named_parameters())
+        self._grad_params = [p for p in self.params.values() if p.requires_grad]
         # parameters and buffers, detached views of the live storage (every update is in place): what a step
         # snapshots, restores and checks, without rebuilding state_dict() each time
         self._live = dict(self.segment.state_dict())
@@ -176,8 +194,15 @@ class Party:
         self.opt: torch.optim.Optimizer | None = None
         self.prepared: _Prepared | None = None
         self._note = ""  # added to the reason of the request's audit record (a commit carried by a step)
-        self._backup: dict[str, torch.Tensor] | None = None  # reused rollback buffers (one step at a time)
-        self._opt_backup: dict[tuple[int, str], torch.Tensor] = {}
+        # reused rollback buffers, two sets (by step parity): while a step's commit waits for the parties after
+        # this one, the next step's snapshot must not overwrite it
+        self._backups: list[dict[str, torch.Tensor] | None] = [None, None]
+        self._opt_backups: list[dict[tuple[int, str], torch.Tensor]] = [{}, {}]
+        # the late part of the prepared step (weight gradients, optimizer step, check), running after the input
+        # gradient went back to the previous party; every request waits for it first (_settle)
+        self._updater = ThreadPoolExecutor(1, thread_name_prefix=f"update-{cfg.name}")
+        self._pending: _Late | None = None
+        self._rolled_back: tuple[int, str] | None = None  # (step, reason) of a step whose late check failed
         self.results: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._connect = connect or self._grpc_connect
         self.next_address = cfg.peers[cfg.next].address if cfg.next else None
@@ -282,8 +307,11 @@ class Party:
     def _ckpt_path(self, step: int):
         return self.ckpt.path(step)
 
-    def _state_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def _state_tensors(self, buffers: dict[str, torch.Tensor] | None = None
+                       ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors = {f"model.{k}": v for k, v in self.segment.state_dict().items()}
+        if buffers is not None:  # the buffers of an earlier moment (see _commit)
+            tensors.update({f"model.{k}": buffers[k] for k in self._buffer_keys})
         meta: dict[str, Any] = {"step": self.step, "party": self.cfg.name, "layers": self.cfg.layers}
         if self.opt is not None and self.train_cfg is not None:
             ot, skel = optimizer_to_tensors(self.opt)
@@ -292,13 +320,12 @@ class Party:
             meta["train_cfg"] = self.train_cfg.model_dump(mode="json")
         return tensors, meta
 
-    def _save_checkpoint(self, background: bool = False):
+    def _save_checkpoint(self, background: bool = False, buffers: dict[str, torch.Tensor] | None = None):
         # the records of every step in this checkpoint are on stable storage before it is (a step's own record
         # may still be syncing in the background when the step commits; a power cut loses the in-memory state
-        # too, and the party restarts from a checkpoint)
-        self.audit.sync()
-        tensors, meta = self._state_tensors()
-        return self.ckpt.save(self.step, tensors, meta, background)
+        # too, and the party restarts from a checkpoint): the writer waits for the audit log's sync first
+        tensors, meta = self._state_tensors(buffers)
+        return self.ckpt.save(self.step, tensors, meta, background, before=self.audit.sync)
 
     def _restore(self, step: int) -> None:
         got = self.ckpt.load(step)
@@ -308,6 +335,7 @@ class Party:
         self.segment.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         self.step = int(meta["step"])
         self.prepared = None
+        self._rolled_back = None
         if "train_cfg" in meta:
             self.train_cfg = TrainConfig.model_validate(meta["train_cfg"])
             self.opt = make_optimizer(list(self.params.values()), self.train_cfg)
@@ -317,7 +345,9 @@ class Party:
 
     def state_digest(self) -> str:
         """sha256 over parameters, buffers and optimizer state: equal digests = bit-identical state."""
-        return state_digest(self._state_tensors()[0])
+        with self.lock:
+            self._settle()
+            return state_digest(self._state_tensors()[0])
 
     # ----------------------------------------------------------------- request handling
     def _role_ok(self, caller: str, op: str) -> bool:
@@ -351,6 +381,7 @@ class Party:
             self.audit.refusal(caller, "(unknown)", f"unknown operation {op[:64]!r}", every)
             raise WireError(f"unknown operation {op!r}; valid: {', '.join(OPS)}")
         with self.lock:
+            self._settle()  # the late part of the prepared step is done (or rolled back) before anything else
             if not self._role_ok(caller, op):
                 reason = (f"{caller!r} may not call {op} on {self.cfg.name} (data operations come from "
                           f"{self.cfg.prev or self.cfg.driver!r}, control operations from the driver "
@@ -545,23 +576,24 @@ class Party:
     def _limit(self) -> int:
         return min(self.cfg.max_batch, self.cfg.policy.max_batch or self.cfg.max_batch)
 
-    def _set_lr(self) -> None:
+    def _set_lr(self, step: int) -> None:
         assert self.opt is not None and self.train_cfg is not None
         for g in self.opt.param_groups:
-            g["lr"] = self.train_cfg.lr_at(self.step)
+            g["lr"] = self.train_cfg.lr_at(step)
 
-    def _snapshot_start(self) -> Callable[[], _Prepared]:
-        """Start copying the state before a step into buffers reused from step to step: parameters, buffers
-        (BatchNorm statistics) and the optimizer's per-parameter state and hyper-parameters. The buffers (which
-        the forward pass updates) and the hyper-parameters are copied now; the parameters and the optimizer state,
-        which nothing changes before ``opt.step()``, are copied by a helper thread while the forward and backward
-        passes run. Returns the function that waits for the copy and gives the snapshot (call it before the
-        update, and before any rollback)."""
+    def _snapshot_start(self, step: int) -> Callable[[], _Prepared]:
+        """Start copying the state before step `step` into buffers reused from step to step (one set per step
+        parity): parameters, buffers (BatchNorm statistics) and the optimizer's per-parameter state and
+        hyper-parameters. The buffers (which the forward pass updates) and the hyper-parameters are copied now;
+        the parameters and the optimizer state, which nothing changes before ``opt.step()``, are copied by a
+        helper thread while the forward and backward passes run. Returns the function that waits for the copy
+        and gives the snapshot (call it before the update, and before any rollback)."""
         assert self.opt is not None
         live = self._live
-        bk = self._backup
+        bk = self._backups[step % 2]
         if bk is None or list(bk) != list(live) or any(bk[k].shape != v.shape for k, v in live.items()):
-            bk = self._backup = {k: torch.empty_like(v) for k, v in live.items()}
+            bk = self._backups[step % 2] = {k: torch.empty_like(v) for k, v in live.items()}
+        opt_backup = self._opt_backups[step % 2]
         if self._buffer_keys:
             torch._foreach_copy_([bk[k] for k in self._buffer_keys], [live[k] for k in self._buffer_keys])
         dst: list[torch.Tensor] = [bk[k] for k in self._param_keys]
@@ -574,9 +606,9 @@ class Party:
             saved: dict[str, Any] = {}
             for k, v in st.items():
                 if torch.is_tensor(v):
-                    buf = self._opt_backup.get((i, k))
+                    buf = opt_backup.get((i, k))
                     if buf is None or buf.shape != v.shape or buf.dtype != v.dtype:
-                        buf = self._opt_backup[(i, k)] = torch.empty_like(v)
+                        buf = opt_backup[(i, k)] = torch.empty_like(v)
                     dst.append(buf)
                     src.append(v)
                     saved[k] = buf
@@ -584,7 +616,7 @@ class Party:
                     saved[k] = copy.deepcopy(v)
             opt_state[i] = saved
         groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
-        snap = _Prepared(self.step, bk, {"state": opt_state, "groups": groups})
+        snap = _Prepared(step, bk, {"state": opt_state, "groups": groups})
         if not dst:
             return lambda: snap
         copying = self._copier.submit(torch._foreach_copy_, dst, src)
@@ -610,7 +642,7 @@ class Party:
             g.update(copy.deepcopy(saved))
         self.opt.zero_grad(set_to_none=True)
 
-    def _check_update(self) -> None:
+    def _check_update(self, step: int) -> None:
         """After the tentative update: every parameter and buffer finite and within max_abs_param. One fused
         L2 norm per tensor bounds its largest entry (max |x| <= ||x||_2) and is non-finite iff an entry is; only
         when that bound is exceeded does the exact per-tensor search run (to decide, and to name the culprit)."""
@@ -624,72 +656,151 @@ class Party:
             if v.is_floating_point():
                 mk = _max_abs(v)
                 if not mk <= self.cfg.max_abs_param:
-                    raise NumericError(f"party {self.cfg.name}: the update of step {self.step} leaves {k} with max "
+                    raise NumericError(f"party {self.cfg.name}: the update of step {step} leaves {k} with max "
                                        f"|value| {mk:.3g} (limit max_abs_param = {self.cfg.max_abs_param:g}, or "
                                        "non-finite); the step is rolled back and refused")
         if not math.isfinite(m):
-            raise NumericError(f"party {self.cfg.name}: the update of step {self.step} is not finite; rolled back")
+            raise NumericError(f"party {self.cfg.name}: the update of step {step} is not finite; rolled back")
+
+    def _update(self, step: int, snapshot: Callable[[], _Prepared]) -> None:
+        """The optimizer step on the gradients computed, then the check of its result."""
+        assert self.opt is not None
+        snapshot()  # the copy of the parameters is complete before they change
+        self._set_lr(step)
+        self.opt.step()
+        self._check_update(step)
+
+    def _late_update(self, step: int, weight_pass: Callable[[], None], snapshot: Callable[[], _Prepared]) -> None:
+        """The late part of a step (update thread): the weight gradients, then the update and its check."""
+        weight_pass()
+        self._update(step, snapshot)
+
+    def _settle(self) -> None:
+        """Wait for the late part of the prepared step. If its check failed, the step is rolled back (bit-identical)
+        and recorded: this party refuses to commit it (vote, commit, or the next step carrying the commit), so the
+        driver aborts it everywhere."""
+        late, self._pending = self._pending, None
+        if late is None:
+            return
+        try:
+            late.future.result()
+            return
+        except BaseException as e:  # noqa: BLE001 - any failure of the update refuses the step
+            reason = str(e) if isinstance(e, ModelwardError) else f"update failed: {type(e).__name__}: {e}"
+        snap = late.snapshot()
+        if "rolled back" not in reason:
+            reason += f"; step {snap.step} rolled back"
+        self._rollback(snap)
+        self.prepared = None
+        self._rolled_back = (snap.step, reason)
+        self.audit.append(late.caller, "step", late.session, snap.step, late.seq, decision="error",
+                          reason=f"{reason} (found by the check after the input gradient was sent; the step is "
+                                 "refused)", purpose=purpose_of("step"))
+
+    def _refuse_rolled_back(self, step: int) -> None:
+        if self._rolled_back is not None and self._rolled_back[0] == step:
+            raise StepRolledBack(self._rolled_back[1])
 
     def _op_step(self, msg: Message, caller: str) -> Message:
         """Phase 1 of training step s: forward, (the rest of the chain), backward, tentative optimizer step,
-        check. The state before the step is kept until commit(s) or abort(s)."""
+        check. The state before the step is kept until commit(s) or abort(s).
+
+        Every party answers as soon as what its caller waits for exists (the input gradient; the first party:
+        the loss) and runs the rest of its step on the update thread: weight gradients (:mod:`.backward`, nothing
+        computed twice), optimizer step and check, while the parties before it finish their own backward passes.
+        Its vote on the step is therefore late: every request first waits for that check (:meth:`_settle`), and
+        a failed check rolls the step back and refuses its commit. The commit of step s-1 travels with step s
+        (``meta.commit``): each party passes it on only after its own check passed, the last party commits it on
+        arrival (every party has voted for it then), the others once the parties after them have answered. The
+        driver's explicit commit is preceded by a ``vote`` round for the same reason."""
         if self.opt is None:
             raise PartyError(f"party {self.cfg.name}: open a training session first")
         carried = msg.meta.get("commit")  # phase 2 of the previous step, carried by this one (saves a round trip)
+        held = None  # a prepared step whose commit waits for the answer of the parties after this one
         if carried is not None:
             if not isinstance(carried, int) or isinstance(carried, bool):
                 raise WireError(f"meta.commit must be a step number, got {carried!r}")
-            self._commit(carried)
-            self._note = f"; committed step {carried} (carried by this step)"  # in this request's record
-        if msg.step != self.step:
-            raise PartyError(f"party {self.cfg.name} is at step {self.step}, request is for step {msg.step} "
+            self._refuse_rolled_back(carried)
+            if not self.is_last and self.prepared is not None and self.prepared.step == carried:
+                held = carried
+            else:
+                self._commit(carried)
+                self._note = f"; committed step {carried} (carried by this step)"  # in this request's record
+        at = self.step + (held is not None)
+        if msg.step != at:
+            raise PartyError(f"party {self.cfg.name} is at step {at}, request is for step {msg.step} "
                              "(resume from a common checkpoint with restore)")
-        if self.prepared is not None:
+        if self.prepared is not None and held is None:
             raise PartyError(f"party {self.cfg.name}: step {self.prepared.step} is prepared and neither committed "
                              "nor aborted")
+        self._rolled_back = None
         idx, x = self._input(msg, "train", self._limit())
-        snapshot = self._snapshot_start()
+        snapshot = self._snapshot_start(msg.step)
         try:
             self.segment.train()
             inp = None if self.is_first else _layout(x).requires_grad_(True)
             out = self.segment(_layout(x) if inp is None else inp)
-            self._set_lr()
             self.opt.zero_grad(set_to_none=True)
+            root_grad: torch.Tensor | None = None
             if self.is_last:
-                y = self.y_train[idx]
-                loss_t = F.cross_entropy(out, y)
-                loss_t.backward()
-                loss, down = float(loss_t.item()), {}
+                root = F.cross_entropy(out, self.y_train[idx])
+                loss, down = float(root.item()), {}
             else:
                 r = self._next_call(msg, {} if carried is None else {"commit": carried},
                                     {"h": out.detach(), "idx": idx})
+                if held is not None:  # every party after this one has committed it
+                    self._commit(held, buffers=snapshot().model)
+                    self._note = f"; committed step {held} (carried by this step)"
+                    held = None
                 g = self._bounded(expect(r, "g", torch.float32, tuple(out.shape)), "gradient g")
-                out.backward(g.contiguous(memory_format=_format_of(out)))
+                root, root_grad = out, g.contiguous(memory_format=_format_of(out))
                 loss, down = float(r.meta["loss"]), self._anchors_in(r)
-            grad = inp.grad if inp is not None else None
-            if grad is not None and self._protect is not None:
-                grad = self._protect(grad, self.y_train[idx], self.cfg.label_protection, step=msg.step, index=idx)
-            snap = snapshot()  # the copy of the parameters is complete before they change
-            self.opt.step()
-            self._check_update()
+            grad = None
+            if inp is None:  # the first party: its whole backward pass is its own (it answers with the loss first)
+                weight_pass = functools.partial(torch.autograd.backward, root, root_grad)
+            else:  # only what the previous party waits for; the weight gradients follow on the update thread
+                # (from the gradients the input pass recorded at the weights' branch points: nothing computed twice)
+                (grad,), weights = input_gradient(root, [inp], self._grad_params, root_grad)
+                weight_pass = weights.run
+                if self._protect is not None:
+                    grad = self._protect(grad, self.y_train[idx], self.cfg.label_protection, step=msg.step,
+                                         index=idx)
         except BaseException:
-            self._rollback(snapshot())
+            self._rollback(snapshot())  # the state before this step (a held commit stays prepared)
             raise
-        self.prepared = snap
+        self.prepared = snapshot()
+        self._pending = _Late(self._updater.submit(self._late_update, msg.step, weight_pass, snapshot), snapshot,
+                              caller, msg.session, msg.seq)
         return Message("step", step=msg.step, meta={"loss": loss, "_anchors": down},
                        tensors={"g": grad} if grad is not None else {})
 
+    def _op_vote(self, msg: Message, caller: str) -> Message:
+        """Phase 1's last word on step s from this party, after its late check (waited for before any request):
+        ``prepared`` (or ``committed`` already); a step the check rolled back is refused (StepRolledBack)."""
+        self._refuse_rolled_back(msg.step)
+        if self.prepared is not None and self.prepared.step == msg.step:
+            vote = "prepared"
+        elif self.prepared is None and self.step == msg.step + 1:
+            vote = "committed"
+        else:
+            raise PartyError(f"party {self.cfg.name}: nothing prepared for step {msg.step} (at step {self.step}, "
+                             f"prepared {self.prepared.step if self.prepared else None})")
+        return Message("vote", step=self.step, meta={"vote": vote, "step": self.step})
+
     def _op_commit(self, msg: Message, caller: str) -> Message:
         """Phase 2: keep the prepared step s (idempotent: a repeated commit of the last step is a no-op)."""
+        self._refuse_rolled_back(msg.step)
         self._commit(msg.step)
         return Message("commit", step=self.step, meta={"step": self.step})
 
-    def _commit(self, s: int) -> None:
+    def _commit(self, s: int, buffers: dict[str, torch.Tensor] | None = None) -> None:
+        """Keep the prepared step s. `buffers`: the buffers as they were after step s, where this step's forward
+        pass has moved them since (a commit held during the next step); a checkpoint due now is of that state."""
         if self.prepared is not None and self.prepared.step == s:
             self.prepared = None
             self.step = s + 1
             if self.step % self.cfg.checkpoint_every == 0:
-                self._save_checkpoint(background=True)
+                self._save_checkpoint(background=True, buffers=buffers)
         elif not (self.prepared is None and self.step == s + 1):
             raise PartyError(f"party {self.cfg.name}: nothing prepared for step {s} (at step {self.step}, "
                              f"prepared {self.prepared.step if self.prepared else None})")
@@ -699,6 +810,8 @@ class Party:
         if self.prepared is not None and self.prepared.step == msg.step:
             self._rollback(self.prepared)
             self.prepared = None
+        if self._rolled_back is not None and self._rolled_back[0] == msg.step:
+            self._rolled_back = None  # aborted everywhere now; the step may be run again
         return Message("abort", step=self.step, meta={"step": self.step})
 
     def _forward_eval(self, x: torch.Tensor) -> torch.Tensor:
@@ -780,6 +893,7 @@ class Party:
 
     def close(self) -> None:
         with self.lock:
+            self._updater.shutdown()  # a late update in flight finishes (its step stays prepared)
             self._copier.shutdown()
             self.ckpt.join()
             if self.next_client is not None:
