@@ -33,6 +33,7 @@ import torch
 
 from modelward.core.data import DataConfig, load_data
 from modelward.core.init import init_model_
+from modelward.core.process import keep_freed_memory
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.governance.config import load_party_config
@@ -65,6 +66,10 @@ def main() -> None:
                                                           "fastest of each is compared (the CPU is shared)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    # as in `party serve` and `split train`: this process runs the monolithic baseline and, hosted, alice's party
+    # (the baseline measured unaffected by it: fastest of 6 runs 13.31 / 13.74 / 15.22 ms/step without,
+    # 13.34 / 13.70 / 15.24 with, in three alternations)
+    keep_freed_memory()
 
     data = load_data(DataConfig(source="digits"))
     mcfg = ModelConfig(arch="cnn", channels=[int(c) for c in args.channels.split(",")], fc=args.fc)

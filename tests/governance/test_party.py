@@ -290,3 +290,43 @@ def test_commits_held_during_the_next_step_checkpoint_the_committed_state(make_c
             a, b = load_tensors(lazy.parties[n]._ckpt_path(step)), load_tensors(eager.parties[n]._ckpt_path(step))
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (n, step)
     assert lazy.digests() == eager.digests()
+
+
+@pytest.mark.parametrize("late", ["alice", "carol", "bob"])
+def test_an_evaluation_carries_the_last_commit_along_the_chain(make_chain, late):
+    """The evaluation after a lazy step carries its commit (no vote and commit rounds): it scores the state every
+    party voted for and leaves every party committed; when a party's late check failed, the evaluation is refused
+    and the step rolled back everywhere, as when the next step carries the commit."""
+    ok, bad = (make_chain(("alice", "carol", "bob"), ("conv1", "conv2"), checkpoint_every=1) for _ in range(2))
+    drivers = {}
+    for c in (ok, bad):
+        drv = drivers[id(c)] = _open(c)
+        drv.train_step(0, torch.arange(16), lazy=True)
+        drv.train_step(1, torch.arange(16), lazy=True)
+
+    drv, prepared = drivers[id(ok)], ok.digests()
+    err = drv.evaluate()
+    assert drv.uncommitted is None
+    assert {(p.step, p.prepared) for p in ok.parties.values()} == {(2, None)}
+    assert {max(p.checkpoints()) for p in ok.parties.values()} == {2}
+    assert ok.digests() == prepared  # the state scored is the one committed
+    drv.flush()  # nothing left to commit
+    assert drv.evaluate() == err
+    for n in ("alice", "carol"):  # the first and middle parties commit once the parties after them answered
+        rows = ok.parties[n].audit.db.execute("SELECT reason FROM audit WHERE op='eval'").fetchall()
+        assert any("committed step 1 (carried by this eval)" in r for (r,) in rows), n
+
+    drv = drivers[id(bad)]
+    drv.flush()
+    before = bad.digests()
+    bad.parties[late].cfg.max_abs_param = 1e-9
+    drv.train_step(2, torch.arange(16), lazy=True)  # answered: the late check has not spoken yet
+    with pytest.raises(StepRolledBack, match=f"party {late}: the update of step 2 .* rolled back"):
+        drv.evaluate()
+    assert bad.digests() == before and drv.uncommitted is None
+    assert {(p.step, p.prepared) for p in bad.parties.values()} == {(2, None)}
+    assert {max(p.checkpoints()) for p in bad.parties.values()} == {2}
+    bad.parties[late].cfg.max_abs_param = 1e6
+    drv.train_step(2, torch.arange(16), lazy=True)
+    drv.evaluate()
+    assert {(p.step, p.prepared) for p in bad.parties.values()} == {(3, None)}

@@ -28,12 +28,14 @@ def train(
     """Train over the parties; resumable (rerun the same command after an interruption)."""
     from contextlib import nullcontext
 
+    from modelward.core.process import keep_freed_memory
     from modelward.core.progress import make_progress
     from modelward.governance.config import load_party_config
     from modelward.governance.driver import load_split_config, run_training
     from modelward.governance.server import hosted_party
 
     cfg = load_split_config(config, set_)
+    keep_freed_memory()  # this process handles a batch and its messages per step, like a party server
     hosted = hosted_party(load_party_config(host)) if host is not None else nullcontext()
     with hosted as party, make_progress(console) as progress:
         task = progress.add_task("split train", total=cfg.train.steps, info="connecting")

@@ -252,6 +252,8 @@ class SplitDriver:
             self.received.append((party, op, sorted(out.tensors)))
         for n, ref in (out.meta.get("anchors") or {}).items():
             self.heads[n] = ref
+        if not sequenced and "audit_head" in out.meta:
+            self.heads[party] = out.meta["audit_head"]
         if sequenced:
             self.seq = seq
         return out
@@ -357,13 +359,26 @@ class SplitDriver:
                 pass
 
     def evaluate(self, metric: str = "error", batch_size: int = 1024) -> float:
-        """Test loss like core.train.evaluate, computed along the chain (the label holder scores its labels)."""
+        """Test loss like core.train.evaluate, computed along the chain (the label holder scores its labels).
+
+        A step still to be committed is committed by the first request, along the chain as a step carries the
+        commit of the one before (the state scored is the one every party voted for); if that request fails,
+        :meth:`flush` settles the step (committed everywhere, or aborted everywhere) before the error is raised."""
         n = int(self.status[self.names[0]]["n_test"])
         total = 0.0
         for i in range(0, n, batch_size):
             idx = torch.arange(i, min(n, i + batch_size))
-            total += float(self.call(self.names[0], "eval", 0, {"split": "test", "metric": metric},
-                                     {"idx": idx}).meta["sum"])
+            meta: dict[str, Any] = {"split": "test", "metric": metric}
+            carried = self.uncommitted
+            if carried is not None:
+                meta["commit"] = carried
+            try:
+                total += float(self.call(self.names[0], "eval", 0, meta, {"idx": idx}).meta["sum"])
+            except ModelwardError:
+                if carried is not None:
+                    self.flush()  # vote and commit rounds (StepRolledBack, after aborting, if a party refused)
+                raise
+            self.uncommitted = None
         return total / n
 
     def predict(self, split: str = "test", x: torch.Tensor | None = None, batch_size: int = 256) -> torch.Tensor:
@@ -462,7 +477,7 @@ class SplitDriver:
             if on_step:
                 on_step(step, loss, self.links)
             if step % tc.eval_every == 0 or step == tc.steps:
-                self.flush()  # evaluate a state every party voted for
+                # the evaluation carries the commit of the last step: it scores a state every party voted for
                 curve.append((step, self.evaluate(tc.loss, tc.eval_batch_size)))
                 train_loss.append((step, running / max(k, 1)))
                 running, k = 0.0, 0
@@ -471,8 +486,8 @@ class SplitDriver:
                 if out_dir is not None:
                     _write_progress(out_dir, curve, rows)
         self.flush()
-        heads = {n: self.call(n, "status").meta["audit_head"] for n in self.names}
-        self.heads.update(heads)
+        # every answer carries the party's head (its record of that request included): the last ones seen
+        heads = {n: self.heads[n] for n in self.names}
         result = SplitTrainResult(curve, step, time.perf_counter() - t0, self.link_summary(), resumes, heads,
                                   train_loss)
         if out_dir is not None:

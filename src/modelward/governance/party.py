@@ -103,7 +103,12 @@ def _max_abs(t: torch.Tensor) -> float:
     """max |t| (NaN if any element is NaN, inf if any is infinite) in one pass, without a temporary |t|."""
     if t.numel() == 0:
         return 0.0
-    lo, hi = torch.aminmax(t.detach())  # both NaN if any element is
+    t = t.detach()
+    if t.dim() == 4 and _format_of(t) is torch.channels_last:
+        # the same elements in memory order (a view): the reduction over a channels-last tensor is ~9x slower
+        # than over contiguous memory (0.17 vs 0.02 ms for a 128x64x4x4 activation)
+        t = t.permute(0, 2, 3, 1).reshape(-1)
+    lo, hi = torch.aminmax(t)  # both NaN if any element is
     lo, hi = float(lo), float(hi)
     return float("nan") if math.isnan(hi) or math.isnan(lo) else max(-lo, hi)
 
@@ -427,6 +432,8 @@ class Party:
                               durable=op not in DATA_OPS)
             if op in DATA_OPS:  # our head (including this record) travels back along the chain
                 reply.meta["anchors"] = {**down, self.cfg.name: self.audit.head_ref}
+            else:  # and to the driver with every control answer (it publishes the last one it saw)
+                reply.meta["audit_head"] = self.audit.head_ref
             reply.session, reply.seq = msg.session, msg.seq
             out = encode(reply)
             if sequenced:
@@ -715,17 +722,7 @@ class Party:
         driver's explicit commit is preceded by a ``vote`` round for the same reason."""
         if self.opt is None:
             raise PartyError(f"party {self.cfg.name}: open a training session first")
-        carried = msg.meta.get("commit")  # phase 2 of the previous step, carried by this one (saves a round trip)
-        held = None  # a prepared step whose commit waits for the answer of the parties after this one
-        if carried is not None:
-            if not isinstance(carried, int) or isinstance(carried, bool):
-                raise WireError(f"meta.commit must be a step number, got {carried!r}")
-            self._refuse_rolled_back(carried)
-            if not self.is_last and self.prepared is not None and self.prepared.step == carried:
-                held = carried
-            else:
-                self._commit(carried)
-                self._note = f"; committed step {carried} (carried by this step)"  # in this request's record
+        carried, held = self._carried_commit(msg)
         at = self.step + (held is not None)
         if msg.step != at:
             raise PartyError(f"party {self.cfg.name} is at step {at}, request is for step {msg.step} "
@@ -750,7 +747,7 @@ class Party:
                                     {"h": out.detach(), "idx": idx})
                 if held is not None:  # every party after this one has committed it
                     self._commit(held, buffers=snapshot().model)
-                    self._note = f"; committed step {held} (carried by this step)"
+                    self._note = f"; committed step {held} (carried by this {msg.op})"
                     held = None
                 g = self._bounded(expect(r, "g", torch.float32, tuple(out.shape)), "gradient g")
                 root, root_grad = out, g.contiguous(memory_format=_format_of(out))
@@ -773,6 +770,23 @@ class Party:
                               caller, msg.session, msg.seq)
         return Message("step", step=msg.step, meta={"loss": loss, "_anchors": down},
                        tensors={"g": grad} if grad is not None else {})
+
+    def _carried_commit(self, msg: Message) -> tuple[int | None, int | None]:
+        """The commit of the last step carried by a data operation (``meta.commit``; a step or an evaluation):
+        after this party's own check passed (settled before any request), the last party commits it on arrival,
+        the others hold it until the parties after them have answered (then every party has voted for it).
+        Returns (carried step or None, held step or None)."""
+        carried = msg.meta.get("commit")  # phase 2 of the previous step, carried by this one (saves a round trip)
+        if carried is None:
+            return None, None
+        if not isinstance(carried, int) or isinstance(carried, bool):
+            raise WireError(f"meta.commit must be a step number, got {carried!r}")
+        self._refuse_rolled_back(carried)
+        if not self.is_last and self.prepared is not None and self.prepared.step == carried:
+            return carried, carried  # committed once the next party has answered
+        self._commit(carried)
+        self._note = f"; committed step {carried} (carried by this {msg.op})"  # in this request's record
+        return carried, None
 
     def _op_vote(self, msg: Message, caller: str) -> Message:
         """Phase 1's last word on step s from this party, after its late check (waited for before any request):
@@ -823,13 +837,20 @@ class Party:
             self.segment.train()
 
     def _op_eval(self, msg: Message, caller: str) -> Message:
-        """A metric (sum over the batch) on the label holder's labels; only the number travels back."""
+        """A metric (sum over the batch) on the label holder's labels; only the number travels back.
+
+        It may carry the commit of the last training step (``meta.commit``, handled as by a step: the evaluation
+        then scores the state every party has voted for, and the driver saves its vote and commit rounds)."""
         split = self._split(msg)
         idx, x = self._input(msg, split, self._limit())
+        carried, held = self._carried_commit(msg)
         out = self._forward_eval(x)
         if not self.is_last:
-            r = self._next_call(msg, {"split": split, "metric": msg.meta.get("metric", "error")},
-                                {"h": out, "idx": idx})
+            meta = {"split": split, "metric": msg.meta.get("metric", "error")}
+            r = self._next_call(msg, meta if carried is None else {**meta, "commit": carried}, {"h": out, "idx": idx})
+            if held is not None:  # every party after this one has committed it
+                self._commit(held)
+                self._note = f"; committed step {held} (carried by this eval)"
             return Message("eval", meta={"sum": float(r.meta["sum"]), "n": int(r.meta["n"]),
                                          "_anchors": self._anchors_in(r)})
         y = (self.y_train if split == "train" else self.y_test)[idx]

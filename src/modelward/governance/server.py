@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 
+from modelward.core.process import keep_freed_memory
 from modelward.errors import ConfigError, IdentityError, ModelwardError
 from modelward.governance.certs import read_pem
 from modelward.governance.client import SERVICE, code_of
@@ -281,6 +282,7 @@ def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None
     """
     check_test_only(cfg)
     Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    keep_freed_memory()  # a message buffer per step: reuse freed memory rather than page-fault it back in
     with _lock(cfg):
         party = Party(cfg)
         try:

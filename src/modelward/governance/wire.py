@@ -29,6 +29,7 @@ DTYPES: dict[str, torch.dtype] = {
     "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8, "bool": torch.bool,
 }
 _NAMES = {v: k for k, v in DTYPES.items()}
+_ITEMSIZE = {k: v.itemsize for k, v in DTYPES.items()}
 _FLOATS = {"float32", "float64", "float16", "bfloat16"}
 
 
@@ -47,7 +48,7 @@ class Message:
 
 
 def _itemsize(dtype: str) -> int:
-    return torch.empty((), dtype=DTYPES[dtype]).element_size()
+    return _ITEMSIZE[dtype]
 
 
 def encode(msg: Message) -> bytes:
