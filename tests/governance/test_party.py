@@ -330,3 +330,39 @@ def test_an_evaluation_carries_the_last_commit_along_the_chain(make_chain, late)
     drv.train_step(2, torch.arange(16), lazy=True)
     drv.evaluate()
     assert {(p.step, p.prepared) for p in bad.parties.values()} == {(3, None)}
+
+
+def test_a_shutdown_while_the_late_update_runs_waits_for_it_before_rolling_back(make_chain):
+    """SIGTERM right after a party answered: its weight pass and update are still running on the update thread.
+    The clean stop rolls the uncommitted step back and checkpoints the party; the update must not run after (or
+    during) that rollback, which would leave a half-applied step in memory or in the checkpoint. The update is
+    held back until the rollback starts (at most 1 s): the stop must wait for it instead."""
+    import threading
+
+    from modelward.governance.server import _shut_down
+
+    c = make_chain()
+    drv = _open(c)
+    drv.train_step(0, torch.arange(16))  # committed: bob is at step 1, no checkpoint of it yet
+    bob = c.parties["bob"]
+    before = {k: v.clone() for k, v in bob._state_tensors()[0].items()}
+    rolling_back, order = threading.Event(), []
+    late, rollback = bob._late_update, bob._rollback
+
+    def late_update(*args):
+        rolling_back.wait(1.0)
+        late(*args)
+        order.append("update")
+
+    def rollback_(*args):
+        rolling_back.set()
+        order.append("rollback")
+        rollback(*args)
+
+    bob._late_update, bob._rollback = late_update, rollback_
+    drv.train_step(1, torch.arange(16), lazy=True)  # answered; bob's update is still to come
+    _shut_down(bob)
+    assert order == ["update", "rollback"]
+    saved = load_tensors(bob._ckpt_path(1))
+    assert saved.keys() == before.keys()
+    assert all(torch.equal(saved[k], v) for k, v in before.items())

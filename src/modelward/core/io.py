@@ -23,6 +23,54 @@ def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: d
     os.replace(tmp, path)
 
 
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                       torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+                      ) -> None:
+    """Write `tensors` (contiguous CPU tensors) to `path` in the safetensors format, the tensor bytes straight
+    from their memory with the GIL released.
+
+    For background writers: ``safetensors.torch.save_file`` holds the GIL for the whole serialisation (≈ 1 ms at
+    a time for a 2 MB checkpoint), which stalls every Python thread of the process, a party's step included.
+    The file is the format the safetensors library reads (8-byte header length, JSON header with ``dtype``,
+    ``shape`` and ``data_offsets`` per tensor and ``__metadata__``, padded to 8 bytes, then the data); tests read
+    it back with :func:`load_tensors` and ``safe_open``.
+
+    Args:
+        path: the file to write (not atomic by itself: write to a temporary name and rename).
+        tensors: name -> contiguous CPU tensor of a dtype safetensors knows.
+        metadata: string -> string, stored under ``__metadata__``.
+
+    Returns:
+        None.
+
+    Example:
+        >>> write_safetensors("/tmp/x.safetensors", {"w": torch.ones(2)}, {"step": "3"})  # doctest: +SKIP
+    """
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        if t.dtype not in _SAFETENSORS_DTYPES or t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"tensor {name!r}: a contiguous CPU tensor of {sorted(map(str, _SAFETENSORS_DTYPES))} "
+                             f"is needed, got {t.dtype} on {t.device}")
+        raw = t.detach().reshape(-1).view(torch.uint8).numpy()  # a view of the tensor's memory
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + raw.nbytes]}
+        blobs.append(raw)
+        offset += raw.nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:  # large writes go straight to write(2), which runs without the GIL
+        f.write(len(head).to_bytes(8, "little"))
+        f.write(head)
+        for raw in blobs:
+            f.write(memoryview(raw))
+
+
 def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():

@@ -916,7 +916,7 @@ class Party:
         with self.lock:
             self._updater.shutdown()  # a late update in flight finishes (its step stays prepared)
             self._copier.shutdown()
-            self.ckpt.join()
+            self.ckpt.close()
             if self.next_client is not None:
                 self.next_client.close()
             self.audit.close()

@@ -226,6 +226,7 @@ def _lock(cfg: PartyConfig):
 def _shut_down(party: Party) -> None:
     """A clean stop: an uncommitted step rolled back, a checkpoint of the current step, the audit log closed."""
     with party.lock:
+        party._settle()  # a late update still running would otherwise apply itself after the rollback below
         if party.prepared is not None:  # never committed: the driver will abort or restore it anyway
             party._rollback(party.prepared)
             party.prepared = None
