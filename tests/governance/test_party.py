@@ -3,6 +3,7 @@ purpose, per-peer limits, roles, bounded sessions, background checkpoints."""
 
 import copy
 import math
+import time
 
 import pytest
 import torch
@@ -366,3 +367,22 @@ def test_a_shutdown_while_the_late_update_runs_waits_for_it_before_rolling_back(
     saved = load_tensors(bob._ckpt_path(1))
     assert saved.keys() == before.keys()
     assert all(torch.equal(saved[k], v) for k, v in before.items())
+
+
+def test_the_heads_published_after_training_are_on_stable_storage(make_chain, monkeypatch):
+    """Data passes are synced to disk in the background; the heads a run publishes (summary.json) must not rest on
+    records a power cut could still take away, or the log would later look truncated against them."""
+    from modelward.governance.audit import AuditLog
+
+    fsync = AuditLog._fsync_wal
+
+    def slow_fsync(self):
+        time.sleep(0.05)
+        fsync(self)
+
+    c = make_chain()
+    monkeypatch.setattr(AuditLog, "_fsync_wal", slow_fsync)
+    res = _open(c, TrainConfig(steps=3, eval_every=3, batch_size=16, eval_batch_size=128)).train()
+    for n, p in c.parties.items():
+        assert p.audit._synced >= res.audit_heads[n][0], n
+        assert res.audit_heads[n] == p.audit.head_ref, n

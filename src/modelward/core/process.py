@@ -26,8 +26,8 @@ def keep_freed_memory(mmap_threshold_mb: int = 32, trim_threshold_mb: int = 128)
 
     By default glibc serves every block of 128 KiB or more (message buffers, activations, gradients) by a fresh
     ``mmap`` and unmaps it on ``free``, so a server that handles one 512 KiB tensor after another page-faults
-    every page of every buffer back in: ~300 minor faults and ~1.5 ms of kernel time per split-training step in
-    a party server. With blocks below `mmap_threshold_mb` taken from the heap and up to `trim_threshold_mb` of
+    every page of every buffer back in: 120–300 minor faults per split-training step in a party server (up to
+    ~1.5 ms of kernel time). With blocks below `mmap_threshold_mb` taken from the heap and up to `trim_threshold_mb` of
     free heap kept, the same steps fault ~20 times. Process-wide; meant for long-running server processes
     (``party serve``, ``split train``). Plain single-process training was measured unaffected.
 

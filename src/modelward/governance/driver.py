@@ -340,15 +340,18 @@ class SplitDriver:
     def _all(self, op: str, step: int) -> None:
         """Send a control operation to every party at once (they are independent; errors are raised after all
         replies are in)."""
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(max_workers=min(8, len(self.names)), thread_name_prefix="driver")
-        futures = [self._pool.submit(self.call, n, op, step) for n in self.names]
+        futures = [self._pooled().submit(self.call, n, op, step) for n in self.names]
         errors = [f.exception() for f in futures]
         for e in errors:
             if e is not None:
                 raise e
+
+    def _pooled(self):
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=min(8, len(self.names)), thread_name_prefix="driver")
+        return self._pool
 
     def abort_all(self, step: int) -> None:
         """Best effort: a party that cannot be reached aborts by itself (it never committed)."""
@@ -486,23 +489,29 @@ class SplitDriver:
                 if out_dir is not None:
                     _write_progress(out_dir, curve, rows)
         self.flush()
-        # every answer carries the party's head (its record of that request included): the last ones seen
+        # one status round, all parties at once: the link statistics, and the heads to publish (a control answer
+        # comes after its party's audit sync, so they rest on records on stable storage; every answer carries its
+        # party's head, its record of that request included)
+        statuses = self._status_all()
         heads = {n: self.heads[n] for n in self.names}
-        result = SplitTrainResult(curve, step, time.perf_counter() - t0, self.link_summary(), resumes, heads,
-                                  train_loss)
+        result = SplitTrainResult(curve, step, time.perf_counter() - t0, self.link_summary(statuses), resumes,
+                                  heads, train_loss)
         if out_dir is not None:
             _write_progress(out_dir, curve, rows)
         return result
 
-    def link_summary(self) -> dict[str, dict[str, float]]:
+    def _status_all(self) -> dict[str, dict[str, Any]]:
+        """Every party's status, asked of all at once (a party that cannot answer is left out)."""
+        futures = {n: self._pooled().submit(self.call, n, "status") for n in self.names}
+        return {n: f.result().meta for n, f in futures.items() if f.exception() is None}
+
+    def link_summary(self, statuses: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, float]]:
         """Bytes per link: the driver's links (indices, losses) and each party's link to its next neighbour
-        (activations and gradients), as the parties report them."""
+        (activations and gradients), as the parties report them (in `statuses`, or asked now)."""
         out: dict[str, dict[str, float]] = {f"driver<->{n}": asdict(s) for n, s in self.links.items()}
+        statuses = self._status_all() if statuses is None else statuses
         for n in self.names[:-1]:
-            try:
-                link = self.call(n, "status").meta.get("link")
-            except ModelwardError:
-                continue
+            link = dict(statuses.get(n, {}).get("link") or {})
             if link:
                 out[f"{n}<->{link.pop('to')}"] = link
         return out
