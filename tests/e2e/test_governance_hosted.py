@@ -75,10 +75,12 @@ def test_hosted_driver_trains_like_monolithic_with_both_parties_auditing(hosted)
     assert len(lines) == 1 + len(data.y_test) and lines[0].startswith("index,prediction,logit_0")
 
 
-def test_a_late_refusal_aborts_the_step_on_the_real_party_process(hosted):
+@pytest.mark.parametrize("carrier", ["step", "eval"])
+def test_a_late_refusal_aborts_the_step_on_the_real_party_process(hosted, carrier):
     """Alice (hosted) answers the driver before her own update is checked. When that check fails, Bob — a real
-    process that prepared the same step over gRPC and mutual TLS — must not commit it: the next step carrying
-    its commit is refused, the driver's vote round finds the refusal and aborts the step everywhere."""
+    process that prepared the same step over gRPC and mutual TLS — must not commit it: the request carrying its
+    commit (the next step, or an evaluation) is refused, the driver's vote round finds the refusal and aborts the
+    step everywhere."""
     root, split, _, _, _ = hosted
     cfg = load_split_config(root / "split.toml")
     with hosted_party(load_party_config(split.party_configs["alice"])) as alice, \
@@ -90,13 +92,21 @@ def test_a_late_refusal_aborts_the_step_on_the_real_party_process(hosted):
         alice.cfg.max_abs_param = 1e-9
         drv.train_step(step, torch.arange(32), lazy=True)  # answered: alice's check has not spoken yet
         with pytest.raises(StepRolledBack, match="party alice: the update of step"):
-            drv.train_step(step + 1, torch.arange(32), lazy=True)
+            if carrier == "step":
+                drv.train_step(step + 1, torch.arange(32), lazy=True)
+            else:
+                drv.evaluate()
         bob = drv.call("bob", "status", meta={"digest": True}).meta
         assert (bob["digest"], bob["step"], bob["prepared"]) == (bob_before, step, None)
         assert alice.state_digest() == alice_before and (alice.step, alice.prepared) == (step, None)
         alice.cfg.max_abs_param = 1e6
-        drv.train_step(step, torch.arange(32))  # and the step goes through once the cause is gone
-        assert drv.call("bob", "status").meta["step"] == step + 1 == alice.step
+        drv.train_step(step, torch.arange(32), lazy=True)  # and the step goes through once the cause is gone
+        if carrier == "step":
+            drv.flush()
+        else:
+            drv.evaluate()  # carrying its commit to the real bob
+        bob = drv.call("bob", "status").meta
+        assert (bob["step"], bob["prepared"]) == (step + 1, None) and (alice.step, alice.prepared) == (step + 1, None)
 
 
 def test_a_hosted_party_cannot_also_be_served(hosted, tmp_path):
