@@ -46,6 +46,8 @@ from modelward.governance.config import TLSConfig, _resolve
 from modelward.governance.wire import Message, WireError  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
     from modelward.governance.party import Party
 
 
@@ -346,7 +348,8 @@ class SplitDriver:
             if e is not None:
                 raise e
 
-    def _pooled(self):
+    def _pooled(self) -> ThreadPoolExecutor:
+        """The driver's small pool for rounds sent to every party at once."""
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
