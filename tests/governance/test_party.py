@@ -333,6 +333,27 @@ def test_an_evaluation_carries_the_last_commit_along_the_chain(make_chain, late)
     assert {(p.step, p.prepared) for p in bad.parties.values()} == {(3, None)}
 
 
+def test_the_first_party_updates_before_it_answers_and_the_others_after(make_chain):
+    """The first party's caller waits for the loss only, so it runs its backward pass and update before it
+    answers, on the request's own thread (no hand-over to the update thread: nothing would overlap it). Every
+    later party answers with its input gradient first and updates on its update thread. Either way the check
+    stays a late vote (covered above) and the result is the monolithic one (the e2e equivalence tests)."""
+    import threading
+
+    c = make_chain(("alice", "carol", "bob"), ("conv1", "conv2"))
+    drv = _open(c)
+    threads: dict[str, str] = {}
+    for n, p in c.parties.items():
+        def late(*args, _n=n, _f=p._late_update):
+            threads[_n] = threading.current_thread().name
+            return _f(*args)
+        p._late_update = late
+    drv.train_step(0, torch.arange(16))
+    assert threads["alice"] == threading.current_thread().name
+    assert threads["carol"].startswith("update-carol") and threads["bob"].startswith("update-bob")
+    assert {(p.step, p.prepared) for p in c.parties.values()} == {(1, None)}
+
+
 def test_a_shutdown_while_the_late_update_runs_waits_for_it_before_rolling_back(make_chain):
     """SIGTERM right after a party answered: its weight pass and update are still running on the update thread.
     The clean stop rolls the uncommitted step back and checkpoints the party; the update must not run after (or
