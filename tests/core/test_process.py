@@ -33,3 +33,23 @@ def test_freed_buffers_are_reused_instead_of_faulted_back_in():
     _, without = _faults("off")
     # 50 rounds x 4 buffers x 128 pages would each fault in again without it
     assert with_it < 100 < without, (with_it, without)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+def test_idle_priority_lowers_only_the_calling_thread():
+    import os
+    import threading
+
+    from modelward.core.process import idle_priority
+
+    seen = {}
+
+    def worker():
+        seen["applied"] = idle_priority()
+        seen["policy"] = os.sched_getscheduler(0)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == {"applied": True, "policy": os.SCHED_IDLE}
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # this thread keeps its priority

@@ -3,6 +3,7 @@ purpose, per-peer limits, roles, bounded sessions, background checkpoints."""
 
 import copy
 import math
+import sys
 import time
 
 import pytest
@@ -352,6 +353,44 @@ def test_the_first_party_updates_before_it_answers_and_the_others_after(make_cha
     assert threads["alice"] == threading.current_thread().name
     assert threads["carol"].startswith("update-carol") and threads["bob"].startswith("update-bob")
     assert {(p.step, p.prepared) for p in c.parties.values()} == {(1, None)}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+def test_the_late_update_runs_at_idle_priority_and_falls_back_when_starved(make_chain):
+    """A party's late update (after its answer) runs at SCHED_IDLE by default, at normal priority with
+    update_priority = "normal". One that took far longer than the CPU it used was starved: the party says so in
+    its status and runs the next ones at normal priority (the same state either way)."""
+    import os
+
+    idle, normal = make_chain(), make_chain(extra={"bob": {"update_priority": "normal"}})
+    policies: dict[str, list[int]] = {"idle": [], "normal": []}
+    for key, c in (("idle", idle), ("normal", normal)):
+        bob = c.parties["bob"]
+
+        def late(*args, _f=bob._late_update, _key=key):
+            policies[_key].append(os.sched_getscheduler(0))
+            return _f(*args)
+
+        bob._late_update = late
+        drv = _open(c)
+        drv.train_step(0, torch.arange(16))
+    assert policies == {"idle": [os.SCHED_IDLE], "normal": [os.SCHED_OTHER]}
+    assert idle.digests() == normal.digests()
+
+    bob = idle.parties["bob"]
+    update = bob._update
+
+    def starved(*args):  # waits instead of computing, as a thread no CPU is given to would
+        time.sleep(0.15)
+        return update(*args)
+
+    bob._update = starved
+    drv = _open(idle)
+    drv.train_step(1, torch.arange(16))
+    assert bob._status()["update_priority"].startswith("normal (the late part of step 1 took")
+    bob._update = update
+    drv.train_step(2, torch.arange(16))
+    assert policies["idle"][-1] == os.SCHED_OTHER
 
 
 def test_a_shutdown_while_the_late_update_runs_waits_for_it_before_rolling_back(make_chain):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 
@@ -54,3 +55,24 @@ def keep_freed_memory(mmap_threshold_mb: int = 32, trim_threshold_mb: int = 128)
     mb = 2**20
     return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold_mb * mb) and mallopt(_M_TRIM_THRESHOLD, trim_threshold_mb * mb)
                 and mallopt(_M_TOP_PAD, 16 * mb))
+
+
+def idle_priority() -> bool:
+    """Run the calling thread at the lowest CPU priority: Linux ``SCHED_IDLE`` (it gets a CPU ahead of nothing
+    else, so it never delays the other threads of this host; under full load it still progresses, slowly).
+
+    Meant for work with slack, such as a party's late update, which runs while the other parties work and is only
+    needed by the next request. A thread cannot raise its priority again without privileges.
+
+    Returns:
+        True if applied; False where the OS has no such policy or refuses it (nothing changes then).
+
+    Example:
+        >>> import threading
+        >>> t = threading.Thread(target=idle_priority); t.start(); t.join()
+    """
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: the calling thread (Linux)
+    except (AttributeError, OSError):
+        return False
+    return True

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -108,6 +109,11 @@ class PartyConfig(StrictModel):
         checkpoint_dir / checkpoint_every / keep_checkpoints: checkpointing; audit_db: its audit log.
         max_message_mb, max_batch, max_abs_input, max_abs_param, max_sessions_per_peer, audit_refusals_every_s:
             hard limits independent of the policy.
+        threads / timeout_s: torch threads, and the time limit of a request to the next party.
+        update_priority: ``"idle"`` (default) runs the late part of a step (weight gradients, optimizer step and
+            check, after the answer) at the lowest CPU priority, where the OS has one (Linux ``SCHED_IDLE``), so
+            that it never delays the step's critical path; a late part found starved by other work on the host
+            switches this party to ``"normal"``.
 
     Returns:
         A strict config for :func:`~modelward.governance.server.serve` (load files with :func:`load_party_config`).
@@ -150,6 +156,9 @@ class PartyConfig(StrictModel):
     label_protection: LabelProtectionConfig | None = None
     threads: int = Field(0, ge=0)  # torch threads (0 = torch default)
     timeout_s: float = Field(60.0, gt=0)  # per request to the next party
+    # the CPU priority of the late part of a step (weight gradients, optimizer step, check; after the answer):
+    # "idle" never delays the step's critical path (the other parties' work and the transport), "normal" competes
+    update_priority: Literal["idle", "normal"] = "idle"
 
     @field_validator("name")
     @classmethod
