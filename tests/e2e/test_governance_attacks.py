@@ -104,6 +104,37 @@ def test_training_survives_kill9_matches_monolithic_and_the_driver_sees_no_tenso
     assert all(abs(a - b) < 1e-9 for (_, a), (_, b) in zip(res.curve, mono.curve, strict=True))
 
 
+def test_a_pipelined_driver_survives_kill9_of_the_first_party(chain):
+    """Over the network the driver sends step s+1 before step s is answered. Alice, who receives both, is killed
+    with a step in flight behind the one she is running: the run resumes from the common checkpoint and ends
+    exactly where monolithic training of the same steps does."""
+    split, data, _ = chain
+    tc = TrainConfig(steps=15, eval_every=3, batch_size=32, lr=0.05)
+    restarted = {}
+
+    def on_step(step, loss, links):
+        if step == 11 and not restarted:  # alice's checkpoints: 9 (and before); step 12 is on its way to her
+            alice = split.processes["alice"]
+            alice.kill()
+            restarted["t"] = threading.Thread(target=lambda: restarted.setdefault("p", start_party(
+                split.party_configs["alice"], alice.log, [f"port={alice.port}"])))
+            restarted["t"].start()
+
+    with SplitDriver(split.split_config(tc, seed=5, retry_s=60.0, timeout_s=20.0)) as drv:
+        assert drv._pipelined()
+        res = drv.train(on_step=on_step)
+        exports = drv.checkpoint_all(export=True)
+    restarted["t"].join()
+    split.processes["alice"] = restarted["p"]
+    assert res.resumes >= 1 and res.steps_run == tc.steps
+    ref = build_model(MODEL, (1, 8, 8), 10)
+    ref.load_state_dict(STATE["init"])
+    train(ref, data.x_train, data.y_train, data.x_test, data.y_test, tc, seed=5)
+    state = {k: v for m in exports.values() for k, v in load_tensors(m["export"]).items()}
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(state[k], v, atol=1e-5, rtol=1e-5, msg=k)
+
+
 def test_impersonation_by_another_ca_is_refused_and_audited(chain):
     split, _, root = chain
     fake = _tls(root / "other", "alice", root / "bundle.pem")  # a valid certificate named alice, wrong key

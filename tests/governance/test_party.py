@@ -393,6 +393,58 @@ def test_the_late_update_runs_at_idle_priority_and_falls_back_when_starved(make_
     assert policies["idle"][-1] == os.SCHED_OTHER
 
 
+def _overtaking(party, delay: float = 0.03):
+    """Deliver every even-numbered step to `party` late, so that the odd step sent after it arrives first."""
+    from modelward.governance.wire import decode
+
+    handle = party.handle
+
+    def late_even(caller, data):
+        msg = decode(data, allow_nonfinite=True)
+        if msg.op == "step" and msg.step % 2 == 0:
+            time.sleep(delay)
+        return handle(caller, data)
+
+    party.handle = late_even
+
+
+def test_a_pipelined_driver_trains_exactly_like_a_sequential_one_when_steps_overtake(make_chain):
+    """The driver sends step s+1 (carrying the commit of step s) before step s is answered. Even when s+1 reaches
+    the first party before s, the party runs them in order: same states, curve and audit as one step at a time,
+    and no request refused."""
+    tc = TrainConfig(steps=8, eval_every=4, batch_size=16, eval_batch_size=128, lr=0.05)
+    seq, pipe = (make_chain(("alice", "carol", "bob"), ("conv1", "conv2"), checkpoint_every=3) for _ in range(2))
+    _overtaking(pipe.parties["alice"])
+    with seq.driver(tc, seed=2, pipeline=False) as a, pipe.driver(tc, seed=2, pipeline=True) as b:
+        ra, rb = a.train(), b.train()
+    assert rb.curve == ra.curve and pipe.digests() == seq.digests()
+    assert {(p.step, p.prepared) for p in pipe.parties.values()} == {(8, None)}
+    for n in pipe.names:
+        assert pipe.parties[n].checkpoints() == seq.parties[n].checkpoints()
+        rows = pipe.parties[n].audit.db.execute("SELECT op, step, decision FROM audit WHERE op='step'").fetchall()
+        assert sorted(rows) == sorted(seq.parties[n].audit.db.execute(
+            "SELECT op, step, decision FROM audit WHERE op='step'").fetchall())
+        assert all(d == "allow" for _, _, d in rows), n
+
+
+def test_a_refusal_with_a_step_in_flight_behind_it_aborts_both(make_chain):
+    """Bob refuses step 3 while step 4 is already on its way to Alice: step 4 is refused too (out of order, in
+    Alice's log), both are aborted, step 2 is committed everywhere, and the state is the one a sequential driver
+    leaves after the same refusal."""
+    tc = TrainConfig(steps=8, eval_every=8, batch_size=16, eval_batch_size=128, lr=0.05)
+    pol = {"bob": {"allow_peers": ["alice"], "training": True, "max_steps_per_session": 3}}
+    seq, pipe = (make_chain(policies=pol, checkpoint_every=100) for _ in range(2))
+    for c, pipelined in ((seq, False), (pipe, True)):
+        with c.driver(tc, seed=1, pipeline=pipelined) as drv:
+            with pytest.raises(ConsentDenied, match="max_steps_per_session"):
+                drv.train()
+        assert {(p.step, p.prepared) for p in c.parties.values()} == {(3, None)}
+    assert pipe.digests() == seq.digests()
+    denied = pipe.parties["alice"].audit.db.execute(
+        "SELECT step, reason FROM audit WHERE op='step' AND decision='deny'").fetchall()
+    assert [s for s, _ in denied] == [4] and "out-of-order" in denied[0][1]
+
+
 def test_a_shutdown_while_the_late_update_runs_waits_for_it_before_rolling_back(make_chain):
     """SIGTERM right after a party answered: its weight pass and update are still running on the update thread.
     The clean stop rolls the uncommitted step back and checkpoints the party; the update must not run after (or

@@ -5,7 +5,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modelward.governance.wire import MAGIC, Message, SequenceGuard, WireError, decode, encode, expect
+from modelward.governance.wire import (
+    MAGIC,
+    InOrder,
+    Message,
+    SequenceGuard,
+    WireError,
+    decode,
+    encode,
+    expect,
+)
 
 
 @pytest.mark.parametrize("t", [torch.randn(3, 4), torch.tensor(1.5), torch.zeros(0, 3), torch.ones(2, dtype=torch.bool),
@@ -138,3 +147,38 @@ def test_bad_layouts_are_refused(layout, shape):
                                                  "layout": layout}]}).encode()
     with pytest.raises(WireError, match="layout"):
         decode(_with_header(header, b"\0" * n))
+
+
+def test_in_order_holds_a_request_that_overtook_its_predecessor_and_nothing_else():
+    """A pipelining caller's step s+1 may reach a worker thread before step s: it waits for s to finish (answered
+    or refused), then meets the sequence guard as usual. A caller cannot use the wait to hold threads: only a
+    (peer, session) that finished a request before waits, at most `max_waiting` requests wait, none longer than
+    `wait_s`."""
+    import threading
+    import time
+
+    order = InOrder(max_waiting=2, wait_s=0.3)
+    t0 = time.monotonic()
+    order.wait("driver", "s1", 5)  # nothing finished in this session yet: the guard decides at once
+    assert time.monotonic() - t0 < 0.05
+    order.finished("driver", "s1", 1)
+    events: list[str] = []
+    t = threading.Thread(target=lambda: (order.wait("driver", "s1", 3), events.append("3 goes")))
+    t.start()
+    time.sleep(0.05)
+    events.append("2 done")
+    order.finished("driver", "s1", 2)
+    t.join(1.0)
+    assert events == ["2 done", "3 goes"]
+    # a request whose predecessor never comes waits wait_s at most; a third concurrent waiter does not wait
+    waiters = [threading.Thread(target=order.wait, args=("driver", "s1", 10)) for _ in range(2)]
+    for w in waiters:
+        w.start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    order.wait("driver", "s1", 10)
+    assert time.monotonic() - t0 < 0.05
+    for w in waiters:
+        w.join(1.0)
+        assert not w.is_alive()
+    order.wait("mallory", "s1", 3)  # another peer's session: nothing to wait for

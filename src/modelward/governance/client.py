@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -84,6 +85,19 @@ class LinkStats:
     seconds: float = 0.0
     calls: int = 0
 
+    def add(self, sent: int, received: int, raw: int, seconds: float, calls: int = 1) -> None:
+        """Count a call (calls=0: a failed one); the driver may have two in flight on one link (a step sent
+        ahead of the previous one's answer)."""
+        with _STATS_LOCK:
+            self.sent += sent
+            self.received += received
+            self.raw += raw
+            self.seconds += seconds
+            self.calls += calls
+
+
+_STATS_LOCK = threading.Lock()
+
 
 def _raw(msg: Message) -> int:
     return sum(t.numel() * t.element_size() for k, t in msg.tensors.items() if k in TENSOR_KEYS)
@@ -119,13 +133,12 @@ class InProcessClient:
         t0 = time.perf_counter()
         try:
             resp = self.party.handle(self.caller, req)
-        finally:
-            self.stats.seconds += time.perf_counter() - t0
+        except BaseException:
+            self.stats.add(0, 0, 0, time.perf_counter() - t0, calls=0)
+            raise
+        seconds = time.perf_counter() - t0
         out = decode(resp, max_bytes=2**40, allow_nonfinite=True)
-        self.stats.sent += len(req)
-        self.stats.received += len(resp)
-        self.stats.raw += _raw(msg) + _raw(out)
-        self.stats.calls += 1
+        self.stats.add(len(req), len(resp), _raw(msg) + _raw(out), seconds)
         return out
 
     def close(self) -> None:
@@ -234,6 +247,7 @@ class GrpcPartyClient:
         try:
             resp = self.stub(req, timeout=timeout or self.timeout)
         except grpc.RpcError as e:
+            self.stats.add(0, 0, 0, time.perf_counter() - t0, calls=0)
             code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
             kind = ERRORS.get(code, PartyError)
             detail = e.details() if hasattr(e, "details") else str(e)
@@ -241,13 +255,9 @@ class GrpcPartyClient:
                 self._checked = False  # check the server again once it is back (it may be another one)
                 detail = f"party {self.name} unreachable: {detail}"
             raise kind(detail) from None
-        finally:
-            self.stats.seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
         out = decode(resp, max_bytes=self.max_bytes, allow_nonfinite=True)
-        self.stats.sent += len(req)
-        self.stats.received += len(resp)
-        self.stats.raw += _raw(msg) + _raw(out)
-        self.stats.calls += 1
+        self.stats.add(len(req), len(resp), _raw(msg) + _raw(out), seconds)
         return out
 
     def close(self) -> None:

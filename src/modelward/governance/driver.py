@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -46,7 +47,7 @@ from modelward.governance.config import TLSConfig, _resolve
 from modelward.governance.wire import Message, WireError  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import Future, ThreadPoolExecutor
 
     from modelward.governance.party import Party
 
@@ -205,10 +206,14 @@ class SplitDriver:
         cfg: the split configuration.
         session: the session id (default: cfg.session or a fresh one).
         connect: ``connect(ref, cfg) -> PartyClient`` (default gRPC + mTLS; tests pass in-process clients).
+        pipeline: in :meth:`train`, send step s+1 before step s is answered (default: when the first party is
+            reached over the network, not when it runs in this process).
     """
 
-    def __init__(self, cfg: SplitConfig, session: str | None = None, connect: Connect | None = None) -> None:
+    def __init__(self, cfg: SplitConfig, session: str | None = None, connect: Connect | None = None,
+                 pipeline: bool | None = None) -> None:
         self.cfg = cfg
+        self._sender_pool = None
         self.names = [p.name for p in cfg.parties]
         self.session = session or cfg.session or uuid.uuid4().hex
         self.clients: dict[str, PartyClient] = {}
@@ -218,7 +223,13 @@ class SplitDriver:
         except BaseException:
             self.close()
             raise
-        self.seq = 0  # data operations go to the first party only
+        self.seq = 0  # data operations go to the first party only; the last one answered
+        self._sent_seq = 0  # the last one sent (a step may be sent ahead of the previous one's answer)
+        self._seq_lock = threading.Lock()
+        # send step s+1 before step s is answered (train()): by default when the first party is across the network
+        # (its round trip then overlaps the step before; a party hosted in this process answers at once anyway)
+        self.pipeline = pipeline
+        self._sender_pool: ThreadPoolExecutor | None = None
         self.status: dict[str, dict[str, Any]] = {}
         self.received: list[tuple[str, str, list[str]]] = []  # (party, op, tensor names) of replies with tensors
         self.heads: dict[str, list] = {}  # the latest audit head each party reported
@@ -230,8 +241,9 @@ class SplitDriver:
         return {n: c.stats for n, c in self.clients.items()}
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
+        for pool in (self._pool, self._sender_pool):
+            if pool is not None:
+                pool.shutdown()
         for c in self.clients.values():
             c.close()
 
@@ -243,21 +255,37 @@ class SplitDriver:
 
     # ------------------------------------------------------------------ transport
     def call(self, party: str, op: str, step: int = 0, meta: dict | None = None,
-             tensors: dict[str, torch.Tensor] | None = None, timeout: float | None = None) -> Message:
+             tensors: dict[str, torch.Tensor] | None = None, timeout: float | None = None,
+             seq: int | None = None) -> Message:
+        """Send one operation to `party` and return its answer (raises the party's error class). Data operations
+        (step, eval, predict) go to the first party and are numbered: the next number, or `seq` (taken by
+        :meth:`_send_step`, in order, for a step sent ahead)."""
         sequenced = op in ("step", "eval", "predict")
         if sequenced and party != self.names[0]:
             raise PartyError(f"data operations go to the first party ({self.names[0]}), not {party}")
-        seq = self.seq + 1 if sequenced else 0
-        out = self.clients[party].call(Message(op, self.session, step, seq, meta or {}, tensors or {}),
-                                       timeout or self.cfg.timeout_s)
+        if not sequenced:
+            seq = 0
+        elif seq is None:
+            with self._seq_lock:
+                seq = self._sent_seq = max(self.seq, self._sent_seq) + 1
+        try:
+            out = self.clients[party].call(Message(op, self.session, step, seq, meta or {}, tensors or {}),
+                                           timeout or self.cfg.timeout_s)
+        except ModelwardError:
+            if sequenced:  # the party did not take this number: the next request reuses it
+                with self._seq_lock:
+                    self._sent_seq = self.seq
+            raise
         if out.tensors:  # (only prediction logits, fetched from the label holder, ever arrive here)
             self.received.append((party, op, sorted(out.tensors)))
-        for n, ref in (out.meta.get("anchors") or {}).items():
-            self.heads[n] = ref
-        if not sequenced and "audit_head" in out.meta:
-            self.heads[party] = out.meta["audit_head"]
-        if sequenced:
-            self.seq = seq
+        with self._seq_lock:  # answers to two steps in flight may be processed at once: keep the newest head
+            for n, ref in (out.meta.get("anchors") or {}).items():
+                if n not in self.heads or ref[0] >= self.heads[n][0]:
+                    self.heads[n] = ref
+            if not sequenced and "audit_head" in out.meta:
+                self.heads[party] = out.meta["audit_head"]
+            if sequenced:
+                self.seq = max(self.seq, seq)
         return out
 
     def open(self, train: bool) -> dict[str, dict[str, Any]]:
@@ -304,10 +332,56 @@ class SplitDriver:
 
         With `lazy`, the commit of this step travels with the next step's request (one round trip less per step;
         :meth:`flush` sends it explicitly)."""
-        meta = {} if self.uncommitted is None else {"commit": self.uncommitted}
+        loss = self._finish_step(step, self._send_step(step, idx, self.uncommitted, ahead=False), None)
+        if not lazy:
+            self.flush()
+        return loss
+
+    def _pipelined(self) -> bool:
+        if self.pipeline is not None:
+            return self.pipeline
+        from modelward.governance.client import InProcessClient
+
+        return not isinstance(self.clients[self.names[0]], InProcessClient)
+
+    def _send_step(self, step: int, idx: torch.Tensor, commit: int | None, ahead: bool) -> Future:
+        """Send step `step` (carrying the commit of step `commit`), numbered now, in order. `ahead`: on a helper
+        thread, so that the next step can be sent before this one is answered; otherwise right here."""
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        with self._seq_lock:
+            seq = self._sent_seq = max(self.seq, self._sent_seq) + 1
+        meta = {} if commit is None else {"commit": commit}
+        args = (self.names[0], "step", step, meta, {"idx": idx}, None, seq)
+        if ahead:
+            if self._sender_pool is None:
+                self._sender_pool = ThreadPoolExecutor(2, thread_name_prefix="driver-send")
+            return self._sender_pool.submit(self.call, *args)
+        done: Future = Future()
         try:
-            loss = float(self.call(self.names[0], "step", step, meta, {"idx": idx}).meta["loss"])
+            done.set_result(self.call(*args))
         except ModelwardError as e:
+            done.set_exception(e)
+        return done
+
+    def _finish_step(self, step: int, sent: Future, ahead: tuple[int, Future] | None) -> float:
+        """The answer to step `step` (its loss). On an error, the step sent after it (`ahead`, if any) is waited
+        for, every party settles the step before (committed, or aborted with StepRolledBack if a party's late
+        check refused it) and aborts this one (and the one ahead, should it have gone through), then the error is
+        raised."""
+        try:
+            loss = float(sent.result().meta["loss"])
+        except ModelwardError as e:
+            if ahead is not None:
+                # refused by the first party once this one failed (an out-of-order number), unless this answer was
+                # lost on the way after the parties had run it: then the step ahead may have gone through
+                try:
+                    ahead[1].result()
+                    self.abort_all(ahead[0])
+                except ModelwardError:
+                    pass
+            with self._seq_lock:
+                self._sent_seq = self.seq
             late: ModelwardError | None = None
             try:
                 # the previous step: committed where every party's (late) check passed, aborted everywhere if one
@@ -322,8 +396,6 @@ class SplitDriver:
                 raise late from e
             raise
         self.uncommitted = step
-        if not lazy:
-            self.flush()
         return loss
 
     def flush(self) -> None:
@@ -455,13 +527,29 @@ class SplitDriver:
             curve = [(step, self.evaluate(tc.loss, tc.eval_batch_size))]
             if on_eval:
                 on_eval(*curve[-1])
+        pipelined = self._pipelined()
+        ahead: tuple[int, torch.Tensor, Future] | None = None  # the next step, sent before this one's answer
+        # the first party delivers a step sent ahead in order once it has answered one from us (InOrder): not
+        # before the first step of the loop, nor before the first after a resume
+        through = False
         while step < tc.steps:
-            idx = next(batches)
             before = {n: (s.sent, s.received, s.seconds) for n, s in self.links.items()}
             ts = time.perf_counter()
+            if ahead is not None and ahead[0] == step:
+                sent, ahead = ahead[2], None
+            else:
+                idx = next(batches)
+                sent = self._send_step(step, idx, self.uncommitted, ahead=pipelined)
+            nxt = step + 1
+            if pipelined and through and nxt < tc.steps and nxt % tc.eval_every != 0:
+                # step s+1 carries the commit of step s: the first party runs it only once step s is through
+                # there (its answer sent); should step s fail, step s+1 is refused (out of order) and aborted
+                nidx = next(batches)
+                ahead = (nxt, nidx, self._send_step(nxt, nidx, step, ahead=True))
             try:
-                loss = self.train_step(step, idx, lazy=True)
+                loss = self._finish_step(step, sent, None if ahead is None else (ahead[0], ahead[2]))
             except PartyUnavailable:
+                ahead, through = None, False  # (the step ahead was waited for by _finish_step)
                 if cfg.retry_s <= 0:
                     raise
                 self.wait_all(time.monotonic() + cfg.retry_s, train=True)
@@ -472,6 +560,7 @@ class SplitDriver:
                 rows = [r for r in rows if r["step"] < step]
                 running, k = 0.0, 0
                 continue
+            through = True
             row: dict[str, Any] = {"step": step, "loss": loss, "seconds": time.perf_counter() - ts}
             for n, s in self.links.items():
                 row[f"{n}_sent"] = s.sent - before[n][0]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import struct
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -228,3 +230,48 @@ class SequenceGuard:
 
     def last_seq(self, peer: str, session: str) -> int:
         return self._entry(peer, session)[0]
+
+
+class InOrder:
+    """Lets a caller pipeline its sequenced requests: one that arrives ahead of its predecessor (the transport
+    hands concurrent requests to worker threads in any order) waits until the request numbered just before it has
+    finished, successfully or not, then meets the :class:`SequenceGuard` as usual (which still refuses gaps and
+    replays). Only a (peer, session) that has finished a request before is waited for, at most `max_waiting`
+    requests wait at once (any more go straight on) and none waits longer than `wait_s`; so a peer can hold at
+    most `max_waiting` worker threads for `wait_s` seconds, and nothing it sends changes what is accepted.
+
+    Example:
+        >>> order = InOrder()
+        >>> order.finished("driver", "s1", 1)
+        >>> order.wait("driver", "s1", 2)  # its predecessor is done: no wait
+    """
+
+    def __init__(self, max_waiting: int = 2, wait_s: float = 2.0, max_keys: int = 64) -> None:
+        self.max_waiting, self.wait_s, self.max_keys = max_waiting, wait_s, max_keys
+        self._done: OrderedDict[tuple[str, str], int] = OrderedDict()  # highest finished number per (peer, session)
+        self._waiting = 0
+        self._cv = threading.Condition()
+
+    def wait(self, peer: str, session: str, seq: int) -> None:
+        """Return once request `seq - 1` of (peer, session) has finished (or at once, see the class doc)."""
+        key = (peer, session)
+        with self._cv:
+            if key not in self._done or self._done[key] >= seq - 1 or self._waiting >= self.max_waiting:
+                return
+            self._waiting += 1
+            try:
+                deadline = time.monotonic() + self.wait_s
+                while self._done.get(key, seq) < seq - 1 and (left := deadline - time.monotonic()) > 0:
+                    self._cv.wait(left)
+            finally:
+                self._waiting -= 1
+
+    def finished(self, peer: str, session: str, seq: int) -> None:
+        """Request `seq` of (peer, session) is done (answered or refused): wake its successor."""
+        key = (peer, session)
+        with self._cv:
+            self._done[key] = max(seq, self._done.get(key, seq))
+            self._done.move_to_end(key)
+            while len(self._done) > self.max_keys:
+                self._done.popitem(last=False)
+            self._cv.notify_all()
