@@ -213,7 +213,8 @@ class SplitDriver:
     def __init__(self, cfg: SplitConfig, session: str | None = None, connect: Connect | None = None,
                  pipeline: bool | None = None) -> None:
         self.cfg = cfg
-        self._sender_pool = None
+        self._pool: ThreadPoolExecutor | None = None  # rounds sent to every party at once
+        self._sender_pool: ThreadPoolExecutor | None = None  # steps sent ahead (train)
         self.names = [p.name for p in cfg.parties]
         self.session = session or cfg.session or uuid.uuid4().hex
         self.clients: dict[str, PartyClient] = {}
@@ -229,11 +230,9 @@ class SplitDriver:
         # send step s+1 before step s is answered (train()): by default when the first party is across the network
         # (its round trip then overlaps the step before; a party hosted in this process answers at once anyway)
         self.pipeline = pipeline
-        self._sender_pool: ThreadPoolExecutor | None = None
         self.status: dict[str, dict[str, Any]] = {}
         self.received: list[tuple[str, str, list[str]]] = []  # (party, op, tensor names) of replies with tensors
         self.heads: dict[str, list] = {}  # the latest audit head each party reported
-        self._pool = None
         self.uncommitted: int | None = None  # a step prepared everywhere whose commit has not been sent
 
     @property
@@ -528,7 +527,7 @@ class SplitDriver:
             if on_eval:
                 on_eval(*curve[-1])
         pipelined = self._pipelined()
-        ahead: tuple[int, torch.Tensor, Future] | None = None  # the next step, sent before this one's answer
+        ahead: tuple[int, Future] | None = None  # the next step, sent before this one's answer
         # the first party delivers a step sent ahead in order once it has answered one from us (InOrder): not
         # before the first step of the loop, nor before the first after a resume
         through = False
@@ -536,7 +535,7 @@ class SplitDriver:
             before = {n: (s.sent, s.received, s.seconds) for n, s in self.links.items()}
             ts = time.perf_counter()
             if ahead is not None and ahead[0] == step:
-                sent, ahead = ahead[2], None
+                sent, ahead = ahead[1], None
             else:
                 idx = next(batches)
                 sent = self._send_step(step, idx, self.uncommitted, ahead=pipelined)
@@ -544,10 +543,9 @@ class SplitDriver:
             if pipelined and through and nxt < tc.steps and nxt % tc.eval_every != 0:
                 # step s+1 carries the commit of step s: the first party runs it only once step s is through
                 # there (its answer sent); should step s fail, step s+1 is refused (out of order) and aborted
-                nidx = next(batches)
-                ahead = (nxt, nidx, self._send_step(nxt, nidx, step, ahead=True))
+                ahead = (nxt, self._send_step(nxt, next(batches), step, ahead=True))
             try:
-                loss = self._finish_step(step, sent, None if ahead is None else (ahead[0], ahead[2]))
+                loss = self._finish_step(step, sent, ahead)
             except PartyUnavailable:
                 ahead, through = None, False  # (the step ahead was waited for by _finish_step)
                 if cfg.retry_s <= 0:
