@@ -34,6 +34,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -395,67 +396,62 @@ class Party:
             raise WireError(f"unknown operation {op!r}; valid: {', '.join(OPS)}")
         # a caller that pipelines its data operations (the driver sends step s+1 before step s is answered) may
         # have them delivered out of order: the later one waits for its predecessor (bounded, see InOrder)
-        in_order = op in DATA_OPS and self._role_ok(caller, op)
-        if in_order:
-            self._order.wait(caller, msg.session, msg.seq)
-        try:
-            with self.lock:
-                self._settle()  # the late part of the prepared step is done (or rolled back) before anything else
-                if not self._role_ok(caller, op):
-                    reason = (f"{caller!r} may not call {op} on {self.cfg.name} (data operations come from "
-                              f"{self.cfg.prev or self.cfg.driver!r}, control operations from the driver "
-                              f"{self.cfg.driver!r})")
-                    self.audit.append(caller, op, **rec, decision="deny", reason=reason)
-                    raise ConsentDenied(f"party {self.cfg.name}: {reason}")
-                sequenced = op in DATA_OPS
-                key = bytes(data)
-                if sequenced:
-                    try:
-                        cached = self.guard.check(caller, msg.session, msg.seq, key)
-                    except WireError as e:
-                        self.audit.append(caller, op, **rec, decision="deny", reason=str(e))
-                        raise
-                    if cached is not None:
-                        self.audit.append(caller, op, **rec, decision="retry", reason="answered from cache")
-                        return cached
-                split = str(msg.meta.get("split", "train"))[:16] if op == "eval" else ""
-                decision = self.consent.check(PassRequest(self.cfg.name, caller, op, purpose, msg.session, msg.step,
-                                                          batch, split))
-                if not decision.allowed:
-                    self.audit.append(caller, op, **rec, decision="deny", reason=decision.reason)
-                    raise ConsentDenied(f"party {self.cfg.name} refused {op} (step {msg.step}): {decision.reason}")
-                self._note = ""
+        turn = (self._order.turn(caller, msg.session, msg.seq) if op in DATA_OPS and self._role_ok(caller, op)
+                else nullcontext())
+        with turn, self.lock:
+            self._settle()  # the late part of the prepared step is done (or rolled back) before anything else
+            if not self._role_ok(caller, op):
+                reason = (f"{caller!r} may not call {op} on {self.cfg.name} (data operations come from "
+                          f"{self.cfg.prev or self.cfg.driver!r}, control operations from the driver "
+                          f"{self.cfg.driver!r})")
+                self.audit.append(caller, op, **rec, decision="deny", reason=reason)
+                raise ConsentDenied(f"party {self.cfg.name}: {reason}")
+            sequenced = op in DATA_OPS
+            key = bytes(data)
+            if sequenced:
                 try:
-                    err = self.ckpt.take_error()
-                    if err:
-                        raise PartyError(f"party {self.cfg.name}: {err}")
-                    reply = getattr(self, f"_op_{op}")(msg, caller)
-                except (ModelwardError, RuntimeError, ValueError) as e:
-                    reason = str(e) if isinstance(e, ModelwardError) else f"{type(e).__name__}: {e}"
-                    self.audit.append(caller, op, **rec, decision="error", reason=reason + self._note)
-                    if isinstance(e, ModelwardError):
-                        raise
-                    raise PartyError(f"party {self.cfg.name}: {op} failed: {reason}") from None
-                down = reply.meta.pop("_anchors", {})
-                if down:
-                    rec["anchors"] = {**rec["anchors"], **down}
-                # a data pass's record is written now (a crash of this process cannot lose it) and synced to stable
-                # storage in the background, off the step's critical path; every checkpoint and every answer to a
-                # control operation waits for it, so no saved state rests on a record a power cut could take away
-                self.audit.append(caller, op, **rec, decision="allow", reason=decision.reason + self._note,
-                                  durable=op not in DATA_OPS)
-                if op in DATA_OPS:  # our head (including this record) travels back along the chain
-                    reply.meta["anchors"] = {**down, self.cfg.name: self.audit.head_ref}
-                else:  # and to the driver with every control answer (it publishes the last one it saw)
-                    reply.meta["audit_head"] = self.audit.head_ref
-                reply.session, reply.seq = msg.session, msg.seq
-                out = encode(reply)
-                if sequenced:
-                    self.guard.commit(caller, msg.session, msg.seq, key, out)
-                return out
-        finally:
-            if in_order:
-                self._order.finished(caller, msg.session, msg.seq)
+                    cached = self.guard.check(caller, msg.session, msg.seq, key)
+                except WireError as e:
+                    self.audit.append(caller, op, **rec, decision="deny", reason=str(e))
+                    raise
+                if cached is not None:
+                    self.audit.append(caller, op, **rec, decision="retry", reason="answered from cache")
+                    return cached
+            split = str(msg.meta.get("split", "train"))[:16] if op == "eval" else ""
+            decision = self.consent.check(PassRequest(self.cfg.name, caller, op, purpose, msg.session, msg.step,
+                                                      batch, split))
+            if not decision.allowed:
+                self.audit.append(caller, op, **rec, decision="deny", reason=decision.reason)
+                raise ConsentDenied(f"party {self.cfg.name} refused {op} (step {msg.step}): {decision.reason}")
+            self._note = ""
+            try:
+                err = self.ckpt.take_error()
+                if err:
+                    raise PartyError(f"party {self.cfg.name}: {err}")
+                reply = getattr(self, f"_op_{op}")(msg, caller)
+            except (ModelwardError, RuntimeError, ValueError) as e:
+                reason = str(e) if isinstance(e, ModelwardError) else f"{type(e).__name__}: {e}"
+                self.audit.append(caller, op, **rec, decision="error", reason=reason + self._note)
+                if isinstance(e, ModelwardError):
+                    raise
+                raise PartyError(f"party {self.cfg.name}: {op} failed: {reason}") from None
+            down = reply.meta.pop("_anchors", {})
+            if down:
+                rec["anchors"] = {**rec["anchors"], **down}
+            # a data pass's record is written now (a crash of this process cannot lose it) and synced to stable
+            # storage in the background, off the step's critical path; every checkpoint and every answer to a
+            # control operation waits for it, so no saved state rests on a record a power cut could take away
+            self.audit.append(caller, op, **rec, decision="allow", reason=decision.reason + self._note,
+                              durable=op not in DATA_OPS)
+            if op in DATA_OPS:  # our head (including this record) travels back along the chain
+                reply.meta["anchors"] = {**down, self.cfg.name: self.audit.head_ref}
+            else:  # and to the driver with every control answer (it publishes the last one it saw)
+                reply.meta["audit_head"] = self.audit.head_ref
+            reply.session, reply.seq = msg.session, msg.seq
+            out = encode(reply)
+            if sequenced:
+                self.guard.commit(caller, msg.session, msg.seq, key, out)
+            return out
 
     def _anchors_in(self, msg: Message) -> dict[str, list]:
         """The other parties' heads carried by a data message ({party: [record id, hash]}), validated."""

@@ -15,7 +15,8 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,6 +266,15 @@ class InOrder:
                     self._cv.wait(left)
             finally:
                 self._waiting -= 1
+
+    @contextmanager
+    def turn(self, peer: str, session: str, seq: int) -> Iterator[None]:
+        """Wait for the turn of request `seq` (:meth:`wait`); mark it finished on leaving, however it ends."""
+        self.wait(peer, session, seq)
+        try:
+            yield
+        finally:
+            self.finished(peer, session, seq)
 
     def finished(self, peer: str, session: str, seq: int) -> None:
         """Request `seq` of (peer, session) is done (answered or refused): wake its successor."""
