@@ -224,3 +224,43 @@ def test_limits_survive_new_sessions_and_restarts_and_the_purpose_trick_fails(ch
     db = sqlite3.connect(root / "bob/audit.db")
     assert db.execute("SELECT COUNT(*) FROM audit WHERE session='trick' AND op='step' AND purpose='train' "
                       "AND decision='deny'").fetchone()[0] == 3
+
+
+def test_requests_sent_out_of_order_cannot_hold_the_first_party_or_get_through(chain):
+    """The driver's identity sends data operations that skip numbers (as if steps were in flight before them).
+    Alice holds at most two of them, for at most 2 s each, refuses every one as out of order (recorded), and
+    answers other requests meanwhile."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from modelward.governance.wire import WireError
+
+    split, _, root = chain
+    alice = split.processes["alice"]
+    drv = GrpcPartyClient("alice", alice.address, split.tls, timeout=20)
+    st = drv.call(Message("open", "gaps")).meta
+    seq = st["last_seq"] + 1
+    drv.call(Message("eval", "gaps", 0, seq, {"split": "test"}, {"idx": torch.arange(32)}))  # one answered
+    gap = [Message("eval", "gaps", 0, seq + k, {"split": "test"}, {"idx": torch.arange(32)}) for k in (5, 6, 7)]
+
+    def refused(msg):
+        t0 = time.monotonic()
+        with pytest.raises(WireError, match="out-of-order"):
+            drv.call(msg)
+        return time.monotonic() - t0
+
+    with ThreadPoolExecutor(3) as pool:
+        pending = [pool.submit(refused, m) for m in gap]
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        assert drv.call(Message("status", "gaps")).meta["party"] == "alice"  # not blocked meanwhile
+        status_s = time.monotonic() - t0
+        waits = [f.result() for f in pending]
+    assert sorted(waits)[0] < 1.0 and 1.5 < sorted(waits)[1] <= sorted(waits)[2] < 4.0  # two wait, up to 2 s
+    assert status_s < 1.0  # answered while two of them waited
+    # the session goes on with the next number
+    drv.call(Message("eval", "gaps", 0, seq + 1, {"split": "test"}, {"idx": torch.arange(32)}))
+    drv.close()
+    db = sqlite3.connect(root / "alice/audit.db")
+    assert db.execute("SELECT COUNT(*) FROM audit WHERE session='gaps' AND decision='deny' AND reason LIKE "
+                      "'%out-of-order%'").fetchone()[0] == 3

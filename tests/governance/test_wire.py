@@ -150,10 +150,10 @@ def test_bad_layouts_are_refused(layout, shape):
 
 
 def test_in_order_holds_a_request_that_overtook_its_predecessor_and_nothing_else():
-    """A pipelining caller's step s+1 may reach a worker thread before step s: it waits for s to finish (answered
-    or refused), then meets the sequence guard as usual. A caller cannot use the wait to hold threads: only a
-    (peer, session) that finished a request before waits, at most `max_waiting` requests wait, none longer than
-    `wait_s`."""
+    """A pipelining caller's step s+1 may reach a worker thread before step s: it waits for s to be accepted or
+    refused, then meets the sequence guard as usual. A caller cannot use the wait to hold threads: only a
+    (peer, session) with a finished request waits, at most `max_waiting` requests wait, none longer than `wait_s`,
+    and a refused request far ahead releases nobody."""
     import threading
     import time
 
@@ -161,15 +161,24 @@ def test_in_order_holds_a_request_that_overtook_its_predecessor_and_nothing_else
     t0 = time.monotonic()
     order.wait("driver", "s1", 5)  # nothing finished in this session yet: the guard decides at once
     assert time.monotonic() - t0 < 0.05
-    order.finished("driver", "s1", 1)
+    order.finished("driver", "s1", 1, accepted=1)
     events: list[str] = []
     t = threading.Thread(target=lambda: (order.wait("driver", "s1", 3), events.append("3 goes")))
     t.start()
     time.sleep(0.05)
+    order.finished("driver", "s1", 9, accepted=1)  # a refused request far ahead: 3 keeps waiting
+    time.sleep(0.05)
     events.append("2 done")
-    order.finished("driver", "s1", 2)
+    order.finished("driver", "s1", 2, accepted=2)
     t.join(1.0)
     assert events == ["2 done", "3 goes"]
+    # a refused predecessor releases the request right after it (which the guard then refuses as a gap)
+    t = threading.Thread(target=lambda: (order.wait("driver", "s1", 5), events.append("5 goes")))
+    t.start()
+    time.sleep(0.05)
+    order.finished("driver", "s1", 4, accepted=2)
+    t.join(1.0)
+    assert events[-1] == "5 goes"
     # a request whose predecessor never comes waits wait_s at most; a third concurrent waiter does not wait
     waiters = [threading.Thread(target=order.wait, args=("driver", "s1", 10)) for _ in range(2)]
     for w in waiters:

@@ -396,8 +396,8 @@ class Party:
             raise WireError(f"unknown operation {op!r}; valid: {', '.join(OPS)}")
         # a caller that pipelines its data operations (the driver sends step s+1 before step s is answered) may
         # have them delivered out of order: the later one waits for its predecessor (bounded, see InOrder)
-        turn = (self._order.turn(caller, msg.session, msg.seq) if op in DATA_OPS and self._role_ok(caller, op)
-                else nullcontext())
+        turn = (self._order.turn(caller, msg.session, msg.seq, lambda: self._accepted(caller, msg.session))
+                if op in DATA_OPS and self._role_ok(caller, op) else nullcontext())
         with turn, self.lock:
             self._settle()  # the late part of the prepared step is done (or rolled back) before anything else
             if not self._role_ok(caller, op):
@@ -452,6 +452,10 @@ class Party:
             if sequenced:
                 self.guard.commit(caller, msg.session, msg.seq, key, out)
             return out
+
+    def _accepted(self, caller: str, session: str) -> int:
+        with self.lock:
+            return self.guard.last_seq(caller, session)
 
     def _anchors_in(self, msg: Message) -> dict[str, list]:
         """The other parties' heads carried by a data message ({party: [record id, hash]}), validated."""

@@ -235,53 +235,63 @@ class SequenceGuard:
 
 class InOrder:
     """Lets a caller pipeline its sequenced requests: one that arrives ahead of its predecessor (the transport
-    hands concurrent requests to worker threads in any order) waits until the request numbered just before it has
-    finished, successfully or not, then meets the :class:`SequenceGuard` as usual (which still refuses gaps and
-    replays). Only a (peer, session) that has finished a request before is waited for, at most `max_waiting`
-    requests wait at once (any more go straight on) and none waits longer than `wait_s`; so a peer can hold at
-    most `max_waiting` worker threads for `wait_s` seconds, and nothing it sends changes what is accepted.
+    hands concurrent requests to worker threads in any order) waits until the request numbered just before it was
+    accepted, or refused, then meets the :class:`SequenceGuard` as usual (which still refuses gaps and replays).
+    Only a (peer, session) with a finished request is waited for, at most `max_waiting` requests wait at once (any
+    more go straight on) and none waits longer than `wait_s`; so a peer can hold at most `max_waiting` worker
+    threads for `wait_s` seconds, and nothing it sends changes what is accepted. A refused request releases only
+    the one numbered right after it (a request far ahead, refused, releases nobody).
 
     Example:
         >>> order = InOrder()
-        >>> order.finished("driver", "s1", 1)
-        >>> order.wait("driver", "s1", 2)  # its predecessor is done: no wait
+        >>> order.finished("driver", "s1", 1, accepted=1)
+        >>> order.wait("driver", "s1", 2)  # its predecessor was accepted: no wait
     """
 
     def __init__(self, max_waiting: int = 2, wait_s: float = 2.0, max_keys: int = 64) -> None:
         self.max_waiting, self.wait_s, self.max_keys = max_waiting, wait_s, max_keys
-        self._done: OrderedDict[tuple[str, str], int] = OrderedDict()  # highest finished number per (peer, session)
+        # (peer, session) -> (the last number the guard accepted, the last number refused)
+        self._state: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
         self._waiting = 0
         self._cv = threading.Condition()
 
+    def _through(self, key: tuple[str, str], seq: int) -> bool:
+        st = self._state.get(key)
+        return st is None or st[0] >= seq - 1 or st[1] == seq - 1
+
     def wait(self, peer: str, session: str, seq: int) -> None:
-        """Return once request `seq - 1` of (peer, session) has finished (or at once, see the class doc)."""
+        """Return once request `seq - 1` of (peer, session) was accepted or refused (or at once, see the class
+        doc)."""
         key = (peer, session)
         with self._cv:
-            if key not in self._done or self._done[key] >= seq - 1 or self._waiting >= self.max_waiting:
+            if self._through(key, seq) or self._waiting >= self.max_waiting:
                 return
             self._waiting += 1
             try:
                 deadline = time.monotonic() + self.wait_s
-                while self._done.get(key, seq) < seq - 1 and (left := deadline - time.monotonic()) > 0:
+                while not self._through(key, seq) and (left := deadline - time.monotonic()) > 0:
                     self._cv.wait(left)
             finally:
                 self._waiting -= 1
 
     @contextmanager
-    def turn(self, peer: str, session: str, seq: int) -> Iterator[None]:
-        """Wait for the turn of request `seq` (:meth:`wait`); mark it finished on leaving, however it ends."""
+    def turn(self, peer: str, session: str, seq: int, accepted: Callable[[], int]) -> Iterator[None]:
+        """Wait for the turn of request `seq` (:meth:`wait`); on leaving, however it ends, record it with
+        `accepted()`, the last number the sequence guard has accepted by then."""
         self.wait(peer, session, seq)
         try:
             yield
         finally:
-            self.finished(peer, session, seq)
+            self.finished(peer, session, seq, accepted())
 
-    def finished(self, peer: str, session: str, seq: int) -> None:
-        """Request `seq` of (peer, session) is done (answered or refused): wake its successor."""
+    def finished(self, peer: str, session: str, seq: int, accepted: int) -> None:
+        """Request `seq` of (peer, session) is done; `accepted`: the guard's last accepted number now (`seq` if
+        this one was accepted). Wakes the request waiting for it."""
         key = (peer, session)
         with self._cv:
-            self._done[key] = max(seq, self._done.get(key, seq))
-            self._done.move_to_end(key)
-            while len(self._done) > self.max_keys:
-                self._done.popitem(last=False)
+            refused = self._state.get(key, (0, -1))[1]
+            self._state[key] = (accepted, seq if accepted < seq else refused)
+            self._state.move_to_end(key)
+            while len(self._state) > self.max_keys:
+                self._state.popitem(last=False)
             self._cv.notify_all()
