@@ -1,7 +1,8 @@
 """Split training (2 parties, loopback, mutual TLS) vs monolithic training of the same model, in one run.
 
 Prints the wall-time ratio split/monolithic (goals ≤ 1.3× for the compute-heavy configuration, ≤ 1.4× for the
-default one) and the bytes on the alice↔bob link (activations one way, gradients the other, peer to peer) against
+default one) three ways — paired (median over the repetitions of each split run against the monolithic run just
+before it), fastest runs, medians — and the bytes on the alice↔bob link (activations one way, gradients the other, peer to peer) against
 the raw bytes of the activation and gradient tensors it must carry (goal ≤ 1.05×). Both runs include the same
 evaluations. Every step is the full protocol: consent and audit on both parties, the tentative update with its
 rollback copy, the numeric check and the two-phase commit.
@@ -62,8 +63,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads in every process (same for both runs)")
     ap.add_argument("--driver", choices=["both", "process", "hosted"], default="both",
                     help="where the driver runs: its own process, hosted with alice's party, or both (alternating)")
-    ap.add_argument("--repeat", type=int, default=3, help="alternate monolithic and split runs this many times; the "
-                                                          "fastest of each is compared (the CPU is shared)")
+    ap.add_argument("--repeat", type=int, default=5, help="alternate monolithic and split runs this many times "
+                                                          "(ratios: paired, fastest runs, medians)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     # as in `party serve` and `split train`: this process runs the monolithic baseline and, hosted, alice's party
@@ -86,9 +87,12 @@ def main() -> None:
         return time.perf_counter() - t0, r.curve[-1][1]
 
     # monolithic and split runs alternate, `--repeat` times each, on the same parties (restored to step 0 before
-    # every split run): the fastest of each kind is compared, which is what the machine can do when it is not
-    # busy with other work. CPU seconds (this process + the party processes) are reported too: they do not
-    # depend on the load.
+    # every split run). Three wall-time ratios are printed. Paired: each split run against the monolithic run
+    # just before it (seconds apart, so they see the same machine speed), median over the repetitions; this is
+    # the one least moved by a host whose speed drifts between runs. Fastest runs: what the machine can do when
+    # it is not busy with other work, but biased against the split runs where a core's speed varies from run to
+    # run (the single-threaded monolithic run is more often lucky than three processes at once). Medians. CPU
+    # seconds (this process + the party processes) are reported too: they do not depend on the load.
     modes = ["process", "hosted"] if args.driver == "both" else [args.driver]
     monos, cpu_mono = [], []
     splits: dict[str, list[float]] = {m: [] for m in modes}
@@ -133,9 +137,12 @@ def main() -> None:
         print(f"    {split_s:.2f}s  ({1000 * split_s / args.steps:.1f} ms/step)  final error {res.curve[-1][1]:.4f}"
               f"  (runs: {', '.join(f'{t:.2f}' for t in splits[m])}s; CPU of driver + parties "
               f"{min(cpu_split[m]):.2f}s)")
-        print(f"    wall-time ratio split/monolithic: {split_s / mono_s:.3f}x (fastest runs; median "
-              f"{statistics.median(splits[m]) / statistics.median(monos):.3f}x)  (goal <= 1.3x compute-heavy, "
-              f"<= 1.4x default); CPU-time ratio {min(cpu_split[m]) / min(cpu_mono):.3f}x")
+        paired = [t / b for t, b in zip(splits[m], monos, strict=True)]
+        print(f"    wall-time ratio split/monolithic (goal <= 1.3x compute-heavy, <= 1.4x default): "
+              f"{statistics.median(paired):.3f}x paired (median of the {len(paired)} repetitions' ratios, "
+              f"{min(paired):.2f}-{max(paired):.2f}x); {split_s / mono_s:.3f}x fastest runs; "
+              f"{statistics.median(splits[m]) / statistics.median(monos):.3f}x medians")
+        print(f"    CPU-time ratio {min(cpu_split[m]) / min(cpu_mono):.3f}x")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     res = results[modes[0]]
     link = res.links["alice<->bob"]
