@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,16 +22,22 @@ def test_every_area_has_a_short_snippet() -> None:
 
 
 @pytest.fixture(scope="module")
-def setup_namespace(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def setup_namespace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     import os
 
     import torch
 
     torch.set_num_threads(1)
-    os.chdir(tmp_path_factory.mktemp("api"))  # the snippets write under runs/
-    ns: dict = {"__name__": "api_docs"}
-    exec(compile(SNIPPETS[0], f"{DOC}:snippet0", "exec"), ns)  # noqa: S102 - our own documentation
-    return ns
+    cwd = os.getcwd()
+    # the snippets write under runs/; the working folder is restored afterwards, or every later test (and any
+    # subprocess it starts with a relative PYTHONPATH=src) would run in this temporary folder
+    os.chdir(tmp_path_factory.mktemp("api"))
+    try:
+        ns: dict = {"__name__": "api_docs"}
+        exec(compile(SNIPPETS[0], f"{DOC}:snippet0", "exec"), ns)  # noqa: S102 - our own documentation
+        yield ns
+    finally:
+        os.chdir(cwd)
 
 
 @pytest.mark.parametrize("i", range(1, len(SNIPPETS)))

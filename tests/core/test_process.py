@@ -30,9 +30,12 @@ def test_freed_buffers_are_reused_instead_of_faulted_back_in():
     applied, with_it = _faults("on")
     if applied != "True":
         pytest.skip("not glibc")
+    assert with_it < 100, with_it  # 50 rounds x 4 buffers x 128 pages: reused, not faulted in again
     _, without = _faults("off")
-    # 50 rounds x 4 buffers x 128 pages would each fault in again without it
-    assert with_it < 100 < without, (with_it, without)
+    if without < 100:  # e.g. an allocator preloaded by the image (tcmalloc, jemalloc) keeps freed pages too
+        pytest.skip(f"this platform reuses freed buffers without the setting as well ({without} faults), so the "
+                    "difference it makes cannot be shown here")
+    assert with_it < without, (with_it, without)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
