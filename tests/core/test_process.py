@@ -32,7 +32,7 @@ def test_freed_buffers_are_reused_instead_of_faulted_back_in():
         pytest.skip("not glibc")
     assert with_it < 100, with_it  # 50 rounds x 4 buffers x 128 pages: reused, not faulted in again
     _, without = _faults("off")
-    if without < 100:  # some platforms keep them without it (seen: Python 3.12 on Linux 6.18, 0 faults either way)
+    if without < 100:  # some platforms keep them anyway (Python 3.12 on Linux 6.18: 0 faults either way)
         pytest.skip(f"this platform reuses freed buffers without the setting as well ({without} faults), so the "
                     "difference it makes cannot be shown here")
     assert with_it < without, (with_it, without)
