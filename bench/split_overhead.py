@@ -3,9 +3,9 @@
 Prints the wall-time ratio split/monolithic (goals ≤ 1.3× for the compute-heavy configuration, ≤ 1.4× for the
 default one) three ways — paired (median over the repetitions of each split run against the monolithic run just
 before it), fastest runs, medians — and the bytes on the alice↔bob link (activations one way, gradients the
-other, peer to peer) against the raw bytes of the activation and gradient tensors it must carry (goal ≤ 1.05×). Both runs include the same
-evaluations. Every step is the full protocol: consent and audit on both parties, the tentative update with its
-rollback copy, the numeric check and the two-phase commit.
+other, peer to peer) against the raw bytes of the activation and gradient tensors it must carry (goal ≤ 1.05×).
+Both runs include the same evaluations. Every step is the full protocol: consent and audit on both parties, the
+tentative update with its rollback copy, the numeric check and the two-phase commit.
 
     python bench/split_overhead.py [--steps 40] [--channels 64,128] [--fc 256] [--batch 128] [--cut conv1]
                                    [--driver both|process|hosted]
