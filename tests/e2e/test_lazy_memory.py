@@ -25,9 +25,11 @@ from modelward.core.zoo import ModelConfig, build_model
 torch.set_num_threads(1)
 split = load_lazy(DataConfig(source="image_folder", path=sys.argv[1], channels=3, lazy=True, image_size=32,
                              augment=True, workers=0, test_fraction=0.05))
+# seeded: an unseeded init made "it trained" flaky (one CI run ended 30 steps at chance)
+torch.manual_seed(0)
 model = build_model(ModelConfig(arch="cnn", channels=[8, 16], fc=32), split.input_shape, split.num_classes)
 res = train(model, split.train, None, split.test, None,
-            TrainConfig(steps=30, eval_every=30, batch_size=64, eval_batch_size=128), seed=0)
+            TrainConfig(steps=30, eval_every=30, batch_size=64, eval_batch_size=128, loss="cross_entropy", lr=0.02), seed=0)
 # VmHWM: this process's own peak RSS. (ru_maxrss is not: Linux carries the parent's peak across fork + exec, so a
 # big pytest process would count against the child.)
 hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
@@ -59,4 +61,5 @@ def test_folder_larger_than_the_cap_trains_under_it(tmp_path: Path) -> None:
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["n_train"] > 6000
     assert res["rss_mb"] < CAP_MB, res
-    assert res["curve"][-1][1] < res["curve"][0][1]  # it trained
+    # it trained: held-out cross-entropy fell (seed 0: 1.10 → 0.52 here)
+    assert res["curve"][-1][1] < res["curve"][0][1], res
