@@ -291,11 +291,17 @@ class SplitDriver:
         """Open (or rejoin) the session on every party, tell each where its next neighbour listens, and check
         that they form the expected chain."""
         meta = {"train_cfg": self.cfg.train.model_dump(mode="json")} if train else {}
-        for i, n in enumerate(self.names):
-            extra = {}
-            if i + 1 < len(self.names):
-                extra["next_address"] = self.cfg.parties[i + 1].resolved_address()
-            st = self.call(n, "open", meta={**meta, **extra}).meta
+        metas = [{**meta, "next_address": self.cfg.parties[i + 1].resolved_address()} if i + 1 < len(self.names)
+                 else meta for i in range(len(self.names))]
+        # all parties at once (each answers after its audit sync and warm-up); the first error in chain order is
+        # raised once every answer is in
+        futures = [self._pooled().submit(self.call, n, "open", 0, m) for n, m in zip(self.names, metas, strict=True)]
+        errors = [f.exception() for f in futures]
+        for e in errors:
+            if e is not None:
+                raise e
+        for i, (n, f) in enumerate(zip(self.names, futures, strict=True)):
+            st = f.result().meta
             if st.get("party") != n:
                 raise PartyError(f"party at {n}'s address says it is {st.get('party')!r}, expected {n!r}")
             self.status[n] = st
