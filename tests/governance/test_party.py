@@ -498,3 +498,33 @@ def test_the_heads_published_after_training_are_on_stable_storage(make_chain, mo
     for n, p in c.parties.items():
         assert p.audit._synced >= res.audit_heads[n][0], n
         assert res.audit_heads[n] == p.audit.head_ref, n
+
+
+def test_the_session_opens_on_all_parties_at_once_and_reports_the_first_error_in_chain_order(make_chain):
+    """The open round goes to every party at once (one round trip across hosts, not one per party); when parties
+    fail, the error raised is the first one in chain order, after every answer is in."""
+    import threading
+
+    from modelward.governance.client import InProcessClient, PartyUnavailable
+    from modelward.governance.driver import PartyRef, SplitConfig, SplitDriver
+
+    c = make_chain(names=("alice", "bob", "carol"), cuts=("conv1", "conv2"))
+    inside = threading.Barrier(3, timeout=10)  # every open must be in flight before any of them is answered
+    down: set[str] = set()
+
+    class Client(InProcessClient):
+        def call(self, msg, timeout=None):
+            if msg.op == "open":
+                inside.wait()
+                if self.party.cfg.name in down:
+                    raise PartyUnavailable(f"{self.party.cfg.name} is down")
+            return super().call(msg, timeout)
+
+    cfg = SplitConfig(parties=[PartyRef(name=n, address="in-process") for n in c.names], tls=c.split.tls,
+                      train=TC, seed=0, out_dir=str(c.root / "driver"))
+    with SplitDriver(cfg, connect=lambda ref, _: Client(c.parties[ref.name], "alice")) as drv:
+        assert set(drv.open(train=True)) == {"alice", "bob", "carol"}  # (a sequential round would never pass)
+        down.update({"bob", "carol"})
+        inside.reset()
+        with pytest.raises(PartyUnavailable, match="bob is down"):
+            drv.open(train=True)
