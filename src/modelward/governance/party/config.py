@@ -117,7 +117,7 @@ class PartyConfig(StrictModel):
             switches this party to ``"normal"``.
 
     Returns:
-        A strict config for :func:`~modelward.governance.server.serve` (load files with :func:`load_party_config`).
+        A strict config for :func:`~modelward.governance.transport.server.serve` (load files with :func:`load_party_config`).
 
     Example:
         >>> cfg = PartyConfig(name="alice", layers=["fc1"], input_shape=[4], num_classes=3, checkpoint_dir="ckpt",
@@ -153,7 +153,7 @@ class PartyConfig(StrictModel):
     max_abs_param: float = Field(1e6, gt=0)  # an update that leaves a parameter beyond this is rolled back
     max_sessions_per_peer: int = Field(8, ge=1)  # open sessions (sequence state + one cached reply) per peer
     audit_refusals_every_s: float = Field(10.0, ge=0)  # wire/identity refusals: at most one record per peer per …
-    # the label holder's gradient perturbation (governance.label_protection), validated when the config loads
+    # the label holder's gradient perturbation (governance.party.label_protection: a step on its reply), validated when the config loads
     label_protection: LabelProtectionConfig | None = None
     threads: int = Field(0, ge=0)  # torch threads (0 = torch default)
     timeout_s: float = Field(60.0, gt=0)  # per request to the next party
