@@ -1,5 +1,6 @@
 """How every `modelward` entry point ends on a ModelwardError: one red line, exit code 2, no traceback
-(``--debug`` or ``MODELWARD_DEBUG=1`` re-raises). Light on purpose: the party server's own entry point
+(``--debug`` or ``MODELWARD_DEBUG=1`` re-raises). ``--trust-code``, anywhere on the line, lets configs run the
+entry points they name (:mod:`modelward.core.entrypoints`). Light on purpose: the party server's own entry point
 (``python -m modelward.cli.party``) uses it without importing every command group."""
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ def run_app(app: Any, argv: list[str] | None = None, prog_name: str = "modelward
     """Run a typer app; a ModelwardError prints ``error: <message>`` on stderr and exits with code 2."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("MODELWARD_DEBUG") == "1"
-    args = [a for a in args if a != "--debug"]
+    if "--trust-code" in args:  # a global switch, like --debug: configs may run their entry points (code)
+        from modelward.core.entrypoints import trust_code
+
+        trust_code()
+    args = [a for a in args if a not in ("--debug", "--trust-code")]
     try:
         app(args, prog_name=prog_name)
     except ModelwardError as e:

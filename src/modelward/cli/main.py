@@ -31,7 +31,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 @app.callback()
 def _root() -> None:
-    """modelward: security and governance of trained deep-learning models."""
+    """modelward: security and governance of trained deep-learning models.
+
+    Global switches, anywhere on the command line: --debug (show tracebacks) and --trust-code (let configs run the
+    Python entry points they name, e.g. [model] entrypoint: an entry point is code).
+    """
 
 
 def _available(module: str) -> bool:
