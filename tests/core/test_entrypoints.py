@@ -63,9 +63,22 @@ def test_the_config_switch_and_the_process_switch_let_it_run(hostile):
         trust_code(False)
 
 
-def test_trust_code_false_does_not_change_config_fingerprints():
-    assert "trust_code" not in ModelConfig().model_dump()
-    assert ModelConfig(trust_code=True).model_dump(mode="json")["trust_code"] is True
+def test_trust_is_never_written_out_and_a_checkpoint_cannot_grant_it(hostile):
+    """A dumped config (a study's fingerprint, a checkpoint's metadata) carries no trust; a file claiming it is
+    ignored: the explain loader refuses the entry point a checkpoint names."""
+    import pickle
+
+    from modelward.core.io import save_state_dict
+    from modelward.explain.study import load_checkpoint
+
+    assert "trust_code" not in ModelConfig(trust_code=True).model_dump()
+    assert pickle.loads(pickle.dumps(ModelConfig(trust_code=True))).trust_code  # worker processes keep it
+    meta = {"model": {"arch": "entrypoint", "entrypoint": "hostile_mod:build", "trust_code": True},
+            "input_shape": [4], "num_classes": 2}
+    save_state_dict(hostile / "m.safetensors", {"weight": torch.zeros(2, 4), "bias": torch.zeros(2)}, meta)
+    with pytest.raises(UntrustedCodeError, match="hostile_mod:build"):
+        load_checkpoint(hostile / "m.safetensors")
+    assert not (hostile / "imported.flag").exists() and not (hostile / "called.flag").exists()
 
 
 def test_shipped_factories_need_no_switch_but_other_modelward_callables_do(monkeypatch):

@@ -14,7 +14,7 @@ import inspect
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field
 from torch import nn
 
 from modelward.core.config import StrictModel
@@ -38,16 +38,40 @@ class ModelConfig(StrictModel):
     batch_norm: bool = True
     entrypoint: str | None = None  # "package.module:factory" for arch="entrypoint"
     kwargs: dict[str, Any] = Field(default_factory=dict)  # passed to the entry-point factory
-    # the entry point is code: it runs only with trust_code = true or --trust-code (core/entrypoints.py)
-    trust_code: bool = False
+    # the entry point is code: it runs only with trust_code = true or --trust-code (core/entrypoints.py). Never
+    # written out (exclude): a config dumped to a file or into a checkpoint's metadata carries no trust, and study
+    # fingerprints do not change with it; pickled copies (worker processes) keep it.
+    trust_code: bool = Field(False, exclude=True)
 
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # trust_code = false is left out of dumps, so config fingerprints of studies from before it existed still match
-        data = handler(self)
-        if isinstance(data, dict) and not data.get("trust_code", True):
-            data.pop("trust_code")
-        return data
+
+def model_config_from_metadata(data: Any, source: str) -> ModelConfig:
+    """The ``[model]`` a checkpoint's metadata records, validated, with no trust in code: a file is data, so an
+    entry point it names runs only if the user trusts it (``--trust-code``), whatever the file claims.
+
+    Args:
+        data: the metadata's ``model`` entry (a dict, or its JSON text).
+        source: the file, quoted in errors.
+
+    Returns:
+        The model config with ``trust_code = False``.
+
+    Example:
+        >>> model_config_from_metadata({"arch": "mlp", "trust_code": True}, "m.safetensors").trust_code
+        False
+    """
+    import json
+
+    from modelward.core.config import validate
+
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{source}: the model config in its metadata is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the model config in its metadata is not a table")
+    data = {k: v for k, v in data.items() if k != "trust_code"}
+    return validate(ModelConfig, data, f"{source} (embedded model config)")
 
 
 def _w(n: int, width: float) -> int:
