@@ -175,11 +175,59 @@ class SequentialExecutor(Executor):
         return handle.value
 
 
-def _worker_init() -> None:
+def die_with_parent(parent: int, poll_s: float = 1.0) -> str:
+    """Make this process die when `parent` does (a worker must never outlive its driver: it would finish its run
+    and write into the study folder without the driver's lock, then idle forever).
+
+    On Linux the kernel sends SIGKILL when the parent dies (``prctl(PR_SET_PDEATHSIG)``); everywhere a daemon
+    thread also checks every `poll_s` seconds that the parent is still ours (``os.getppid()``) and exits if not.
+
+    Args:
+        parent: the driver's pid (``os.getpid()`` in the driver).
+        poll_s: the watchdog's period.
+
+    Returns:
+        ``"pdeathsig"`` or ``"watchdog"``: what guards the process (the watchdog runs in both cases).
+
+    Example:
+        >>> die_with_parent(os.getppid()) in ("pdeathsig", "watchdog")  # doctest: +SKIP
+        True
+    """
+    import signal
+    import sys
+    import threading
+    import time
+
+    how = "watchdog"
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0:  # 1 = PR_SET_PDEATHSIG
+                how = "pdeathsig"
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-driver", daemon=True).start()
+    return how
+
+
+def _worker_init(parent: int | None = None) -> None:
     # one torch thread per worker: W workers share the machine's cores instead of oversubscribing them. Set through
     # the environment so that a worker that never needs torch does not pay for importing it.
     import sys
 
+    if parent is not None:
+        die_with_parent(parent)
     os.environ["MODELWARD_WORKER"] = "1"
     os.environ["OMP_NUM_THREADS"] = "1"
     if "torch" in sys.modules:
@@ -190,7 +238,7 @@ class ProcessPoolExecutor(Executor):
     """A pool of `workers` spawned processes on this machine (``spawn``: no state inherited from the driver).
 
     A worker that dies (``kill -9``, out of memory) fails the runs it was running; the pool is then replaced
-    and the remaining runs go on.
+    and the remaining runs go on. A driver that dies takes its workers with it (:func:`die_with_parent`).
     """
 
     def __init__(self, workers: int | None = None) -> None:
@@ -202,7 +250,7 @@ class ProcessPoolExecutor(Executor):
 
     def _new_pool(self) -> futures.ProcessPoolExecutor:
         return futures.ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context,
-                                           initializer=_worker_init)
+                                           initializer=_worker_init, initargs=(os.getpid(),))
 
     def slots(self, resources: Sequence[Resources]) -> int:
         return self.workers
