@@ -5,6 +5,7 @@ entry points they name (:mod:`modelward.core.entrypoints`). Light on purpose: th
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Any
@@ -26,9 +27,24 @@ def run_app(app: Any, argv: list[str] | None = None, prog_name: str = "modelward
     except ModelwardError as e:
         if debug:
             raise
-        from rich.console import Console
-        from rich.markup import escape
-
-        # escape: messages quote TOML tables like [data] or [[evaluate.attacks]], which rich reads as markup
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        _print_error(str(e))
         sys.exit(2)
+    except OSError as e:
+        if debug or e.errno not in _NO_SPACE:
+            raise
+        # a full disk (or quota, or file-size limit) is the operator's to fix, not a bug: one line, no traceback
+        where = f"cannot write {e.filename}" if e.filename else "cannot write a file"
+        _print_error(f"{where}: {e.strerror or e}. Free some space and run the same command again (finished runs "
+                     "and checkpoints are kept)")
+        sys.exit(2)
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _print_error(message: str) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    # escape: messages quote TOML tables like [data] or [[evaluate.attacks]], which rich reads as markup
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)

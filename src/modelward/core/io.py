@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -19,8 +20,18 @@ def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: d
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     flat = {k: v.detach().contiguous().cpu().clone() for k, v in tensors.items()}
-    save_file(flat, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    try:
+        save_file(flat, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    except SafetensorError as e:  # the library's I/O errors: a full disk becomes the OSError it is, naming the file
+        tmp.unlink(missing_ok=True)
+        for code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            if f"code: {code}," in str(e):
+                raise OSError(code, os.strerror(code), str(path)) from None
+        raise DataError(f"{path}: cannot write the checkpoint ({e})") from None
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",

@@ -74,6 +74,23 @@ from modelward.errors import ConfigError, ModelwardError
 Execute = Callable[[str, dict[str, Any], dict[str, dict[str, Any]]], dict[str, Any]]
 
 
+class DamagedDependency(ModelwardError):
+    """Raised by ``execute`` when the output of a finished dependency (e.g. the original model's checkpoint) is
+    missing or damaged: the runner re-opens that dependency and runs it again, then the run that needed it.
+
+    Args:
+        dependency: the run id whose output is damaged.
+        problem: what is wrong with it (one line, naming the file).
+    """
+
+    def __init__(self, dependency: str, problem: str) -> None:
+        super().__init__(dependency, problem)
+        self.dependency, self.problem = dependency, problem
+
+    def __str__(self) -> str:
+        return f"the output of run {self.dependency!r} is damaged ({self.problem})"
+
+
 @dataclass(frozen=True)
 class Resources:
     """What one run needs from an executor (cluster executors schedule by it; local ones by slot count)."""
@@ -405,6 +422,7 @@ def _run(ledger: RunLedger, plan: list[RunSpec], execute: Execute, workers: int,
         sink.advance(description, already)
     failed: dict[str, str] = {}
     blocked: list[str] = []
+    reopened: set[str] = set()  # dependencies whose damaged output is being re-created in this call
     if not pending:
         sink.done(description)
         return RunOutcome(total, total)
@@ -457,6 +475,14 @@ def _run(ledger: RunLedger, plan: list[RunSpec], execute: Execute, workers: int,
                     if not isinstance(result, dict):
                         raise ModelwardError(f"run {rid!r}: execute returned {type(result).__name__}, not a dict")
                     ledger.finish(rid, result)
+                except DamagedDependency as e:
+                    if _recreate(ledger, e, rid, by_id, results, pending, reopened):
+                        sink.advance(description, 0, f"{e.dependency}: its output is damaged, re-creating it")
+                        continue
+                    _record_failure(ledger, rid, e, failed)
+                    if fail_fast:
+                        raise
+                    continue
                 except Exception as e:
                     _record_failure(ledger, rid, e, failed)
                     sink.advance(description, 0, f"{rid}: failed")
@@ -474,6 +500,26 @@ def _run(ledger: RunLedger, plan: list[RunSpec], execute: Execute, workers: int,
     sink.done(description)
     done = sum(1 for r in plan if r.run_id in results)
     return RunOutcome(done, total, failed, blocked)
+
+
+def _recreate(ledger: RunLedger, e: DamagedDependency, rid: str, by_id: dict[str, RunSpec],
+              results: dict[str, dict[str, Any]], pending: list[str], reopened: set[str]) -> bool:
+    """Re-open the damaged dependency (once per call) and queue it and `rid` again; False if it cannot be."""
+    dep = e.dependency
+    if dep not in by_id or dep not in by_id[rid].depends_on:
+        return False
+    if dep in reopened and dep in results:  # re-created in this call and damaged again: report it as it is
+        e.problem += "; it was re-created in this run and is still damaged"
+        return False
+    if dep not in reopened:
+        reopened.add(dep)
+        ledger.reopen(dep)
+        results.pop(dep, None)
+        if dep not in pending:
+            pending.append(dep)
+    ledger.reopen(rid)
+    pending.append(rid)
+    return True
 
 
 def _record_failure(ledger: RunLedger, rid: str, e: BaseException, failed: dict[str, str]) -> None:
