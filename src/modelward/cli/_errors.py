@@ -22,6 +22,7 @@ def run_app(app: Any, argv: list[str] | None = None, prog_name: str = "modelward
 
         trust_code()
     args = [a for a in args if a not in ("--debug", "--trust-code")]
+    _wide_when_piped()
     try:
         app(args, prog_name=prog_name)
     except ModelwardError as e:
@@ -40,6 +41,25 @@ def run_app(app: Any, argv: list[str] | None = None, prog_name: str = "modelward
 
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+#: rich's width when stdout is not a terminal (a log, a pipe): wide enough that no table column is cut
+PIPED_COLUMNS = 1000
+
+
+def _wide_when_piped() -> None:
+    """Not on a terminal, rich would wrap and cut every table at 80 columns ("bayesian…"): give the consoles the
+    commands create a width no table reaches (``COLUMNS``, unless the user set it), while ``--help`` keeps a
+    readable width. Called before the command modules are imported, so their consoles see it."""
+    if sys.stdout.isatty() or "COLUMNS" in os.environ:
+        return
+    os.environ["COLUMNS"] = str(PIPED_COLUMNS)
+    try:
+        from typer import rich_utils
+
+        if rich_utils.MAX_WIDTH is None:  # typer's help panels would otherwise stretch to the new width
+            rich_utils.MAX_WIDTH = 100
+    except ImportError:  # pragma: no cover - typer without rich
+        pass
 
 
 def _print_error(message: str) -> None:
