@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from modelward.errors import ModelwardError
@@ -22,7 +23,7 @@ def run_app(app: Any, argv: list[str] | None = None, prog_name: str = "modelward
 
         trust_code()
     args = [a for a in args if a not in ("--debug", "--trust-code")]
-    _wide_when_piped()
+    restore = _wide_when_piped()
     try:
         app(args, prog_name=prog_name)
     except ModelwardError as e:
@@ -38,6 +39,8 @@ def run_app(app: Any, argv: list[str] | None = None, prog_name: str = "modelward
         _print_error(f"{where}: {e.strerror or e}. Free some space and run the same command again (finished runs "
                      "and checkpoints are kept)")
         sys.exit(2)
+    finally:
+        restore()  # (for callers that run several commands in one process, e.g. tests)
 
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -46,20 +49,30 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 PIPED_COLUMNS = 1000
 
 
-def _wide_when_piped() -> None:
+def _wide_when_piped() -> Callable[[], None]:
     """Not on a terminal, rich would wrap and cut every table at 80 columns ("bayesian…"): give the consoles the
     commands create a width no table reaches (``COLUMNS``, unless the user set it), while ``--help`` keeps a
-    readable width. Called before the command modules are imported, so their consoles see it."""
+    readable width. Called before the command modules are imported, so their consoles see it. Returns the undo."""
     if sys.stdout.isatty() or "COLUMNS" in os.environ:
-        return
+        return lambda: None
     os.environ["COLUMNS"] = str(PIPED_COLUMNS)
+    rich_utils: Any = None
     try:
         from typer import rich_utils
 
-        if rich_utils.MAX_WIDTH is None:  # typer's help panels would otherwise stretch to the new width
+        if rich_utils.MAX_WIDTH is not None:
+            rich_utils = None
+        else:  # typer's help panels would otherwise stretch to the new width
             rich_utils.MAX_WIDTH = 100
     except ImportError:  # pragma: no cover - typer without rich
-        pass
+        rich_utils = None
+
+    def restore() -> None:
+        os.environ.pop("COLUMNS", None)
+        if rich_utils is not None:
+            rich_utils.MAX_WIDTH = None
+
+    return restore
 
 
 def _print_error(message: str) -> None:

@@ -58,9 +58,10 @@ def _load(name: str) -> click.Command | None:
         module = GROUPS[name][0]
         if not _available(module):
             return None
-        cmd = typer.main.get_command(importlib.import_module(module).app)
-        cmd.help = cmd.help or GROUPS[name][1]
-        return cmd
+        group = typer.main.get_group(importlib.import_module(module).app)  # a group even with one command
+        group.name = name
+        group.help = group.help or GROUPS[name][1]
+        return group
     module = SINGLE[name][0]
     if not _available(module):
         return None
