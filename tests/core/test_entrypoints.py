@@ -108,3 +108,15 @@ def test_parts_refuses_an_entrypoint_from_set_in_one_line_and_runs_it_with_trust
     r = _cli(["parts", "--model", "m.toml", *overrides, "--trust-code"], hostile)
     assert r.returncode == 0, r.stderr
     assert (hostile / "called.flag").exists()
+
+
+def test_guard_check_is_a_dry_run_that_never_runs_an_entrypoint(hostile):
+    """The issue's attack: `guard check` (documented as a dry run) ran the config's entry point."""
+    import shutil
+
+    shutil.copy(Path(__file__).resolve().parents[2] / "examples" / "guard_modelguard_s.toml", hostile / "g.toml")
+    r = _cli(["guard", "check", "g.toml", "--set", "model.net.arch=entrypoint", "--set",
+              "model.net.entrypoint=hostile_mod:build"], hostile)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "hostile_mod:build" in r.stderr and "--trust-code" in r.stderr
+    assert not (hostile / "imported.flag").exists() and not (hostile / "called.flag").exists()

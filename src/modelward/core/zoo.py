@@ -300,7 +300,9 @@ def _build_resnet(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: i
 def _build_entrypoint(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if not cfg.entrypoint:
         raise ConfigError("model.entrypoint: required when model.arch='entrypoint' (e.g. 'mypkg.nets:build')")
-    factory = load_entrypoint(cfg.entrypoint, field="model.entrypoint", trusted=cfg.trust_code)
+    # (the [model] table may sit elsewhere, e.g. [model.net] in a guard config: the message says "the same table")
+    factory = load_entrypoint(cfg.entrypoint, field="model entrypoint", trusted=cfg.trust_code,
+                              switch="trust_code = true in the table that names it")
     kwargs = dict(cfg.kwargs)
     params = inspect.signature(factory).parameters
     if "input_shape" in params:
