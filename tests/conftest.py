@@ -1,7 +1,12 @@
 """Suite-wide settings: hypothesis is derandomized (the same examples every run) so CI is reproducible; set
 HYPOTHESIS_PROFILE=dev for fresh random examples while developing. Every test starts from the same global random
 state (torch, NumPy, random): since torch 2.13 an unseeded process draws a fresh seed, so a test that forgets to
-seed would otherwise see different numbers in every run."""
+seed would otherwise see different numbers in every run.
+
+``MODELWARD_TEST_SHUFFLE=<seed>`` (or ``=random``) runs the collected tests in a shuffled order: the modules in a
+random order and the tests of each module in a random order (a module's tests stay together, so its module-scoped
+fixtures start once). The seed is printed in the header; rerun with it to get the same order. Every test must pass
+alone and in any order."""
 
 from __future__ import annotations
 
@@ -27,8 +32,54 @@ def _same_global_random_state() -> None:
     torch.manual_seed(0)
 
 
+SHUFFLE_ENV = "MODELWARD_TEST_SHUFFLE"
+
+
+def _shuffle_seed() -> int | None:
+    raw = os.environ.get(SHUFFLE_ENV, "").strip()
+    if not raw:
+        return None
+    if raw.lower() == "random":
+        import secrets
+
+        seed = secrets.randbelow(2**32)
+        os.environ[SHUFFLE_ENV] = str(seed)  # the header and the shuffle see the same seed
+        return seed
+    try:
+        return int(raw)
+    except ValueError:
+        raise pytest.UsageError(f"{SHUFFLE_ENV}={raw!r}: expected an integer seed or 'random'") from None
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    seed = _shuffle_seed()
+    return None if seed is None else f"shuffled test order: {SHUFFLE_ENV}={seed} (rerun with it to repeat the order)"
+
+
+def _shuffle(items: list[pytest.Item], seed: int) -> None:
+    """Shuffle modules, then the tests inside each module, in place (deterministic for one seed)."""
+    import random
+
+    rng = random.Random(seed)
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    order = list(modules)
+    rng.shuffle(order)
+    shuffled: list[pytest.Item] = []
+    for name in order:
+        group = modules[name]
+        rng.shuffle(group)
+        shuffled.extend(group)
+    items[:] = shuffled
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` run the main paths on CUDA; without a CUDA device they are skipped, saying so."""
+    """Shuffle the order when asked (``MODELWARD_TEST_SHUFFLE``); tests marked ``gpu`` run the main paths on CUDA,
+    and without a CUDA device they are skipped, saying so."""
+    seed = _shuffle_seed()
+    if seed is not None:
+        _shuffle(items, seed)
     import torch
 
     if torch.cuda.is_available():

@@ -28,3 +28,8 @@ class LedgerError(ModelwardError):
 
 class IdentityError(ModelwardError):
     """A peer's certificate matches no pinned identity; the message names the presented fingerprint."""
+
+
+class UntrustedCodeError(ConfigError):
+    """A config names Python code (an entry point) and the user did not say they trust it (``--trust-code`` or
+    ``trust_code = true``); the message names the entry point and the switch."""

@@ -1,6 +1,8 @@
 """Issue 10's attacks, run against real party processes (alice -> carol -> bob, mutual TLS on 127.0.0.1), each
-asserting that it now fails. One set of servers is shared by the module; the tests run in order."""
+asserting that it now fails. One set of servers is shared by the module (starting it takes most of the time); the
+fixtures hand each test the state it needs, so every test passes alone and in any order (issue 31, item 10)."""
 
+import shutil
 import sqlite3
 import threading
 
@@ -43,8 +45,10 @@ def chain(tmp_path_factory):
     bundle = root / "bundle.pem"  # the documented two-organisation CA bundle
     tls = {p: {"ca": str(bundle), "cert": str(root / f"certs/{p}.pem"), "key": str(root / f"certs/{p}.key")}
            for p in ("alice", "carol", "bob")}
+    # a generous total: the limits test lowers it for itself (a restart with an override), so the training tests
+    # never run out of steps whatever the order
     bob_policy = {"allow_peers": ["alice", "carol"], "training": True, "inference": True, "min_batch": 8,
-                  "max_steps_total": 40}
+                  "max_steps_total": 1000}
     split = prepare_local_split(root, model, data, ["alice", "carol", "bob"], ["conv1", "conv2"], own_init=False,
                                 checkpoint_every=3, threads=1, policies={"bob": bob_policy},
                                 extra={p: {"tls": t} for p, t in tls.items()})
@@ -52,6 +56,7 @@ def chain(tmp_path_factory):
     bundle.write_bytes((root / "certs/ca.pem").read_bytes() + (root / "other/ca.pem").read_bytes())
     split.tls = TLSConfig(**tls["alice"])
     split.start()
+    _record_start(split)
     yield split, data, root
     split.stop()
 
@@ -60,21 +65,75 @@ def _driver(split, **kw):
     return SplitDriver(split.split_config(TC, seed=5, retry_s=60.0, timeout_s=20.0), **kw)
 
 
-def test_private_parts_are_not_reproducible_from_any_seed(chain):
-    split, _, root = chain
+def _record_start(split):
+    """Open a training session and keep every party's export: the initial parameters, at step 0."""
     with _driver(split) as drv:
         drv.open(train=True)
         exports = drv.checkpoint_all(export=True)
     # the harness reads every party's export (it stands in for all three organisations)
     STATE["init"] = {k: v for m in exports.values() for k, v in load_tensors(m["export"]).items()}
+    STATE["monolithic_step"] = 0  # the parties hold monolithic training from STATE["init"] up to this step
+
+
+def _restart_from_scratch(split):
+    """Every party restarts with no checkpoint (fresh secret parameters at step 0); the audit logs stay."""
+    split.stop()
+    for p in split.party_configs:
+        shutil.rmtree(split.root / p / "checkpoints", ignore_errors=True)
+    split.start()
+    _record_start(split)
+
+
+@pytest.fixture()
+def monolithic_until(chain):
+    """``need(k)``: the parties hold monolithic training (seed 5) from STATE["init"] up to a step <= k, restarting
+    them from scratch when an earlier test left them elsewhere; returns the initial parameters."""
+    split = chain[0]
+
+    def need(k):
+        if STATE.get("monolithic_step") is None or STATE["monolithic_step"] > k:
+            _restart_from_scratch(split)
+        init = STATE["init"]
+        STATE["monolithic_step"] = None  # until the test says where it left them
+        return init
+
+    return need
+
+
+@pytest.fixture()
+def training_open(chain):
+    """Every party has a training session open (a refused step must be refused for its content, not for that)."""
+    with _driver(chain[0]) as drv:
+        drv.open(train=True)
+    return chain
+
+
+@pytest.fixture()
+def logs_with_history(chain):
+    """Alice's and bob's logs end with a few training steps, so that bob's latest record alice anchored lies within
+    his last 12 records (anchors travel with the steps)."""
+    split = chain[0]
+    STATE["monolithic_step"] = None  # these steps leave the parameters off the monolithic path
+    with _driver(split, session="history") as drv:
+        drv.open(train=True)
+        step = drv.status["alice"]["step"]
+        for _ in range(3):
+            drv.train_step(step, torch.arange(32))
+            step += 1
+    return chain
+
+
+def test_private_parts_are_not_reproducible_from_any_seed(chain):
+    # STATE["init"], written by the fixture: the parameters each party drew (from its CSPRNG) at its first start
     for seed in range(8):  # alice knows the architecture and the scheme: she tries the seeds a config would use
         guess = init_model_(build_model(MODEL, (1, 8, 8), 10), "glorot_uniform", seed).state_dict()
         for k in ("conv2.0.conv.weight", "fc1.weight", "logits.weight"):  # carol's and bob's parameters
             assert not torch.equal(guess[k], STATE["init"][k]), (seed, k)
 
 
-def test_training_survives_kill9_matches_monolithic_and_the_driver_sees_no_tensor(chain):
+def test_training_survives_kill9_matches_monolithic_and_the_driver_sees_no_tensor(chain, monolithic_until):
     split, data, _ = chain
+    init = monolithic_until(0)
     restarted = {}
 
     def on_step(step, loss, links):
@@ -96,20 +155,22 @@ def test_training_survives_kill9_matches_monolithic_and_the_driver_sees_no_tenso
     assert res.resumes >= 1 and res.steps_run == TC.steps
     assert received == []  # labels, activations, gradients and the middle party's tensors never reach the driver
     ref = build_model(MODEL, (1, 8, 8), 10)
-    ref.load_state_dict(STATE["init"])
+    ref.load_state_dict(init)
     mono = train(ref, data.x_train, data.y_train, data.x_test, data.y_test, TC, seed=5)
     state = {k: v for m in exports.values() for k, v in load_tensors(m["export"]).items()}
     for k, v in ref.state_dict().items():
         torch.testing.assert_close(state[k], v, atol=1e-5, rtol=1e-5, msg=k)
+    STATE["monolithic_step"] = TC.steps
     assert [s for s, _ in res.curve] == [s for s, _ in mono.curve]
     assert all(abs(a - b) < 1e-9 for (_, a), (_, b) in zip(res.curve, mono.curve, strict=True))
 
 
-def test_a_pipelined_driver_survives_kill9_of_the_first_party(chain):
+def test_a_pipelined_driver_survives_kill9_of_the_first_party(chain, monolithic_until):
     """Over the network the driver sends step s+1 before step s is answered. Alice, who receives both, is killed
     with a step in flight behind the one she is running: the run resumes from the common checkpoint and ends
     exactly where monolithic training of the same steps does."""
     split, data, _ = chain
+    init = monolithic_until(9)  # from step 0, or from step 9 where the other training test left them
     tc = TrainConfig(steps=15, eval_every=3, batch_size=32, lr=0.05)
     restarted = {}
 
@@ -129,11 +190,12 @@ def test_a_pipelined_driver_survives_kill9_of_the_first_party(chain):
     split.processes["alice"] = restarted["p"]
     assert res.resumes >= 1 and res.steps_run == tc.steps
     ref = build_model(MODEL, (1, 8, 8), 10)
-    ref.load_state_dict(STATE["init"])
+    ref.load_state_dict(init)
     train(ref, data.x_train, data.y_train, data.x_test, data.y_test, tc, seed=5)
     state = {k: v for m in exports.values() for k, v in load_tensors(m["export"]).items()}
     for k, v in ref.state_dict().items():
         torch.testing.assert_close(state[k], v, atol=1e-5, rtol=1e-5, msg=k)
+    STATE["monolithic_step"] = tc.steps
 
 
 def test_impersonation_by_another_ca_is_refused_and_audited(chain):
@@ -156,8 +218,8 @@ def test_impersonation_by_another_ca_is_refused_and_audited(chain):
     c.close()
 
 
-def test_extreme_activation_is_refused_and_nothing_changes(chain):
-    split, _, root = chain
+def test_extreme_activation_is_refused_and_nothing_changes(training_open):
+    split, _, root = training_open
     carol = GrpcPartyClient("bob", split.processes["bob"].address, _tls(root / "certs", "carol", root / "bundle.pem"),
                             timeout=10)  # carol, bob's neighbour, turns malicious
     st = carol.call(Message("open", "evil")).meta
@@ -178,8 +240,8 @@ def _copy(db, dst):
     out.close()
 
 
-def test_a_truncated_tail_is_caught_against_another_partys_log(chain, tmp_path):
-    _, _, root = chain
+def test_a_truncated_tail_is_caught_against_another_partys_log(logs_with_history, tmp_path):
+    _, _, root = logs_with_history
     for p in ("alice", "bob"):
         _copy(root / p / "audit.db", tmp_path / f"{p}.db")
     r = runner.invoke(audit_app, ["verify", str(tmp_path / "bob.db"), "--against", str(tmp_path / "alice.db")])
@@ -199,6 +261,24 @@ def test_a_truncated_tail_is_caught_against_another_partys_log(chain, tmp_path):
 def test_limits_survive_new_sessions_and_restarts_and_the_purpose_trick_fails(chain):
     """(A party with training = false refusing a disguised step is tested in-process: tests/governance.)"""
     split, _, root = chain
+    STATE["monolithic_step"] = None  # the greedy steps below leave the parameters off the monolithic path
+    db = sqlite3.connect(root / "bob/audit.db")
+    used = db.execute("SELECT COUNT(*) FROM audit WHERE op='step' AND decision='allow'").fetchone()[0]
+    db.close()
+    limit = used + 6  # bob's total for this test, whatever ran before: a restart with the same override
+    bob = split.processes["bob"]
+    bob.kill()
+    overrides = [f"port={bob.port}", f"policy.max_steps_total={limit}"]
+    split.processes["bob"] = start_party(split.party_configs["bob"], bob.log, overrides)
+    try:
+        _limits_survive(split, root, overrides, limit)
+    finally:  # the next test finds bob with the module's own configuration
+        bob = split.processes["bob"]
+        bob.kill()
+        split.processes["bob"] = start_party(split.party_configs["bob"], bob.log, [f"port={bob.port}"])
+
+
+def _limits_survive(split, root, overrides, limit):
     with _driver(split, session="greedy") as drv:
         drv.open(train=True)
         step = drv.status["alice"]["step"]
@@ -208,10 +288,10 @@ def test_limits_survive_new_sessions_and_restarts_and_the_purpose_trick_fails(ch
                 step += 1
     bob = split.processes["bob"]
     bob.kill()  # a crash, then the same configuration again
-    split.processes["bob"] = start_party(split.party_configs["bob"], bob.log, [f"port={bob.port}"])
+    split.processes["bob"] = start_party(split.party_configs["bob"], bob.log, overrides)
     with _driver(split, session="brand-new") as drv:
         drv.open(train=True)
-        with pytest.raises(ConsentDenied, match="40 training steps in total"):
+        with pytest.raises(ConsentDenied, match=f"{limit} training steps in total"):
             drv.train_step(drv.status["alice"]["step"], torch.arange(32))
     # the old purpose trick: a training step sent "for inference" is still a training step, still counted
     carol = GrpcPartyClient("bob", split.processes["bob"].address,

@@ -15,8 +15,8 @@ from torch import nn
 
 from modelward.assess.config import AssessConfig
 from modelward.core.data import DataConfig, DataSplit, load_data
-from modelward.core.io import load_state_dict
-from modelward.core.zoo import ModelConfig, build_model
+from modelward.core.io import check_state, load_state_dict
+from modelward.core.zoo import ModelConfig, build_model, model_config_from_metadata
 from modelward.errors import ConfigError, DataError
 
 
@@ -58,7 +58,8 @@ def load_target(cfg: AssessConfig) -> Target:
         return _gloro_target(cfg, meta)
     data_cfg = cfg.data or (DataConfig.model_validate(meta["data"]) if "data" in meta else DataConfig())
     data = load_data(data_cfg)
-    model_cfg = cfg.model or (ModelConfig.model_validate(meta["model"]) if "model" in meta else None)
+    model_cfg = cfg.model or (model_config_from_metadata(meta["model"], str(cfg.checkpoint)) if "model" in meta
+                              else None)
     if model_cfg is None:
         raise ConfigError(f"{cfg.checkpoint}: its metadata does not say the architecture; add a [model] table "
                           "(as in the config the model was trained with)")
@@ -68,6 +69,7 @@ def load_target(cfg: AssessConfig) -> Target:
 
     model = factory()
     if tensors:
+        check_state(model, tensors, str(cfg.checkpoint))
         try:
             model.load_state_dict(tensors)
         except RuntimeError as e:

@@ -36,12 +36,19 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int | None, typer.Option("--seed", help="initialisation and data-order seed")] = None,
         set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
         device: DeviceOption = None,
+        force: Annotated[bool, typer.Option("--force", help="replace an existing checkpoint at --out")] = False,
+        checkpoint_every: Annotated[int | None, typer.Option(
+            "--checkpoint-every", min=1, help="save the training state every N steps, to resume after Ctrl-C "
+            "(default: every evaluation, train.eval_every)")] = None,
     ) -> None:
-        """Train a model with procedure T and save its weights, e.g. for `modelward guard serve`."""
+        """Train a model with procedure T and save its weights, e.g. for `modelward guard serve`.
+
+        An interrupted run (Ctrl-C, a crash) resumes where it stopped when the same command is run again; an
+        existing checkpoint at --out is replaced only with --force."""
         from modelward.cli._outdir import check_out_dir
         from modelward.core.io import save_state_dict
         from modelward.core.progress import make_progress
-        from modelward.core.train import fit_from_config
+        from modelward.core.train import Checkpointing, fit_from_config
         from modelward.errors import ConfigError
 
         console = Console()
@@ -52,7 +59,15 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--out {out}: is a folder; give the checkpoint file to write, e.g. "
                               f"{out / 'model.safetensors'}")
         check_out_dir(out.parent)
+        if out.exists() and not force:
+            raise ConfigError(f"--out {out}: a checkpoint is already there; pass --force to replace it, or give "
+                              "another --out")
         s = cfg.seed if seed is None else seed
+        state = _progress_file(out, cfg, s)
+        resumed = _resumed_step(state)
+        if resumed is not None:
+            console.print(f"resuming from step {resumed} of {cfg.train.steps} ({state})")
+        ckpt = Checkpointing(state, checkpoint_every or cfg.train.eval_every)
         with make_progress(console) as progress:
             task = progress.add_task("training", total=cfg.train.steps, info="")
 
@@ -60,11 +75,36 @@ def register(app: typer.Typer) -> None:
                 progress.update(task, completed=step, info=f"test {cfg.train.loss} {loss:.4f}")
 
             model, result, data = fit_from_config(cfg.data, cfg.model, cfg.train, s, on_eval=on_eval,
-                                                  device=cfg.device)
+                                                  device=cfg.device, checkpoint=ckpt)
         meta = {"model": cfg.model.model_dump(mode="json"), "data": cfg.data.model_dump(mode="json"),
                 "input_shape": list(data.input_shape), "num_classes": data.num_classes, "seed": s,
                 "final_test_loss": result.curve[-1][1], "loss": cfg.train.loss}
         save_state_dict(out, model.state_dict(), meta)
+        state.unlink(missing_ok=True)  # finished: the mid-run state is no longer needed
         console.print(f"{data.describe()}; test {cfg.train.loss} {result.curve[0][1]:.4f} → {result.curve[-1][1]:.4f} "
                       f"after {result.steps_run} steps")
         console.print(f"saved {out} (safetensors; architecture and data config in its metadata)")
+
+
+def _progress_file(out: Path, cfg: TrainFile, seed: int) -> Path:
+    """The mid-run state of this exact run (config and seed; not the device) beside `out`: another config or seed
+    never resumes from it."""
+    import hashlib
+    import json
+
+    key = json.dumps({"cfg": cfg.model_dump(mode="json", exclude={"device"}), "seed": seed}, sort_keys=True)
+    return out.with_name(f".{out.name}.{hashlib.sha256(key.encode()).hexdigest()[:12]}.progress.safetensors")
+
+
+def _resumed_step(state: Path) -> int | None:
+    """The step a mid-run state file holds (None when there is none)."""
+    import json
+
+    from modelward.core.io import load_metadata
+
+    if not state.is_file():
+        return None
+    try:
+        return int(json.loads(load_metadata(state)["modelward_train"])["step"])
+    except (KeyError, ValueError, TypeError):
+        return None

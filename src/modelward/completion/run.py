@@ -65,6 +65,22 @@ def record_original(out: Path, ledger: RunLedger, run: OriginalRun) -> dict[str,
     return result
 
 
+def _check_original(run_id: str, original: OriginalRun) -> None:
+    """The original's checkpoint must be readable: a damaged one is re-created (the runner re-runs the original)
+    instead of failing every retraining on every re-run."""
+    from modelward.core.io import load_state_dict
+    from modelward.core.runner import DamagedDependency
+    from modelward.errors import DataError
+
+    path = Path(original.checkpoint)
+    if not path.is_file():
+        raise DamagedDependency(run_id, f"{path}: checkpoint missing")
+    try:
+        load_state_dict(path)
+    except DataError as e:
+        raise DamagedDependency(run_id, str(e)) from None
+
+
 def execute_run(cfg_json: str, out_dir: str, problem: CompletionProblem | None, run_id: str, spec: dict[str, Any],
                 dep_results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Execute one planned run (the ``execute`` of :func:`modelward.core.runner.run_plan`); returns its result.
@@ -87,6 +103,7 @@ def execute_run(cfg_json: str, out_dir: str, problem: CompletionProblem | None, 
     if orig_res is None:
         raise ModelwardError(f"{run_id}: its original run is not finished")
     original = original_from_result(out, orig_res)
+    _check_original(orig_id(spec["task"], spec["seed"]), original)
     thr = Thresholds.from_curve(original.curve, cfg.alphas, cfg.thresholds.smoothing)
     task_originals = [original_from_result(out, r) for rid, r in sorted(dep_results.items())
                       if rid.startswith("orig|") and r.get("task") == spec["task"]]

@@ -51,19 +51,89 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "<root>"
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
-    """Turn a pydantic error into one line per bad field: 'source: field: problem (valid: ...)'."""
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (``X``, ``X | None``, ``list[X]``, ``dict[str, X]``, ...)."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    out: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        out += _models_in(arg)
+    return out
+
+
+def _fields_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str]:
+    """The field names valid at `loc` (the parent of an unknown key), following nested models."""
+    models = [model] if model is not None else []
+    for part in loc:
+        if isinstance(part, int) or (isinstance(part, str) and part.startswith("function-")):
+            continue  # a list index or a validator's wrapper: same models
+        nxt: list[type[BaseModel]] = []
+        for m in models:
+            f = m.model_fields.get(str(part))
+            if f is not None:
+                nxt += _models_in(f.annotation)
+        if not nxt:
+            return []
+        models = nxt
+    names: list[str] = []
+    for m in models:
+        names += [n for n in m.model_fields if not n.startswith("_")]
+    return names
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of `choices` to `word` (difflib), or ``""``.
+
+    Example:
+        >>> did_you_mean("lerning_rate", ["lr", "learning_rate", "steps"])
+        " (did you mean 'learning_rate'?)"
+    """
+    import difflib
+
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if not close:  # a longer or shorter spelling of a name: "architecture" for "arch"
+        close = [c for c in choices if min(len(c), len(word)) >= 3 and (word.startswith(c) or c.startswith(word))]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def format_validation_error(err: ValidationError, source: str, model: type[BaseModel] | None = None,
+                            overrides: list[str] | None = None) -> str:
+    """Turn a pydantic error into one line per bad field: 'source: field: problem (valid: ...)'.
+
+    Args:
+        err: the pydantic error.
+        source: where the values came from (the file), named at the start of each line.
+        model: the config model, to suggest the closest valid name for an unknown key ("did you mean").
+        overrides: the ``--set key=value`` items applied on top of the file: a bad field one of them set is
+            blamed on that ``--set``, not on the file.
+    """
     lines = []
+    set_paths = []
+    for item in overrides or []:
+        try:
+            set_paths.append((tuple(parse_override(item)[0]), item))
+        except ConfigError:
+            continue
     for e in err.errors():
         msg = e["msg"]
         ctx = e.get("ctx") or {}
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         if e["type"] == "literal_error" and "expected" in ctx:
             msg = f"got {e.get('input')!r}; valid choices: {ctx['expected']}"
         elif e["type"] == "extra_forbidden":
-            msg = "unknown field (check spelling; see the example configs in examples/)"
+            hint = did_you_mean(str(loc[-1]), _fields_at(model, loc[:-1])) if loc else ""
+            msg = f"unknown field{hint or ' (check spelling; see the example configs in examples/)'}"
         elif e["type"] == "missing":
             msg = "required field is missing"
-        lines.append(f"{source}: field '{_loc(e['loc'])}': {msg}")
+        where = source
+        key = tuple(str(p) for p in loc)
+        for path, item in reversed(set_paths):  # the last --set of a key wins, as when applying them
+            if key[:len(path)] == path or path[:len(key)] == key:
+                where = f"--set {item}"
+                break
+        lines.append(f"{where}: field '{_loc(e['loc'])}': {msg}")
     return "\n".join(lines)
 
 
@@ -124,17 +194,20 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: not a UTF-8 text file") from None
 
 
-def validate(model: type[M], data: dict[str, Any], source: str = "config") -> M:
+def validate(model: type[M], data: dict[str, Any], source: str = "config",
+             overrides: list[str] | None = None) -> M:
+    """Validate `data` as `model`; errors name the field, the closest valid name and the ``--set`` at fault."""
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, source)) from None
+        raise ConfigError(format_validation_error(e, source, model, overrides)) from None
 
 
 def load_config(path: str | Path, model: type[M], overrides: list[str] | None = None) -> M:
-    """Load a TOML file into `model`, applying `--set key=value` overrides first."""
+    """Load a TOML file into `model`, applying `--set key=value` overrides first (an error in a value a ``--set``
+    gave is blamed on that ``--set``)."""
     data = apply_overrides(read_toml(path), overrides)
-    return validate(model, data, str(path))
+    return validate(model, data, str(path), overrides)
 
 
 def _drop_none(v: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -19,8 +20,18 @@ def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: d
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     flat = {k: v.detach().contiguous().cpu().clone() for k, v in tensors.items()}
-    save_file(flat, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    try:
+        save_file(flat, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    except SafetensorError as e:  # the library's I/O errors: a full disk becomes the OSError it is, naming the file
+        tmp.unlink(missing_ok=True)
+        for code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            if f"code: {code}," in str(e):
+                raise OSError(code, os.strerror(code), str(path)) from None
+        raise DataError(f"{path}: cannot write the checkpoint ({e})") from None
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -84,8 +95,11 @@ def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
 def load_metadata(path: str | Path) -> dict[str, str]:
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        return dict(f.metadata() or {})
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as e:
+        raise DataError(f"{path}: not a valid safetensors file ({e})") from None
 
 
 def save_state_dict(path: str | Path, state: dict[str, torch.Tensor], extra: dict | None = None) -> None:
@@ -95,9 +109,83 @@ def save_state_dict(path: str | Path, state: dict[str, torch.Tensor], extra: dic
 
 
 def load_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors of a :func:`save_state_dict` file and its ``extra`` metadata (a dict).
+
+    Raises:
+        DataError: the file is missing, not safetensors, or its ``modelward`` metadata is not a JSON object.
+    """
     tensors = load_tensors(path)
     meta = load_metadata(path)
-    return tensors, json.loads(meta.get("modelward", "{}"))
+    try:
+        extra = json.loads(meta.get("modelward", "{}"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: its 'modelward' metadata is not valid JSON ({e}); the file is damaged or was not "
+                        "written by modelward: re-save it with modelward.core.io.save_state_dict") from None
+    if not isinstance(extra, dict):
+        raise DataError(f"{path}: its 'modelward' metadata is {type(extra).__name__}, not a JSON object; re-save it "
+                        "with modelward.core.io.save_state_dict")
+    return tensors, extra
+
+
+def check_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str | Path) -> None:
+    """Refuse weights that would load wrongly: a dtype other than the model's (``load_state_dict`` would cast
+    silently: a BOOL tensor becomes 0/1 floats) or NaN/Inf values (every answer would be NaN).
+
+    Args:
+        model: the model the weights are for (its ``state_dict`` gives the expected dtypes).
+        state: name -> tensor, as read from the file.
+        source: the file, named in errors.
+
+    Raises:
+        DataError: naming the file, the tensor, the expected and the found dtype (or how many values are not
+        finite).
+
+    Example:
+        >>> net = torch.nn.Linear(2, 1)
+        >>> check_state(net, {"weight": torch.ones(1, 2, dtype=torch.bool), "bias": torch.zeros(1)}, "m.safetensors")
+        Traceback (most recent call last):
+        modelward.errors.DataError: m.safetensors: tensor 'weight' is torch.bool, the model expects torch.float32 ...
+    """
+    expected = model.state_dict()
+    for name, t in state.items():
+        want = expected.get(name)
+        if want is not None and t.dtype != want.dtype:
+            raise DataError(f"{source}: tensor {name!r} is {t.dtype}, the model expects {want.dtype} (dtypes are "
+                            f"not converted on load; convert the checkpoint to {want.dtype} if that is what you "
+                            "mean)")
+        if t.is_floating_point() or t.is_complex():
+            bad = int((~torch.isfinite(t)).sum())
+            if bad:
+                raise DataError(f"{source}: tensor {name!r} has {bad} of {t.numel()} values NaN or infinite; the "
+                                "checkpoint is damaged or its training diverged: retrain it or use an earlier "
+                                "checkpoint")
+
+
+def load_weights(model: torch.nn.Module, path: str | Path, strict: bool = True) -> dict:
+    """Load a :func:`save_state_dict` checkpoint into `model` after :func:`check_state` (dtypes, finite values).
+
+    Args:
+        model: the model, already built with the right architecture.
+        path: the safetensors checkpoint.
+        strict: every key must match (``torch.nn.Module.load_state_dict``'s `strict`).
+
+    Returns:
+        The checkpoint's ``extra`` metadata.
+
+    Raises:
+        DataError: missing/invalid file, bad metadata, dtype mismatch, non-finite values, or names/shapes that do
+        not fit the model.
+
+    Example:
+        >>> meta = load_weights(net, "runs/x/model.safetensors")  # doctest: +SKIP
+    """
+    tensors, meta = load_state_dict(path)
+    check_state(model, tensors, path)
+    try:
+        model.load_state_dict(tensors, strict=strict)
+    except RuntimeError as e:
+        raise DataError(f"{path}: the weights do not fit the model ({str(e).splitlines()[0]})") from None
+    return meta
 
 
 def optimizer_to_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:

@@ -3,10 +3,15 @@
 A run is recorded as done in one transaction together with its result, so an interrupted study (Ctrl-C or
 kill -9) resumes by re-running exactly the runs that are not done; finished runs are never recomputed and a
 run can never be recorded twice (``finish`` is idempotent).
+
+A ledger that cannot be trusted is refused with one line naming the file and what to do, never silently started
+over: a 0-byte ledger in a folder that already holds results (its record of finished runs is lost), a file that
+is not SQLite or is another program's database, a damaged database, a full disk.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
@@ -33,31 +38,94 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
+_OWN_FILES = ("-wal", "-shm", "-journal")
+_TABLES = {"runs", "meta"}
+
+
+def ledger_error(path: Path, e: BaseException) -> LedgerError:
+    """One line for a SQLite or OS error on the ledger at `path`: what happened and what to do."""
+    text = str(e)
+    if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)) or "disk is full" in text:
+        return LedgerError(f"{path}: cannot write the ledger, the disk is full ({text}); free some space and run the "
+                           "same command again (finished runs are kept)")
+    if "disk I/O error" in text:
+        return LedgerError(f"{path}: cannot write the ledger ({text}): is the disk full or failing? Free some space "
+                           "and run the same command again (finished runs are kept)")
+    if "locked" in text or "busy" in text:
+        return LedgerError(f"{path}: the ledger stayed locked by another process for 60 s ({text}); is another "
+                           "command using this --out folder?")
+    if isinstance(e, sqlite3.DatabaseError):
+        return LedgerError(f"{path}: the ledger is damaged or not a modelward ledger ({text}); restore it from a "
+                           "backup, or use a new --out folder (delete this one to start over)")
+    return LedgerError(f"{path}: cannot use the ledger ({type(e).__name__}: {text})")
+
+
+def _results_beside(path: Path) -> list[str]:
+    """What else the ledger's folder holds (its own -wal/-shm files, locks and config files aside)."""
+    own = {path.name + suffix for suffix in ("", *_OWN_FILES)}
+    return sorted(p.name for p in path.parent.iterdir()
+                  if p.name not in own and not p.name.endswith(".lock") and p.suffix not in (".toml",))
+
+
 class RunLedger:
-    """Runs of a study keyed by a stable ``run_id``; safe to use from several processes at once."""
+    """Runs of a study keyed by a stable ``run_id``; safe to use from several processes at once.
+
+    Raises:
+        LedgerError: the file is 0 bytes in a folder with results, not a SQLite database, another program's
+            database, damaged, or cannot be written (a full disk); the message names the file and what to do.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=60.0)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
-            conn.commit()
-        finally:
-            conn.close()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ledger_error(self.path.parent, e) from None
+        if self.path.is_file() and self.path.stat().st_size == 0:
+            beside = _results_beside(self.path)
+            if beside:
+                raise LedgerError(
+                    f"{self.path}: the ledger is empty (0 bytes) but this folder holds results "
+                    f"({', '.join(beside[:3])}{', …' if len(beside) > 3 else ''}): the record of finished runs is "
+                    "lost. Restore the ledger from a backup, or use a new --out folder (delete this one to start "
+                    "over)")
+        try:
+            conn = sqlite3.connect(self.path, timeout=60.0)
+            try:
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                if tables and not _TABLES <= tables:
+                    raise LedgerError(f"{self.path}: this is not a modelward run ledger (it holds the tables "
+                                      f"{sorted(tables)[:5]}); use a new --out folder, or move this file away")
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(_SCHEMA)
+                conn.commit()
+            finally:
+                conn.close()
+        except (sqlite3.Error, OSError) as e:
+            raise ledger_error(self.path, e) from None
 
     @contextmanager
     def _conn(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
         try:
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("BEGIN IMMEDIATE")
+            conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        except (sqlite3.Error, OSError) as e:
+            raise ledger_error(self.path, e) from None
+        try:
+            try:
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute("BEGIN IMMEDIATE")
+            except (sqlite3.Error, OSError) as e:
+                raise ledger_error(self.path, e) from None
             try:
                 yield conn
                 conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
+            except BaseException as e:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass  # the transaction is already gone (e.g. SQLite rolled it back on a full disk)
+                if isinstance(e, sqlite3.Error | OSError):
+                    raise ledger_error(self.path, e) from None
                 raise
         finally:
             conn.close()
@@ -144,6 +212,12 @@ class RunLedger:
                 (json.dumps(result, sort_keys=True), time.time(), run_id),
             )
             return cur.rowcount == 1
+
+    def reopen(self, run_id: str) -> None:
+        """Put a run back to pending, its result dropped: its output turned out damaged and must be re-created."""
+        with self._conn() as c:
+            c.execute("UPDATE runs SET status='pending', result=NULL, worker=NULL, updated=? WHERE run_id=?",
+                      (time.time(), run_id))
 
     def fail(self, run_id: str, error: str) -> None:
         with self._conn() as c:

@@ -7,7 +7,8 @@ Library functions take ``progress: ProgressSink | None = None`` and never print;
 - ``advance(key, n, info)`` reports ``n`` more units done, with an optional one-line status,
 - ``done(key, info)`` says it finished (a bar jumps to its total).
 
-The CLI supplies :class:`RichProgress` (rich bars); tests supply :class:`RecordingProgress` and assert on its
+The CLI supplies :class:`RichProgress` (rich bars; when the output is not a terminal — a log file, a pipe, CI —
+a plain line per task every few seconds instead, ``MODELWARD_PROGRESS_SECONDS``, default 5); tests supply :class:`RecordingProgress` and assert on its
 ``events``. A sink must tolerate ``advance``/``done`` for a key it never saw ``start`` for (it starts it then).
 
 Example:
@@ -19,6 +20,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -94,9 +97,84 @@ def as_sink(progress: ProgressSink | None) -> ProgressSink:
     return NullProgress() if progress is None else progress
 
 
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def plain_line(task: Any) -> str:
+    """One plain-text progress line for a rich task: ``description: 3/10 (30%), 0:00:12 elapsed, ~0:00:28 left,
+    info`` (no bar, no control characters: for logs)."""
+    done = int(task.completed)
+    parts = [f"{done}/{int(task.total)} ({100 * done / task.total:.0f}%)" if task.total else f"{done}"]
+    parts.append(f"{_clock(task.elapsed or 0.0)} elapsed")
+    if task.total and not task.finished and task.time_remaining is not None:
+        parts.append(f"~{_clock(task.time_remaining)} left")
+    info = str(task.fields.get("info", "") or "")
+    if info:
+        parts.append(info)
+    return f"{task.description}: {', '.join(parts)}"
+
+
+class PlainWhenPiped(Progress):
+    """A rich ``Progress`` that, when its console is not a terminal, prints :func:`plain_line` for every unfinished
+    task every `every` seconds (and once per task when it finishes), so a long command in a log file is not silent.
+
+    Args:
+        every: seconds between lines (default: ``MODELWARD_PROGRESS_SECONDS`` or 5).
+        *args, **kwargs: as for ``rich.progress.Progress``.
+    """
+
+    def __init__(self, *args: Any, every: float | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        env = os.environ.get("MODELWARD_PROGRESS_SECONDS", "")
+        try:
+            default = float(env) if env else 5.0
+        except ValueError:
+            default = 5.0
+        self.every = max(0.05, every if every is not None else default)
+        self._plain = not self.console.is_terminal
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._reported: set[Any] = set()
+
+    def start(self) -> None:
+        super().start()
+        if self._plain and self._ticker is None:
+            self._stop.clear()
+            self._ticker = threading.Thread(target=self._tick, name="progress-lines", daemon=True)
+            self._ticker.start()
+
+    def stop(self) -> None:
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join(timeout=5)
+            self._ticker = None
+            self._print_lines(final=True)
+        super().stop()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every):
+            self._print_lines(final=False)
+
+    def _print_lines(self, final: bool) -> None:
+        with self._lock:
+            tasks = [t for t in self.tasks if t.visible]
+        for t in tasks:
+            if t.id in self._reported:
+                continue
+            if t.finished or final:
+                self._reported.add(t.id)
+            self.console.print(plain_line(t), markup=False, highlight=False, soft_wrap=True)
+
+
 def make_progress(console: Console | None = None, transient: bool = False) -> Progress:
-    """The rich ``Progress`` layout shared by every command (description, bar, n/m, elapsed, remaining, info)."""
-    return Progress(
+    """The rich ``Progress`` layout shared by every command (description, bar, n/m, elapsed, remaining, info);
+    on a console that is not a terminal it also prints a plain line per task every few seconds
+    (:class:`PlainWhenPiped`)."""
+    return PlainWhenPiped(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),

@@ -16,6 +16,10 @@ What this gives:
   nodes and each sees only its GPU (``CUDA_VISIBLE_DEVICES``), so ``device = "cuda"`` inside a run is its GPU.
 - **No cluster engine of ours.** Queueing, placement, node failure detection and retries are Ray's.
 
+A private instance dies with its driver: :meth:`RayExecutor.shutdown` stops it, and a small reaper process started
+beside it kills every process of the instance's session (GCS, raylet, agents, workers) when the driver is gone,
+even after ``kill -9`` (on Linux; it reads ``/proc``).
+
 Local use (``address=None``) starts a private Ray instance on this machine bound to 127.0.0.1 with `workers` CPUs;
 ``address="auto"`` or ``"HOST:PORT"`` joins an existing cluster, whose nodes must have modelward (and the data
 files, at the same paths) installed — see docs/scale.md.
@@ -28,7 +32,10 @@ Example:
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from modelward.core.runner import Executor, Resources
@@ -83,6 +90,15 @@ class RayExecutor(Executor):
             except ConnectionError as e:
                 raise ConfigError(f"executor 'ray': cannot reach the Ray cluster at {address!r} ({e})") from None
             self._started_here = True
+        node = getattr(getattr(getattr(self.ray, "_private", None), "worker", None), "_global_node", None)
+        self.session_dir: str | None = node.get_session_dir_path() if node is not None else None
+        self._reaper: subprocess.Popen | None = None
+        if self._started_here and address is None and self.session_dir and sys.platform.startswith("linux"):
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-c", "from modelward.core.ray_executor import reap_main; reap_main()",
+                 self.session_dir, str(os.getpid())],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)  # not in the driver's process group: Ctrl-C does not stop it first
         cpus = int(self.ray.cluster_resources().get("CPU", 1))
         self.in_flight = in_flight or max(2, 2 * cpus)
         self._remote = self.ray.remote(_run_task)
@@ -121,3 +137,77 @@ class RayExecutor(Executor):
             self._live.clear()
         if self._started_here and self.ray.is_initialized():
             self.ray.shutdown()
+        if self._reaper is not None:  # sweep what ray.shutdown left (agents), then let the reaper go
+            try:
+                self._reaper.stdin.close()  # type: ignore[union-attr]
+                self._reaper.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self._reaper.kill()
+            self._reaper = None
+
+
+def _proc_table() -> dict[int, tuple[int, str, str]]:
+    """pid -> (parent pid, start time, command line) of every live process (Linux ``/proc``)."""
+    table: dict[int, tuple[int, str, str]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(") ", 1)[-1].split()
+        if fields[0] == "Z":
+            continue
+        table[int(d.name)] = (int(fields[1]), fields[19], cmd)
+    return table
+
+
+def session_processes(session_dir: str, known: dict[int, str] | None = None) -> dict[int, str]:
+    """Processes of one Ray session: those whose command line names it, their descendants, and the `known` ones
+    still alive (pid -> start time, so a reused pid is never mistaken for one of them)."""
+    me = os.getpid()
+    name = Path(session_dir).name
+    table = _proc_table()
+    found = {pid: start for pid, (_, start, cmd) in table.items()
+             if pid != me and (session_dir in cmd or name in cmd)}
+    found.update({pid: start for pid, start in (known or {}).items() if table.get(pid, (0, "", ""))[1] == start})
+    grew = True
+    while grew:  # descendants: workers rename themselves ("ray::IDLE") and no longer name the session
+        grew = False
+        for pid, (ppid, start, _) in table.items():
+            if ppid in found and pid not in found and pid != me:
+                found[pid] = start
+                grew = True
+    return found
+
+
+def reap_main() -> None:
+    """The reaper (``python -c … reap_main() SESSION_DIR DRIVER_PID``): follows the session's processes until its
+    stdin closes (the driver shut Ray down, or died), then kills those still alive."""
+    import select
+    import signal
+    import time
+
+    session_dir, driver = sys.argv[1], int(sys.argv[2])
+    known: dict[int, str] = {}
+    while True:
+        ready, _, _ = select.select([sys.stdin], [], [], 1.0)
+        if ready and not sys.stdin.buffer.read1(4096):  # EOF: the driver closed the pipe or is dead
+            break
+        known = session_processes(session_dir, known)
+        known.pop(driver, None)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:  # a dying raylet may still start a worker: sweep until none is left
+        left = session_processes(session_dir, known)
+        left.pop(driver, None)
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        known = left
+        time.sleep(0.2)

@@ -31,15 +31,40 @@ from pathlib import Path
 from typing import Any
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where the OS allows (``/proc/self/status`` on Linux; elsewhere
+    set-and-restore, which is not thread-safe but brief)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write `text` to `path` (UTF-8) atomically: readers see the old file or the new one, never a part."""
+    """Write `text` to `path` (UTF-8) atomically: readers see the old file or the new one, never a part.
+
+    The file gets the mode any new file of the user gets (0666 less the umask: readable by a colleague or a web
+    server where the umask allows), not the 0600 of a temporary file. A write that fails (a full disk) names the
+    file in its ``OSError`` and leaves the old file in place.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

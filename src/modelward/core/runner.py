@@ -74,6 +74,23 @@ from modelward.errors import ConfigError, ModelwardError
 Execute = Callable[[str, dict[str, Any], dict[str, dict[str, Any]]], dict[str, Any]]
 
 
+class DamagedDependency(ModelwardError):
+    """Raised by ``execute`` when the output of a finished dependency (e.g. the original model's checkpoint) is
+    missing or damaged: the runner re-opens that dependency and runs it again, then the run that needed it.
+
+    Args:
+        dependency: the run id whose output is damaged.
+        problem: what is wrong with it (one line, naming the file).
+    """
+
+    def __init__(self, dependency: str, problem: str) -> None:
+        super().__init__(dependency, problem)
+        self.dependency, self.problem = dependency, problem
+
+    def __str__(self) -> str:
+        return f"the output of run {self.dependency!r} is damaged ({self.problem})"
+
+
 @dataclass(frozen=True)
 class Resources:
     """What one run needs from an executor (cluster executors schedule by it; local ones by slot count)."""
@@ -175,11 +192,59 @@ class SequentialExecutor(Executor):
         return handle.value
 
 
-def _worker_init() -> None:
+def die_with_parent(parent: int, poll_s: float = 1.0) -> str:
+    """Make this process die when `parent` does (a worker must never outlive its driver: it would finish its run
+    and write into the study folder without the driver's lock, then idle forever).
+
+    On Linux the kernel sends SIGKILL when the parent dies (``prctl(PR_SET_PDEATHSIG)``); everywhere a daemon
+    thread also checks every `poll_s` seconds that the parent is still ours (``os.getppid()``) and exits if not.
+
+    Args:
+        parent: the driver's pid (``os.getpid()`` in the driver).
+        poll_s: the watchdog's period.
+
+    Returns:
+        ``"pdeathsig"`` or ``"watchdog"``: what guards the process (the watchdog runs in both cases).
+
+    Example:
+        >>> die_with_parent(os.getppid()) in ("pdeathsig", "watchdog")  # doctest: +SKIP
+        True
+    """
+    import signal
+    import sys
+    import threading
+    import time
+
+    how = "watchdog"
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0:  # 1 = PR_SET_PDEATHSIG
+                how = "pdeathsig"
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-driver", daemon=True).start()
+    return how
+
+
+def _worker_init(parent: int | None = None) -> None:
     # one torch thread per worker: W workers share the machine's cores instead of oversubscribing them. Set through
     # the environment so that a worker that never needs torch does not pay for importing it.
     import sys
 
+    if parent is not None:
+        die_with_parent(parent)
     os.environ["MODELWARD_WORKER"] = "1"
     os.environ["OMP_NUM_THREADS"] = "1"
     if "torch" in sys.modules:
@@ -190,7 +255,7 @@ class ProcessPoolExecutor(Executor):
     """A pool of `workers` spawned processes on this machine (``spawn``: no state inherited from the driver).
 
     A worker that dies (``kill -9``, out of memory) fails the runs it was running; the pool is then replaced
-    and the remaining runs go on.
+    and the remaining runs go on. A driver that dies takes its workers with it (:func:`die_with_parent`).
     """
 
     def __init__(self, workers: int | None = None) -> None:
@@ -202,7 +267,7 @@ class ProcessPoolExecutor(Executor):
 
     def _new_pool(self) -> futures.ProcessPoolExecutor:
         return futures.ProcessPoolExecutor(max_workers=self.workers, mp_context=self._context,
-                                           initializer=_worker_init)
+                                           initializer=_worker_init, initargs=(os.getpid(),))
 
     def slots(self, resources: Sequence[Resources]) -> int:
         return self.workers
@@ -357,6 +422,7 @@ def _run(ledger: RunLedger, plan: list[RunSpec], execute: Execute, workers: int,
         sink.advance(description, already)
     failed: dict[str, str] = {}
     blocked: list[str] = []
+    reopened: set[str] = set()  # dependencies whose damaged output is being re-created in this call
     if not pending:
         sink.done(description)
         return RunOutcome(total, total)
@@ -409,6 +475,14 @@ def _run(ledger: RunLedger, plan: list[RunSpec], execute: Execute, workers: int,
                     if not isinstance(result, dict):
                         raise ModelwardError(f"run {rid!r}: execute returned {type(result).__name__}, not a dict")
                     ledger.finish(rid, result)
+                except DamagedDependency as e:
+                    if _recreate(ledger, e, rid, by_id, results, pending, reopened):
+                        sink.advance(description, 0, f"{e.dependency}: its output is damaged, re-creating it")
+                        continue
+                    _record_failure(ledger, rid, e, failed)
+                    if fail_fast:
+                        raise
+                    continue
                 except Exception as e:
                     _record_failure(ledger, rid, e, failed)
                     sink.advance(description, 0, f"{rid}: failed")
@@ -426,6 +500,26 @@ def _run(ledger: RunLedger, plan: list[RunSpec], execute: Execute, workers: int,
     sink.done(description)
     done = sum(1 for r in plan if r.run_id in results)
     return RunOutcome(done, total, failed, blocked)
+
+
+def _recreate(ledger: RunLedger, e: DamagedDependency, rid: str, by_id: dict[str, RunSpec],
+              results: dict[str, dict[str, Any]], pending: list[str], reopened: set[str]) -> bool:
+    """Re-open the damaged dependency (once per call) and queue it and `rid` again; False if it cannot be."""
+    dep = e.dependency
+    if dep not in by_id or dep not in by_id[rid].depends_on:
+        return False
+    if dep in reopened and dep in results:  # re-created in this call and damaged again: report it as it is
+        e.problem += "; it was re-created in this run and is still damaged"
+        return False
+    if dep not in reopened:
+        reopened.add(dep)
+        ledger.reopen(dep)
+        results.pop(dep, None)
+        if dep not in pending:
+            pending.append(dep)
+    ledger.reopen(rid)
+    pending.append(rid)
+    return True
 
 
 def _record_failure(ledger: RunLedger, rid: str, e: BaseException, failed: dict[str, str]) -> None:

@@ -353,9 +353,11 @@ def train(
 def fit_from_config(data_cfg: object, model_cfg: object, train_cfg: TrainConfig, seed: int = 0,
                     init_scheme: str = "glorot_uniform",
                     on_eval: Callable[[int, float], None] | None = None,
-                    device: str | torch.device = "cpu") -> tuple[nn.Module, TrainResult, object]:
+                    device: str | torch.device = "cpu",
+                    checkpoint: Checkpointing | None = None) -> tuple[nn.Module, TrainResult, object]:
     """Load the data, build and initialise the zoo model, train it with T on `device` (initialised on the CPU
-    first, so the initial weights are the same on every device); returns (model on `device`, result, data)."""
+    first, so the initial weights are the same on every device); returns (model on `device`, result, data).
+    With `checkpoint`, the run saves its state every ``checkpoint.every`` steps and resumes from that file."""
     from modelward.core.data import load_data
     from modelward.core.device import resolve_device
     from modelward.core.init import init_model_
@@ -366,6 +368,7 @@ def fit_from_config(data_cfg: object, model_cfg: object, train_cfg: TrainConfig,
     with seeded(seed):  # the zoo constructors draw from the global RNG
         model = init_model_(build_model(model_cfg, data.input_shape, data.num_classes), init_scheme, seed)  # type: ignore[arg-type]
         model.to(resolve_device(device))
-        result = train(model, data.x_train, data.y_train, data.x_test, data.y_test, train_cfg, seed, on_eval=on_eval)
+        result = train(model, data.x_train, data.y_train, data.x_test, data.y_test, train_cfg, seed, on_eval=on_eval,
+                       checkpoint=checkpoint)
     model.eval()
     return model, result, data

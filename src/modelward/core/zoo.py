@@ -4,12 +4,12 @@ Every model exposes ``part_names``: its natural parts from lower to higher layer
 ``modelward parts`` use by default. Models size themselves to the input (8×8 digits up to 224×224 images):
 large-input stems (11×11/4 for AlexNet, 7×7/2 + max-pool for ResNet) are used only when the input is ≥ 64 px, and
 a max-pool is skipped where the feature map is already 1 px wide. Any user ``nn.Module`` can be used through an
-entry point ``package.module:factory``.
+entry point ``package.module:factory``: that is code, run only with ``trust_code = true`` or ``--trust-code``
+(:mod:`modelward.core.entrypoints`).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any, Literal
 
@@ -18,6 +18,7 @@ from pydantic import Field
 from torch import nn
 
 from modelward.core.config import StrictModel
+from modelward.core.entrypoints import load_entrypoint
 from modelward.core.registry import Registry
 from modelward.errors import ConfigError
 
@@ -37,6 +38,40 @@ class ModelConfig(StrictModel):
     batch_norm: bool = True
     entrypoint: str | None = None  # "package.module:factory" for arch="entrypoint"
     kwargs: dict[str, Any] = Field(default_factory=dict)  # passed to the entry-point factory
+    # the entry point is code: it runs only with trust_code = true or --trust-code (core/entrypoints.py). Never
+    # written out (exclude): a config dumped to a file or into a checkpoint's metadata carries no trust, and study
+    # fingerprints do not change with it; pickled copies (worker processes) keep it.
+    trust_code: bool = Field(False, exclude=True)
+
+
+def model_config_from_metadata(data: Any, source: str) -> ModelConfig:
+    """The ``[model]`` a checkpoint's metadata records, validated, with no trust in code: a file is data, so an
+    entry point it names runs only if the user trusts it (``--trust-code``), whatever the file claims.
+
+    Args:
+        data: the metadata's ``model`` entry (a dict, or its JSON text).
+        source: the file, quoted in errors.
+
+    Returns:
+        The model config with ``trust_code = False``.
+
+    Example:
+        >>> model_config_from_metadata({"arch": "mlp", "trust_code": True}, "m.safetensors").trust_code
+        False
+    """
+    import json
+
+    from modelward.core.config import validate
+
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{source}: the model config in its metadata is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the model config in its metadata is not a table")
+    data = {k: v for k, v in data.items() if k != "trust_code"}
+    return validate(ModelConfig, data, f"{source} (embedded model config)")
 
 
 def _w(n: int, width: float) -> int:
@@ -218,21 +253,6 @@ class ResNetStyle(nn.Module):
         return self.fc(self.gap(x).flatten(1))
 
 
-def load_entrypoint(spec: str) -> Any:
-    """Import ``package.module:attr`` (a user factory or class)."""
-    if ":" not in spec:
-        raise ConfigError(f"model.entrypoint {spec!r}: expected 'package.module:factory'")
-    mod_name, attr = spec.split(":", 1)
-    try:
-        mod = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise ConfigError(f"model.entrypoint {spec!r}: cannot import {mod_name!r} ({e})") from None
-    try:
-        return getattr(mod, attr)
-    except AttributeError:
-        raise ConfigError(f"model.entrypoint {spec!r}: module {mod_name!r} has no attribute {attr!r}") from None
-
-
 def _n_features(input_shape: tuple[int, ...]) -> int:
     n = 1
     for d in input_shape:
@@ -280,7 +300,9 @@ def _build_resnet(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: i
 def _build_entrypoint(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if not cfg.entrypoint:
         raise ConfigError("model.entrypoint: required when model.arch='entrypoint' (e.g. 'mypkg.nets:build')")
-    factory = load_entrypoint(cfg.entrypoint)
+    # (the [model] table may sit elsewhere, e.g. [model.net] in a guard config: the message says "the same table")
+    factory = load_entrypoint(cfg.entrypoint, field="model entrypoint", trusted=cfg.trust_code,
+                              switch="trust_code = true in the table that names it")
     kwargs = dict(cfg.kwargs)
     params = inspect.signature(factory).parameters
     if "input_shape" in params:

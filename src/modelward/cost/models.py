@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from modelward.core.entrypoints import shipped_factory
+
 
 class Square(nn.Module):
     """The polynomial activation ``x²`` (CryptoNets' choice): one multiplication, depth 1 under HE."""
@@ -48,6 +50,7 @@ class SquareNet(nn.Sequential):
         return [(n, list(ops)) for n, ops in self._split]
 
 
+@shipped_factory
 def square_mlp(input_shape: tuple[int, ...], num_classes: int, hidden: list[int] | None = None) -> SquareNet:
     """MLP ``flatten → (Linear → x²)* → Linear`` (the HE/MPC-friendly counterpart of the zoo MLP).
 
@@ -75,6 +78,7 @@ def square_mlp(input_shape: tuple[int, ...], num_classes: int, hidden: list[int]
     return SquareNet(layers)
 
 
+@shipped_factory
 def square_cnn(input_shape: tuple[int, ...], num_classes: int, channels: int = 4, kernel: int = 3,
                stride: int = 2, fc: int = 32) -> SquareNet:
     """Small CryptoNets-style CNN: ``Conv(stride) → x² → flatten → Linear → x² → Linear``.

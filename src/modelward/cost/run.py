@@ -88,13 +88,14 @@ class CostConfig(StrictModel):
 def prepare_model(cfg: CostConfig) -> tuple[torch.nn.Module, DataSplit, dict[str, float]]:
     """Load the data, build the `[model]`, load `cost.weights` or train it with `[train]`; eval mode."""
     from modelward.core.init import init_model_
-    from modelward.core.io import load_tensors
+    from modelward.core.io import check_state, load_tensors
 
     data = load_data(cfg.data)
     model = init_model_(build_model(cfg.model, data.input_shape, data.num_classes), "glorot_uniform", cfg.seed)
     info: dict[str, float] = {}
     if cfg.cost.weights:
         state = load_tensors(cfg.cost.weights)
+        check_state(model, state, f"cost.weights {cfg.cost.weights}")
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as e:

@@ -56,6 +56,9 @@ def write_parties(root: Path, model: nn.Module, model_cfg: ModelConfig, input_sh
     roles, the driver is Alice), but the architecture comes from the user's ``[model]`` config, so any splittable
     model works, not only the zoo MLP/CNN. Each party's init checkpoint holds only its own layers' entries.
     """
+    # absolute: the PARTY.toml files name these paths, and a party resolves relative paths against its own file's
+    # folder, which would double a relative --out (runs/x/split/runs/x/split/certs/...)
+    root = Path(root).resolve()
     plan = make_plan(model, list(PARTIES), [cut])
     make_certs(root / "certs", list(PARTIES), if_exists="reuse")
     own = {"alice": {"x_train": x_train.float().contiguous(), "x_test": x.float().contiguous()},

@@ -90,8 +90,8 @@ class ExplainConfig(StrictModel):
 def load_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     """A model from a ``modelward train`` or ``modelward robust train`` checkpoint (safetensors; the architecture
     comes from its metadata). GloRo/robust checkpoints give their logit model ``f``."""
-    from modelward.core.io import load_state_dict
-    from modelward.core.zoo import build_model
+    from modelward.core.io import check_state, load_state_dict
+    from modelward.core.zoo import build_model, model_config_from_metadata
 
     p = Path(path)
     if p.is_dir():
@@ -105,10 +105,9 @@ def load_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     if "model" not in meta:
         raise DataError(f"{p}: no architecture in its metadata (write it with 'modelward train' or "
                         "'modelward robust train')")
-    from modelward.core.config import validate
-
-    mcfg = validate(ModelConfig, meta["model"], f"{p} (embedded model config)")
+    mcfg = model_config_from_metadata(meta["model"], str(p))
     model = build_model(mcfg, tuple(meta["input_shape"]), int(meta["num_classes"]))
+    check_state(model, tensors, p)
     try:
         model.load_state_dict(tensors)
     except RuntimeError as e:

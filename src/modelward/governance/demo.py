@@ -75,7 +75,7 @@ def prepare_local_split(root: Path, model: nn.Module, data: DataSplit, parties: 
     monolithic run of `model`. Without it each party draws its initial parameters from the OS CSPRNG.
     Port 0: each server picks a free port and prints it. The first party's identity is the driver's.
     """
-    root = Path(root)
+    root = Path(root).resolve()  # PARTY.toml paths must not depend on the folder a party is started from
     root.mkdir(parents=True, exist_ok=True)
     plan = make_plan(model, parties, cuts)
     mcfg = infer_model_config(model)

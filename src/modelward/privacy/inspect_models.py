@@ -12,7 +12,7 @@ from pydantic import Field
 
 from modelward.core.config import StrictModel, dump_config
 from modelward.core.data import DataConfig, load_data
-from modelward.core.io import load_state_dict
+from modelward.core.io import check_state, load_state_dict
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.records import write_table
 from modelward.core.zoo import ModelConfig, build_model
@@ -49,17 +49,17 @@ class InvertConfig(StrictModel):
 
 
 def _saved_model(cfg: InvertConfig, shape: tuple[int, ...], classes: int) -> torch.nn.Module:
-    import json
+    from modelward.core.zoo import model_config_from_metadata
 
     p = Path(cfg.model_path or "")
     if not p.is_file():
         raise DataError(f"model_path {p}: file not found")
     state, meta = load_state_dict(p)
-    mcfg = cfg.model or (ModelConfig.model_validate(json.loads(meta["model"]) if isinstance(meta.get("model"), str)
-                                                     else meta["model"]) if "model" in meta else None)
+    mcfg = cfg.model or (model_config_from_metadata(meta["model"], str(p)) if "model" in meta else None)
     if mcfg is None:
         raise ConfigError(f"model_path {p}: no architecture in its metadata; add a [model] table")
     m = build_model(mcfg, shape, classes)
+    check_state(m, state, p)
     m.load_state_dict(state)
     return m.eval()
 
