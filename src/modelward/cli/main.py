@@ -23,7 +23,7 @@ GROUPS: dict[str, tuple[str, str]] = {
 }
 COMMANDS = ["modelward.cli.parts", "modelward.cli.train", "modelward.cli.demo", "modelward.cli.assess",
             "modelward.cli.explain", "modelward.cli.bias",
-            "modelward.cli.cost"]
+            "modelward.cli.cost", "modelward.cli.scan"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="modelward: security and governance of trained deep-learning models.")
