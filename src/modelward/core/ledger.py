@@ -152,6 +152,14 @@ class RunLedger:
                 (error[-4000:], time.time(), run_id),
             )
 
+    def reopen(self, run_id: str) -> bool:
+        """Mark a finished run pending again (its result is dropped), so the next run_plan recomputes it, e.g. a
+        section that could not be assessed before its cause was fixed. Returns whether a done run was reopened."""
+        with self._conn() as c:
+            cur = c.execute("UPDATE runs SET status='pending', result=NULL, worker=NULL, updated=? "
+                            "WHERE run_id=? AND status='done'", (time.time(), run_id))
+            return cur.rowcount == 1
+
     def status(self, run_id: str) -> str | None:
         with self._conn() as c:
             row = c.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
