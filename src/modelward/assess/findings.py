@@ -64,30 +64,35 @@ SECTION_MAPPING = {"robustness": "evasion", "privacy": "membership", "extraction
 
 
 def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Exact binomial interval for k successes in n trials (Clopper & Pearson 1934), via scipy.
+    """Exact binomial interval for k successes in n trials (Clopper & Pearson 1934): the α/2 and 1 − α/2 quantiles
+    of Beta(k, n − k + 1) and Beta(k + 1, n − k), via scipy's inverse regularised incomplete beta function (what
+    ``scipy.stats.binomtest(k, n).proportion_ci(method="exact")`` computes, without importing scipy.stats).
 
     Example:
         >>> clopper_pearson(0, 10)[0]
         0.0
     """
-    from scipy.stats import binomtest
+    from scipy.special import betaincinv
 
     if n <= 0:
         return (float("nan"), float("nan"))
-    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="exact")
-    return (float(ci.low), float(ci.high))
+    k, n = int(k), int(n)
+    a = 1.0 - confidence
+    lo = 0.0 if k == 0 else float(betaincinv(k, n - k + 1, a / 2))
+    hi = 1.0 if k == n else float(betaincinv(k + 1, n - k, 1 - a / 2))
+    return (lo, hi)
 
 
 def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
     """Student-t interval of the mean over seeds (NaN for fewer than 2 values)."""
-    from scipy.stats import t
+    from scipy.special import stdtrit
 
     v = [float(x) for x in values if x == x]
     if len(v) < 2:
         return (float("nan"), float("nan"))
     mean = sum(v) / len(v)
     sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1))
-    half = float(t.ppf(0.5 + confidence / 2, len(v) - 1)) * sd / math.sqrt(len(v))
+    half = float(stdtrit(len(v) - 1, 0.5 + confidence / 2)) * sd / math.sqrt(len(v))
     return (mean - half, mean + half)
 
 

@@ -1,7 +1,7 @@
 """Examine model files without loading them: pickles, PyTorch zip/legacy checkpoints, nested zips, safetensors.
 
 Pickle-based files (``.pt``, ``.pth``, ``.bin``, ``.ckpt``, ``.pkl``; zip-based or legacy) are disassembled by
-`picklescan <https://github.com/mmaitre314/picklescan>`_ in *strict* mode: every global a pickle would import is
+the picklescan library in *strict* mode: every global a pickle would import is
 listed from its opcodes (``GLOBAL``/``STACK_GLOBAL``, including memo tricks), nothing is imported or run, and any
 global outside the allowlist of plain checkpoints (``torch._utils._rebuild_tensor_v2``, ``torch.*Storage``,
 ``collections.OrderedDict``, ...) is an issue — the same allowlist idea as ``torch.load(weights_only=True)``. Zips

@@ -82,9 +82,9 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     try:
         sd, n_seeds = float(weakest["sd"]), int(float(weakest["n"]))
         if n_seeds > 1 and sd == sd:
-            from scipy.stats import t
+            from scipy.special import stdtrit
 
-            half = float(t.ppf(0.975, n_seeds - 1)) * sd / n_seeds ** 0.5
+            half = float(stdtrit(n_seeds - 1, 0.975)) * sd / n_seeds ** 0.5
             ci = [value - half, value + half]
     except (TypeError, ValueError):
         n_seeds = 1

@@ -1,0 +1,37 @@
+"""Findings' intervals agree with scipy.stats' reference implementations; mappings cover every finding kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelward.assess.findings import MAPPINGS, SECTION_MAPPING, Metric, clopper_pearson, t_interval
+
+
+@pytest.mark.parametrize(("k", "n"), [(0, 10), (3, 10), (10, 10), (57, 200), (199, 200), (1, 1000)])
+def test_clopper_pearson_matches_scipy_binomtest(k: int, n: int) -> None:
+    from scipy.stats import binomtest
+
+    ref = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    lo, hi = clopper_pearson(k, n)
+    assert lo == pytest.approx(ref.low, abs=1e-9) and hi == pytest.approx(ref.high, abs=1e-9)
+
+
+def test_t_interval_matches_scipy() -> None:
+    from scipy import stats
+
+    v = [0.61, 0.7, 0.66, 0.58]
+    ref = stats.t.interval(0.95, len(v) - 1, loc=sum(v) / len(v), scale=stats.sem(v))
+    assert t_interval(v) == pytest.approx(ref)
+
+
+def test_every_mapping_has_owasp_atlas_and_nist_ids() -> None:
+    assert set(SECTION_MAPPING.values()) <= set(MAPPINGS)
+    for kind, m in MAPPINGS.items():
+        assert m["owasp"] and all(i.startswith("ML") and ":2023" in i for i in m["owasp"]), kind
+        assert m["atlas"] and all(i.startswith("AML.T") for i in m["atlas"]), kind
+        assert m["nist"], kind
+
+
+def test_a_metric_without_samples_has_no_interval() -> None:
+    assert Metric("x", "x", 0.5, risk_up=True).interval() is None
+    assert Metric("x", "x", 0.5, seeds=[0.4, 0.6], risk_up=True).interval() is not None
