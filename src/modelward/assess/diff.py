@@ -131,7 +131,7 @@ def compare(old: dict[str, Any], new: dict[str, Any], fail_on: dict[str, float] 
         gate = fail_on.get(key[0])
         rated = bool(m2.get("context", {}).get("thresholds"))
         if gate is not None and rated and significant and delta is not None and (
-                (gate < 0 and delta <= gate) or (gate > 0 and delta >= gate)):
+                (gate < 0 and delta <= gate + 1e-9) or (gate > 0 and delta >= gate - 1e-9)):  # float slack
             c.gated = f"{key[0]}:{gate:+g}"
         out.append(c)
     return sorted(out, key=lambda c: (not c.gated, not c.significant, c.section, c.key))

@@ -1,0 +1,134 @@
+"""The `modelward assess` and `modelward scan` command lines as a user meets them: a failed section exits 1 and
+the same command re-runs it once its cause is fixed (#31.7), `--retry` re-runs a section that was not assessed, a
+device the machine lacks is refused before any work, and `scan` exits 1 on a hostile file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BROKEN = '''
+import torch
+from torch import nn
+
+
+class Fixed(nn.Module):  # no parameters: the explanations section has no layer to read
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.randn(64, 10, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x):
+        return x.flatten(1) @ self.w
+
+
+def build():
+    return Fixed()
+'''
+FIXED = '''
+import torch
+from torch import nn
+
+
+def build():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+'''
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([sys.executable, "-m", "modelward.cli.main", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def _main(*args: str, cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+          ) -> tuple[int, str, str]:
+    """The real entry point in this process (cheaper than a new interpreter): (exit code, stdout, stderr)."""
+    from modelward.cli.main import main
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("COLUMNS", "200")
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_failed_section_exits_1_and_is_retried_after_the_fix(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "mynet.py").write_text(BROKEN)
+    (proj / "assess.toml").write_text('name = "mine"\nsections = ["explanations"]\n'
+                                      '[model]\narch = "entrypoint"\nentrypoint = "mynet:build"\n')
+    # run from another folder: the entry point is imported from the config's folder, without PYTHONPATH
+    r = _cli("assess", str(proj / "assess.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "failed" in r.stdout
+    sec = json.loads((tmp_path / "out" / "report.json").read_text())["sections"][0]
+    assert sec["status"] == "failed" and (tmp_path / "out" / "explanations" / "error.txt").is_file()
+    (proj / "mynet.py").write_text(FIXED)  # the cause is fixed: the same command re-runs the failed section
+    r = _cli("assess", str(proj / "assess.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    sec = json.loads((tmp_path / "out" / "report.json").read_text())["sections"][0]
+    assert sec["status"] == "assessed" and sec["findings"]
+
+
+def test_a_device_the_machine_lacks_is_refused_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    (tmp_path / "assess.toml").write_text('name = "m"\n[model]\narch = "entrypoint"\nentrypoint = "x:y"\n')
+    code, _, err = _main("assess", "assess.toml", "--out", "out", "--device", "cuda", cwd=tmp_path,
+                         monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2 and "cuda" in err.lower()
+    assert not (tmp_path / "out" / "report.json").exists() and not (tmp_path / "out" / "robustness").exists()
+
+
+def test_retry_reruns_a_not_assessed_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from modelward.assess import AssessConfig, run_assessment
+    from modelward.assess.sections import explanations
+    from modelward.assess.sections.common import NotAssessed
+
+    (tmp_path / "mynet.py").write_text(FIXED)
+    cfg = AssessConfig.model_validate({"name": "m", "sections": ["explanations"],
+                                       "model": {"arch": "entrypoint", "entrypoint": "mynet:build"}})
+    cfg = cfg.resolve_paths(tmp_path)
+    real = explanations.run
+
+    def missing(*a: object, **k: object) -> None:
+        raise NotAssessed("an optional dependency is missing (injected)")
+
+    monkeypatch.setattr(explanations, "run", missing)
+    run_assessment(cfg, tmp_path / "out")
+    monkeypatch.setattr(explanations, "run", real)  # the dependency is installed now
+    run_assessment(cfg, tmp_path / "out")  # a plain re-run keeps a finished "not assessed"
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["sections"][0]["status"] == "not_assessed"
+    run_assessment(cfg, tmp_path / "out", retry=True)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["sections"][0]["status"] == "assessed"
+
+
+def test_scan_cli_exits_1_on_a_hostile_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("picklescan", reason="the picklescan package is not installed (modelward[scan])")
+    torch.save({"w": torch.zeros(2)}, tmp_path / "good.pt")
+    (tmp_path / "bad.pkl").write_bytes(b"cposix\nsystem\n(S'echo pwned'\ntR.")
+    code, out, _ = _main("scan", "good.pt", "bad.pkl", cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 1 and "posix.system" in out and "critical" in out
+    code, _, err = _main("scan", "good.pt", "--format", "sarif", "--out", "scan.sarif", cwd=tmp_path,
+                         monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    import jsonschema
+
+    schema = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text())
+    jsonschema.Draft4Validator(schema).validate(json.loads((tmp_path / "scan.sarif").read_text()))
