@@ -66,10 +66,21 @@ def _membership(cfg: AssessConfig, data_cfg: DataConfig, meta: dict) -> str | No
         return f"members: {data_cfg.path}; non-members: the separate test file {data_cfg.test_path}"
     if data_cfg.train_index:
         return f"members: the rows of {data_cfg.path} listed in {data_cfg.train_index}; non-members: the others"
-    if "data" in meta and DataConfig.model_validate(meta["data"]) == data_cfg:
+    if "data" in meta and _same_data(DataConfig.model_validate(meta["data"]), data_cfg):
         return ("the training/test split recorded in the checkpoint's metadata (`modelward train` with this data "
                 "config), reproduced exactly")
     return None
+
+
+_PATH_KEYS = ("path", "labels_path", "test_path", "test_labels_path", "train_index")
+
+
+def _same_data(recorded: DataConfig, given: DataConfig) -> bool:
+    """The same data config up to where its files are (a recorded relative path vs the resolved absolute one)."""
+    a, b = recorded.model_dump(), given.model_dump()
+    for k in _PATH_KEYS:
+        a[k], b[k] = (None if a[k] is None else Path(a[k]).name), (None if b[k] is None else Path(b[k]).name)
+    return a == b
 
 
 def _code_path(cfg: AssessConfig) -> None:
