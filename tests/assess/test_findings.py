@@ -35,3 +35,13 @@ def test_every_mapping_has_owasp_atlas_and_nist_ids() -> None:
 def test_a_metric_without_samples_has_no_interval() -> None:
     assert Metric("x", "x", 0.5, risk_up=True).interval() is None
     assert Metric("x", "x", 0.5, seeds=[0.4, 0.6], risk_up=True).interval() is not None
+
+
+def test_certify_refuses_a_plain_module_with_a_clear_error() -> None:
+    import torch
+
+    from modelward.errors import ConfigError
+    from modelward.robustness.gloro.certify import certify
+
+    with pytest.raises(ConfigError, match="expected a GloroNet, got Sequential"):
+        certify(torch.nn.Sequential(torch.nn.Linear(4, 2)), torch.rand(3, 4))  # type: ignore[arg-type]

@@ -60,7 +60,7 @@ def test_report_json_has_every_section_with_a_reason_or_a_verdict(report: Path) 
     assert {f["section"] for f in findings} >= {"robustness", "privacy", "extraction", "explanations", "supply_chain"}
     assert by["privacy"]["status"] == "assessed"  # members: the split recorded in the checkpoint's metadata
     rob = [f for f in findings if f["section"] == "robustness" and f["headline"]][0]
-    assert rob["ci"][0] <= rob["value"] <= rob["ci"][1] and rob["n"] == 200
+    assert rob["ci"][0] <= rob["value"] <= rob["ci"][1] and rob["n"] in (200, 50)  # C&W: 50 points
     assert data["model_files"][0]["clean"] and data["model_files"][0]["format"] == "safetensors"
     sarif = json.loads((report / "report.sarif").read_text())
     assert len(sarif["runs"][0]["results"]) == len(findings)

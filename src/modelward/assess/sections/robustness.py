@@ -83,6 +83,43 @@ class _PerFeatureScale(torch.nn.Module):
         return self.model(z * self.sigma)
 
 
+RULE = "green ≥ 70 %, amber ≥ 40 %, red below (of all evaluated test points)"
+_NORM = {"linf": "L∞", "l2": "ℓ2"}
+
+
+def add_threat_metric(res: SectionResult, attack: str, norm: str, eps: float, robust_accuracy: float, n: int,
+                      scale: str, label: str | None = None) -> None:
+    """Record one attack's robust accuracy at a threat model's reference radius as a rated metric (a finding).
+
+    This is where a stronger evaluation plugs in: e.g. ``add_threat_metric(res, "autoattack", "linf", eps, acc, n,
+    scale)`` from an AutoAttack sandwich; :func:`set_threat_headline` then takes the worst of all of them.
+
+    Args:
+        res: the robustness section being built.
+        attack: the attack's short name (the metric key is ``{attack}_{norm}@{eps}``).
+        norm: ``"linf"`` or ``"l2"``; eps: the radius; robust_accuracy: the fraction of the n points still correct.
+        n: the points evaluated (Clopper–Pearson interval from round(robust_accuracy · n) of n).
+        scale: how ε is measured, in words; label: the finding's title (default: "<ATTACK>-<norm> robust accuracy").
+    """
+    title = f"{label or attack.upper() + '-' + _NORM[norm] + ' robust accuracy'} at ε = {eps:.4g}"
+    res.add_metric(f"{attack}_{norm}@{eps:.4g}", title, robust_accuracy, k=round(robust_accuracy * n), n=n,
+                   risk_up=False, context={"thresholds": list(THRESHOLDS), "rule": RULE, "epsilon": eps,
+                                           "norm": norm, "attack": attack, "scale": scale, "threat": True})
+
+
+def set_threat_headline(res: SectionResult) -> tuple[float, str]:
+    """Headline, verdict and rule from the worst recorded threat metric (a card never says low risk while another
+    evaluated threat model on the page collapses); returns ``(value, label)``."""
+    threats = [m for m in res.metrics if m["context"].get("threat")]
+    worst = min(threats, key=lambda m: m["value"])
+    for m in threats:
+        m["headline"] = m is worst
+    res.headline = Headline(f"worst threat model: {worst['label']}", worst["value"], pct(worst["value"]))
+    res.verdict = traffic_light(worst["value"], *THRESHOLDS)
+    res.rule = RULE + "; the worst of every attack evaluated at the reference radii (L∞ and ℓ2) decides"
+    return worst["value"], worst["label"]
+
+
 def threat_models(target: Target, sizes: ProfileSizes, cfg: AssessConfig
                   ) -> tuple[str, list[float], list[float], float, float, str]:
     """The radii at the field's standard scale for this data.
@@ -176,30 +213,22 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
         res.add_figure(p, root, f"Robustness curve ({'L∞' if name == 'linf' else 'ℓ2'})",
                        "Accuracy on the first test points after each attack, by perturbation size ε.")
     n = len(y)
-    rule = "green ≥ 70 %, amber ≥ 40 %, red below (of all evaluated test points)"
     res.add_metric("clean_accuracy", f"clean accuracy on {n} test points", clean, k=n_correct, n=n, risk_up=False,
                    context={"severity": "info", "rule": "for reference: robust accuracy cannot exceed it"})
-    # every evaluated threat model at its reference radius; the verdict is the worst of them (a stronger attack,
-    # e.g. an AutoAttack sandwich, joins by adding its own entry here)
-    threats = [("pgd_linf", f"PGD-L∞ robust accuracy at ε = {ref_linf:.4g}", curves_linf["PGD L∞"][linf.index(ref_linf)],
-                ref_linf),
-               ("pgd_l2", f"PGD-ℓ2 robust accuracy at ε = {ref_l2:.4g}", curves_l2["PGD ℓ2"][l2.index(ref_l2)], ref_l2)]
+    # every attack evaluated at the reference radius of its threat model is a finding; the verdict is the worst
+    i_inf, i_2 = linf.index(ref_linf), l2.index(ref_l2)
+    for attack in ("fgsm", "pgd"):
+        add_threat_metric(res, attack, "linf", ref_linf, curves_linf[f"{attack.upper()} L∞"][i_inf], n, scale)
+        add_threat_metric(res, attack, "l2", ref_l2, curves_l2[f"{attack.upper()} ℓ2"][i_2], n, scale)
+    add_threat_metric(res, "cw", "l2", ref_l2, cw[i_2], len(yc), scale)
     if target.gloro is not None and cert:
-        threats.append(("certified_l2", f"certified accuracy at ℓ2 ε = {ref_l2:.4g} (GloRo)", cert[l2.index(ref_l2)],
-                        ref_l2))
-    worst = min(threats, key=lambda t: t[2])
-    for key, label, value, eps in threats:
-        res.add_metric(f"{key}@{eps:.4g}", label, value, k=round(value * n), n=n, risk_up=False,
-                       headline=key == worst[0], context={"thresholds": list(THRESHOLDS), "rule": rule,
-                                                          "epsilon": eps, "scale": scale})
-    value, label = worst[2], worst[1]
-    others = "; ".join(f"{lab}: {pct(v)}" for k, lab, v, _ in threats if k != worst[0])
-    res.headline = Headline(f"worst threat model: {label}", value, pct(value))
-    res.verdict = traffic_light(value, *THRESHOLDS)
-    res.rule = rule + "; the worst of the evaluated threat models (L∞ and ℓ2 at the reference radii) decides"
-    res.summary = (f"Clean accuracy {pct(clean)} on {n} test points; {label}: {pct(value)} (the worst threat "
-                   f"model; {others}). Radii: {scale}."
-                   + (f" The Lipschitz bound {cert_label.split('(')[0].strip()} {pct(cert[l2.index(ref_l2)])} at "
+        add_threat_metric(res, "certified", "l2", ref_l2, cert[i_2], n, scale, label="certified accuracy (GloRo)")
+    value, label = set_threat_headline(res)
+    others = "; ".join(f"{m['label']}: {pct(m['value'])}" for m in res.metrics
+                       if m["context"].get("threat") and not m["headline"])
+    res.summary = (f"Clean accuracy {pct(clean)} on {n} test points; {label}: {pct(value)} (the worst attack and "
+                   f"threat model; {others}). Radii: {scale}."
+                   + (f" The Lipschitz bound {cert_label.split('(')[0].strip()} {pct(cert[i_2])} at "
                       f"ℓ2 ε = {ref_l2:.4g}." if cert and target.gloro is None else ""))
     res.notes.append("Empirical attacks give an upper bound on true robust accuracy; certified accuracy a lower bound.")
     return res
