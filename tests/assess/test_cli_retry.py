@@ -132,3 +132,32 @@ def test_scan_cli_exits_1_on_a_hostile_file(tmp_path: Path, monkeypatch: pytest.
 
     schema = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text())
     jsonschema.Draft4Validator(schema).validate(json.loads((tmp_path / "scan.sarif").read_text()))
+
+
+def test_assess_diff_cli_exits_1_past_a_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from modelward.assess.findings import section_findings
+    from modelward.assess.sections.common import SectionResult
+
+    def _report(k: int, n: int) -> dict:
+        rob = SectionResult("robustness", "Robustness")
+        rob.add_metric("pgd_linf@0.1", "PGD-L∞ robust accuracy", k / n, k=k, n=n, risk_up=False, headline=True,
+                       context={"thresholds": [0.7, 0.4]})
+        d = rob.to_dict()
+        d["findings"] = section_findings(d, "modelward assess x.toml --out y")
+        return {"sections": [d], "findings": d["findings"]}
+
+    for name, k in (("old", 1600), ("same", 1598), ("worse", 1480)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps(_report(k, 2000)))
+    code, out, _ = _main("assess", "diff", "old", "same", "--fail-on", "robustness:-5", cwd=tmp_path,
+                         monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and "0 past the --fail-on thresholds" in out
+    code, out, _ = _main("assess", "diff", "old", "worse", "--fail-on", "robustness:-5", cwd=tmp_path,
+                         monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 1 and "FAILED robustness:-5" in out
+    code, out, _ = _main("assess", "diff", "old", "worse", "--format", "json", cwd=tmp_path,
+                         monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and json.loads(out)["changes"][0]["significant"]
+    code, _, err = _main("assess", "diff", "old", "nowhere", cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2 and "nowhere" in err

@@ -72,7 +72,10 @@ class AssessConfig(StrictModel):
         profile: ``"quick"``, ``"standard"`` or ``"thorough"``; seed; device.
         sections: the threat areas to run (distinct; default all).
         split: an optional :class:`SplitConfig` (the parts each party would hold).
-        extraction: ``budget`` and ModelGuard ``epsilon``; robustness: ``linf_eps`` / ``l2_eps`` lists.
+        extraction: ``budget`` and ModelGuard ``epsilon``; robustness: ``linf_eps`` / ``l2_eps`` lists (default:
+            the field's radii per modality, see :func:`modelward.assess.sections.robustness.threat_models`).
+        expected_accuracy: the model's own test accuracy, if known: 10 points below it, no verdict is given.
+        code_dir: the folder entry points are imported from (:meth:`resolve_paths` sets the config's folder).
 
     Returns:
         A strict config for :func:`~modelward.assess.run.run_assessment`.

@@ -53,7 +53,7 @@ figcaption { font-size: .82rem; color: #555; } .note { font-size: .82rem; color:
       font-size: .78rem; white-space: pre-wrap; }
 .warn { background: #fff4e0; border-left: 6px solid var(--amber); padding: 10px 14px; margin: 0 0 18px;
         border-radius: 6px; }
-table.findings { width: 100%; } table.findings td { text-align: left; vertical-align: top; }
+table.findings { width: 100%; } table.findings td, table.findings th { text-align: left; vertical-align: top; }
 table.findings td.num { text-align: right; white-space: nowrap; }
 .sev { display: inline-block; padding: 1px 7px; border-radius: 999px; color: #fff; font-size: .72rem;
        font-weight: 600; background: var(--none); }

@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
         from modelward.errors import ConfigError
 
         if str(config) == "diff" and not config.exists():
-            code = _diff(list(ctx.args))
+            code = _diff(list(ctx.args) + (["--format", fmt] if fmt != "html" else []))  # --format is parsed here
             if code:
                 raise typer.Exit(code)
             return

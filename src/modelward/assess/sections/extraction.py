@@ -78,7 +78,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                 f"{r['mean_l1_distortion']:.3f} (serve it with `modelward guard serve "
                 f"examples/guard_{r['defense']}.toml`)" for r in sorted(rows[1:], key=lambda r: r["substitute_accuracy"])]
     res.add_metric("substitute_ratio.unguarded", f"extraction: KnockoffNets substitute accuracy ÷ model accuracy, "
-                   f"unguarded, {budget} queries", unguarded, n=n_test, risk_up=True, unit="ratio", headline=True,
+                   f"unguarded, {budget} queries", unguarded, n=n_test, risk_up=True, headline=True,
                    context={"thresholds": [0.7, 0.9], "ci": [lo / max(victim_acc, 1e-9), hi / max(victim_acc, 1e-9)],
                             "rule": "green ≤ 70 %, amber ≤ 90 %, red above", "actions": measured})
     for r in rows[1:]:
