@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import io
+import json
 import operator
 import os
 import pickle
@@ -149,3 +150,18 @@ def test_only_a_clean_file_is_loaded_and_with_weights_only(corpus: tuple[list[Pa
 def test_a_missing_file_names_the_path_tried(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=str(tmp_path / "nope.pt")):
         scan_file(tmp_path / "nope.pt")
+
+
+def test_assess_refuses_a_hostile_checkpoint_before_loading_anything(tmp_path: Path) -> None:
+    from modelward.assess import AssessConfig, run_assessment
+
+    marker = tmp_path / "ran"
+    torch.save({"0.weight": torch.zeros(2, 64), "x": _Reduce(os.system, (f"touch {marker}",))}, tmp_path / "m.pt")
+    cfg = AssessConfig.model_validate({"checkpoint": "m.pt", "sections": ["robustness"],
+                                       "model": {"arch": "mlp"}}).resolve_paths(tmp_path)
+    with pytest.raises(DataError, match="refused without loading.*posix.system|refused without loading.*system"):
+        run_assessment(cfg, tmp_path / "out")
+    assert not marker.exists()
+    assert not (tmp_path / "out" / "robustness").exists()  # no section ran
+    scan = json.loads((tmp_path / "out" / "supply_chain.json").read_text())
+    assert scan["findings"][0]["severity"] == "critical" and scan["findings"][0]["owasp"]

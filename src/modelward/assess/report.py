@@ -135,6 +135,24 @@ def _findings_table(findings: list[dict[str, Any]]) -> str:
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
+def _model_files(scans: list[dict[str, Any]]) -> str:
+    """What the model-file scan found (nothing was loaded to find it)."""
+    if not scans:
+        return ""
+    rows = []
+    for sc in scans:
+        state = "clean" if sc["clean"] else f"{len(sc['issues'])} issue(s), worst {sc['severity']}"
+        issues = "".join(f"<li>{html.escape(i['severity'])}: {html.escape(i['detail'])} "
+                         f"({html.escape(i['where'])})</li>" for i in sc["issues"])
+        rows.append(f"<tr><td>{html.escape(sc['path'])}</td><td>{html.escape(sc['format'])}</td>"
+                    f"<td>{html.escape(sc['sha256'])}</td><td>{sc['size']:,}</td><td>{html.escape(state)}"
+                    f"{'<ul>' + issues + '</ul>' if issues else ''}</td></tr>")
+    return ('<section class="s" id="model-file"><h2>Model file (supply chain)</h2><p>The checkpoint was examined '
+            "without loading it: pickle opcodes listed (picklescan, strict), nested archives opened, a safetensors "
+            "header checked.</p><table><thead><tr><th>file</th><th>format</th><th>sha256</th><th>bytes</th>"
+            f"<th>scan</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>")
+
+
 def _section(out: Path, s: dict[str, Any]) -> str:
     v = s["verdict"]
     parts = [f'<section class="s" id="{s["section"]}"><h2>{html.escape(s["title"])} '
@@ -194,6 +212,7 @@ def render_html(out: Path, report: dict[str, Any]) -> str:
             f" · seed {report['seeds']['seed']} · {html.escape(report['generated'])}</p>"
             f"{warnings}<h2>Findings</h2>{_findings_table(report.get('findings', []))}"
             f'<div class="cards" style="margin-top:18px">{cards}</div>{body}'
+            f"{_model_files(report.get('model_files', []))}"
             f'<section class="s" id="provenance"><h2>Provenance</h2><h3>Time per section</h3><table>{timing}</table>'
             f"<h3>Versions</h3><table>{versions}</table><h3>Configuration</h3><pre>{cfg}</pre></section>"
             "</main></body></html>")
