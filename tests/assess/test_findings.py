@@ -45,3 +45,28 @@ def test_certify_refuses_a_plain_module_with_a_clear_error() -> None:
 
     with pytest.raises(ConfigError, match="expected a GloroNet, got Sequential"):
         certify(torch.nn.Sequential(torch.nn.Linear(4, 2)), torch.rand(3, 4))  # type: ignore[arg-type]
+
+
+def test_quality_warning_near_chance_and_below_the_record() -> None:
+    import torch
+
+    from modelward.assess.target import Target, quality_warning
+    from modelward.core.data import DataConfig, load_data
+
+    data = load_data(DataConfig(source="breast_cancer"))
+    torch.manual_seed(0)
+    good = torch.nn.Linear(data.x_train.shape[1], 2)
+    opt = torch.optim.Adam(good.parameters(), lr=0.05)
+    for _ in range(150):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(good(data.x_train), data.y_train).backward()
+        opt.step()
+    target = Target(good.eval(), data, lambda: good, None, None, "entrypoint", "linear", record={"test_accuracy": 0.95})
+    acc, warning = quality_warning(target)
+    assert acc > 0.9 and warning is None
+    # the same model fed unstandardised features (a preprocessing mismatch): refused a verdict
+    raw = load_data(DataConfig(source="breast_cancer", standardize=False))
+    target = Target(good, raw, lambda: good, None, None, "entrypoint", "linear", record={"test_accuracy": acc})
+    acc_raw, warning = quality_warning(target, expected_accuracy=acc)
+    assert acc_raw < acc - 0.10 and warning is not None and "no verdict" in warning
+    assert "recorded" in warning and "expected" in warning

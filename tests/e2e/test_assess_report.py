@@ -59,6 +59,7 @@ def test_report_json_has_every_section_with_a_reason_or_a_verdict(report: Path) 
     assert findings and all(f["owasp"] and f["atlas"] and f["nist"] and f["reproduce"] for f in findings)
     assert {f["section"] for f in findings} >= {"robustness", "privacy", "extraction", "explanations", "supply_chain"}
     assert by["privacy"]["status"] == "assessed"  # members: the split recorded in the checkpoint's metadata
+    assert data["warnings"] == [] and data["clean_accuracy"] > 0.8  # the model matches its own record
     rob = [f for f in findings if f["section"] == "robustness" and f["headline"]][0]
     assert rob["ci"][0] <= rob["value"] <= rob["ci"][1] and rob["n"] in (200, 50)  # C&W: 50 points
     assert data["model_files"][0]["clean"] and data["model_files"][0]["format"] == "safetensors"

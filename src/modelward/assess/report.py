@@ -111,6 +111,13 @@ def _card(s: dict[str, Any]) -> str:
             f'<div style="margin-top:6px"><span class="badge {v}">{VERDICT_WORDS[v]}</span></div></div>')
 
 
+def _short_id(framework_id: str) -> str:
+    """'ML04:2023 Membership Inference Attack' → 'ML04:2023'; 'MEASURE 2.10 (privacy ...)' → 'MEASURE 2.10'."""
+    if framework_id.startswith(("MEASURE", "GOVERN", "MAP", "MANAGE")):
+        return framework_id.split(" (")[0]
+    return framework_id.split(" ")[0]
+
+
 def _findings_table(findings: list[dict[str, Any]]) -> str:
     """The findings table at the top of the page: worst first, each with its interval, ids and actions."""
     from modelward.assess.findings import SEVERITY_ORDER, fmt_value
@@ -122,7 +129,8 @@ def _findings_table(findings: list[dict[str, Any]]) -> str:
         ci = f.get("ci")
         value = fmt_value(f["value"], f["unit"]) if f["unit"] != "count" else f"{int(f['value'] or 0)} issue(s)"
         interval = f"{fmt_value(ci[0], f['unit'])} – {fmt_value(ci[1], f['unit'])}" if ci else "–"
-        ids = "<br>".join(html.escape(i) for i in [*f["owasp"], *f["atlas"], *f["nist"]])
+        ids = "<br>".join(f'<span title="{html.escape(i)}">{html.escape(_short_id(i))}</span>'
+                          for i in [*f["owasp"], *f["atlas"], *f["nist"]])
         actions = "".join(f"<li>{html.escape(a)}</li>" for a in f["actions"])
         rows.append(
             f'<tr class="finding" data-severity="{f["severity"]}"><td><span class="sev {f["severity"]}">'
@@ -132,7 +140,9 @@ def _findings_table(findings: list[dict[str, Any]]) -> str:
             f'<pre class="repro">{html.escape(f["reproduce"])}</pre></td></tr>')
     return ('<table class="findings" id="findings-table"><thead><tr><th>severity</th><th>finding</th><th>value</th>'
             "<th>95 % CI</th><th>OWASP ML / MITRE ATLAS / NIST AI RMF</th><th>what to do</th></tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table>")
+            f"<tbody>{''.join(rows)}</tbody></table><p class=\"note\">Ids: OWASP Machine Learning Security Top 10 "
+            "(2023), MITRE ATLAS techniques, NIST AI RMF 1.0 subcategories (names in report.json and "
+            "report.sarif). Intervals: Clopper–Pearson for rates counted from n points, Student-t over seeds.</p>")
 
 
 def _model_files(scans: list[dict[str, Any]]) -> str:
