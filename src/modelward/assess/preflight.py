@@ -46,14 +46,12 @@ def preflight(cfg: AssessConfig, out: Path) -> None:
 
     atomic_write_text(out / "assess.toml", to_toml(cfg.model_dump(mode="json")))
     scan_checkpoint(cfg, out)
-    target_file = out / "target.json"
-    if target_file.is_file() and "clean_accuracy" in json.loads(target_file.read_text()):
-        return
+    # checked on every run, not cached: an entry point's code may have been fixed since the last one
     from modelward.assess.target import load_target, quality_warning
 
     target = load_target(cfg)  # fails fast on a bad checkpoint / data before any section runs
     acc, warning = quality_warning(target, cfg.expected_accuracy)
-    atomic_write_json(target_file, {"description": target.description, "kind": target.kind, "clean_accuracy": acc,
+    atomic_write_json(out / "target.json", {"description": target.description, "kind": target.kind, "clean_accuracy": acc,
                                     "warning": warning, "membership": target.membership})
 
 
