@@ -5,8 +5,6 @@ device the machine lacks is refused before any work, and `scan` exits 1 on a hos
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -41,12 +39,6 @@ def build():
 '''
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run([sys.executable, "-m", "modelward.cli.main", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env=env)
-
-
 def _main(*args: str, cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
           ) -> tuple[int, str, str]:
     """The real entry point in this process (cheaper than a new interpreter): (exit code, stdout, stderr)."""
@@ -63,23 +55,32 @@ def _main(*args: str, cwd: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest
     return code, out, err
 
 
-def test_a_failed_section_exits_1_and_is_retried_after_the_fix(tmp_path: Path) -> None:
+def test_a_failed_section_exits_1_and_is_retried_after_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+
     proj = tmp_path / "proj"
     proj.mkdir()
-    (proj / "mynet.py").write_text(BROKEN)
+    (proj / "mynet_retry.py").write_text(BROKEN)
     (proj / "assess.toml").write_text('name = "mine"\nsections = ["explanations"]\n'
-                                      '[model]\narch = "entrypoint"\nentrypoint = "mynet:build"\n')
+                                      '[model]\narch = "entrypoint"\nentrypoint = "mynet_retry:build"\n')
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the entry point's folder is added to it for this test only
     # run from another folder: the entry point is imported from the config's folder, without PYTHONPATH
-    r = _cli("assess", str(proj / "assess.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "failed" in r.stdout
+    code, out, err = _main("assess", str(proj / "assess.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path,
+                           monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 1, out + err
+    assert "failed" in out
     sec = json.loads((tmp_path / "out" / "report.json").read_text())["sections"][0]
     assert sec["status"] == "failed" and (tmp_path / "out" / "explanations" / "error.txt").is_file()
-    (proj / "mynet.py").write_text(FIXED)  # the cause is fixed: the same command re-runs the failed section
-    r = _cli("assess", str(proj / "assess.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
+    (proj / "mynet_retry.py").write_text(FIXED)  # the cause is fixed: the same command re-runs the failed section
+    sys.modules.pop("mynet_retry", None)  # (a new process would import the file afresh)
+    importlib.invalidate_caches()
+    code, out, err = _main("assess", str(proj / "assess.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path,
+                           monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, out + err
     sec = json.loads((tmp_path / "out" / "report.json").read_text())["sections"][0]
     assert sec["status"] == "assessed" and sec["findings"]
+    sys.modules.pop("mynet_retry", None)
 
 
 def test_a_device_the_machine_lacks_is_refused_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

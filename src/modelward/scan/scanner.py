@@ -342,7 +342,14 @@ def load_checked_torch_file(path: str | Path) -> tuple[dict[str, Any], FileScan]
     """
     import torch
 
-    scan = scan_file(path)
+    try:
+        scan = scan_file(path)
+    except DataError as e:
+        if "picklescan" not in str(e):
+            raise
+        raise DataError(f"{path}: a pickle-based checkpoint is read only after a scan, and the scanner is not "
+                        "installed (pip install 'modelward[scan]'); or convert it yourself, on a file you trust: "
+                        f"{conversion_command(path)}") from None
     if not scan.clean:
         worst = "; ".join(f"{i.severity}: {i.detail} ({i.where})" for i in scan.issues[:5])
         raise DataError(f"{path}: refused without loading, the model-file scan found {len(scan.issues)} issue(s): "
