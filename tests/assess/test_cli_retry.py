@@ -162,3 +162,15 @@ def test_assess_diff_cli_exits_1_past_a_gate(tmp_path: Path, monkeypatch: pytest
     assert code == 0 and json.loads(out)["changes"][0]["significant"]
     code, _, err = _main("assess", "diff", "old", "nowhere", cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
     assert code == 2 and "nowhere" in err
+
+
+def test_a_missing_relative_file_names_the_path_tried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "assess.toml").write_text('name = "m"\n[model]\narch = "entrypoint"\nentrypoint = "nets_missing:build"\n'
+                                      '[data]\nsource = "csv"\npath = "data/train.csv"\nlabel_column = "y"\n')
+    code, _, err = _main("assess", str(proj / "assess.toml"), "--out", "out", cwd=tmp_path, monkeypatch=monkeypatch,
+                         capsys=capsys)
+    assert code == 2
+    assert str(proj / "data" / "train.csv") in err.replace("\n", "")  # relative to the config, not to the cwd

@@ -165,3 +165,20 @@ def test_assess_refuses_a_hostile_checkpoint_before_loading_anything(tmp_path: P
     assert not (tmp_path / "out" / "robustness").exists()  # no section ran
     scan = json.loads((tmp_path / "out" / "supply_chain.json").read_text())
     assert scan["findings"][0]["severity"] == "critical" and scan["findings"][0]["owasp"]
+
+
+def test_without_the_scanner_a_pickle_is_refused_with_the_conversion(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins as b
+
+    torch.save({"w": torch.zeros(2)}, tmp_path / "m.pt")
+    real_import = b.__import__
+
+    def no_picklescan(name: str, *args: object, **kwargs: object) -> object:
+        if name.startswith("picklescan"):
+            raise ImportError("No module named 'picklescan'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(b, "__import__", no_picklescan)
+    with pytest.raises(DataError, match="weights_only=True.*save_file"):
+        load_checked_torch_file(tmp_path / "m.pt")
