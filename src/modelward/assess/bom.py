@@ -9,18 +9,11 @@ package metadata). Nothing is downloaded; the BOM is validated against CycloneDX
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+from modelward.scan.scanner import sha256_file as _sha256
 
 
 def build_bom(report: dict[str, Any]) -> Any:

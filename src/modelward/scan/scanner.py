@@ -217,9 +217,10 @@ def _scan_safetensors(path: Path, scan: FileScan) -> None:
                                      f"holds {size - 8 - n} data bytes"))
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: str | Path) -> str:
+    """The SHA-256 hex digest of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
-    with path.open("rb") as f:
+    with Path(path).open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -255,7 +256,7 @@ def scan_file(path: str | Path) -> FileScan:
     size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(16)
-    scan = FileScan(str(path), "unknown", _sha256(path), size)
+    scan = FileScan(str(path), "unknown", sha256_file(path), size)
     if path.suffix == ".safetensors" or _looks_safetensors(head, size):
         scan.format = "safetensors"
         _scan_safetensors(path, scan)
