@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 # the extras the test suite exercises (each optional backend's tests skip, saying so, when it is missing)
-EXTRAS := test,cluster,report,privacy,cost
+EXTRAS := test,cluster,report,privacy,cost,scan,bom
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .PHONY: install browser demo test lint bench clean

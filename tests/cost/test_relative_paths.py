@@ -9,7 +9,7 @@ import torch
 
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.cost.split import write_parties
-from modelward.governance.config import load_party_config
+from modelward.governance.party.config import load_party_config
 
 
 def test_party_files_written_under_a_relative_folder_resolve_to_existing_files(tmp_path, monkeypatch):

@@ -54,6 +54,17 @@ def test_report_json_has_every_section_with_a_reason_or_a_verdict(report: Path) 
     assert by["robustness"]["status"] == "assessed" and by["extraction"]["status"] == "assessed"
     assert by["completion"]["status"] == "not_assessed" and "split" in by["completion"]["reason"]
     assert set(data["timing"]) == set(names) and data["versions"]["torch"]
+    # findings: the JSON twin carries them, each filed under OWASP ML Top 10 and MITRE ATLAS, with an interval
+    findings = data["findings"]
+    assert findings and all(f["owasp"] and f["atlas"] and f["nist"] and f["reproduce"] for f in findings)
+    assert {f["section"] for f in findings} >= {"robustness", "privacy", "extraction", "explanations", "supply_chain"}
+    assert by["privacy"]["status"] == "assessed"  # members: the split recorded in the checkpoint's metadata
+    assert data["warnings"] == [] and data["clean_accuracy"] > 0.8  # the model matches its own record
+    rob = [f for f in findings if f["section"] == "robustness" and f["headline"]][0]
+    assert rob["ci"][0] <= rob["value"] <= rob["ci"][1] and rob["n"] in (200, 50)  # C&W: 50 points
+    assert data["model_files"][0]["clean"] and data["model_files"][0]["format"] == "safetensors"
+    sarif = json.loads((report / "report.sarif").read_text())
+    assert len(sarif["runs"][0]["results"]) == len(findings)
     html = (report / "report.html").read_text()
     assert "<script" not in html.lower() and "http://" not in html and "https://" not in html
     # resuming a finished assessment recomputes nothing and gives the same sections
@@ -79,6 +90,18 @@ def test_report_renders_in_headless_chromium(report: Path) -> None:
         for section in ("robustness", "privacy", "extraction", "completion", "explanations", "provenance"):
             assert page.locator(f"section#{section}").count() == 1, section
         assert page.locator(".card").count() == 5
+        # the findings table comes first, one row per finding, each with its OWASP and ATLAS ids, visible
+        table = page.locator("table#findings-table")
+        assert table.count() == 1 and table.is_visible()
+        n_findings = len(json.loads((report / "report.json").read_text())["findings"])
+        rows = table.locator("tbody tr.finding")
+        assert rows.count() == n_findings
+        for i in range(rows.count()):
+            text = rows.nth(i).inner_text()
+            assert "ML0" in text and "AML.T" in text, text
+        top = page.evaluate("document.querySelector('#findings-table').getBoundingClientRect().top")
+        first_section = page.evaluate("document.querySelector('section#robustness').getBoundingClientRect().top")
+        assert top < first_section
         broken = page.evaluate("Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0)"
                                ".map(i => i.alt)")
         assert page.locator("img").count() >= 3 and broken == []

@@ -72,7 +72,10 @@ class AssessConfig(StrictModel):
         profile: ``"quick"``, ``"standard"`` or ``"thorough"``; seed; device.
         sections: the threat areas to run (distinct; default all).
         split: an optional :class:`SplitConfig` (the parts each party would hold).
-        extraction: ``budget`` and ModelGuard ``epsilon``; robustness: ``linf_eps`` / ``l2_eps`` lists.
+        extraction: ``budget`` and ModelGuard ``epsilon``; robustness: ``linf_eps`` / ``l2_eps`` lists (default:
+            the field's radii per modality, see :func:`modelward.assess.sections.robustness.threat_models`).
+        expected_accuracy: the model's own test accuracy, if known: 10 points below it, no verdict is given.
+        code_dir: the folder entry points are imported from (:meth:`resolve_paths` sets the config's folder).
 
     Returns:
         A strict config for :func:`~modelward.assess.run.run_assessment`.
@@ -95,6 +98,8 @@ class AssessConfig(StrictModel):
     split: SplitConfig | None = None
     extraction: ExtractionOptions = Field(default_factory=ExtractionOptions)
     robustness: RobustnessOptions = Field(default_factory=RobustnessOptions)
+    expected_accuracy: float | None = Field(None, gt=0.0, le=1.0)  # the model's own test accuracy, if known
+    code_dir: str | None = None  # where entry points are imported from (set to the config file's folder)
 
     @model_validator(mode="after")
     def _needs_a_model(self) -> AssessConfig:
@@ -107,10 +112,18 @@ class AssessConfig(StrictModel):
         return self
 
     def resolve_paths(self, base: Path) -> AssessConfig:
-        """Checkpoint and data paths relative to the config file's folder (so a config works from any folder)."""
-        upd = {}
+        """Every relative path (checkpoint, data files, split study) relative to the config file's folder, and
+        entry points importable from it (so a config works from any folder, without ``PYTHONPATH=.``)."""
+        upd: dict = {"code_dir": self.code_dir or str(base.resolve())}
+
+        def rel(p: str | None) -> str | None:
+            return p if p is None or Path(p).is_absolute() else str((base / p).resolve())
+
         if self.checkpoint and not Path(self.checkpoint).is_absolute():
             upd["checkpoint"] = str((base / self.checkpoint).resolve())
+        if self.data is not None:
+            keys = ("path", "labels_path", "test_path", "test_labels_path", "train_index")
+            upd["data"] = self.data.model_copy(update={k: rel(getattr(self.data, k)) for k in keys})
         if self.split is not None and self.split.study and not Path(self.split.study).is_absolute():
             upd["split"] = self.split.model_copy(update={"study": str((base / self.split.study).resolve())})
         return self.model_copy(update=upd)

@@ -12,9 +12,9 @@ class ProfileSizes:
     """Sizes of every section's work; the report states the profile used."""
 
     n_eval: int  # test points attacked / certified
-    linf_eps: tuple[float, ...]  # for inputs scaled to [0, 1]
+    linf_eps: tuple[float, ...]  # for images in [0, 1] (tabular: in units of each feature's standard deviation)
     l2_eps: tuple[float, ...]
-    reference_l2: float  # the ε of the robustness verdict
+    reference_l2: float  # the ℓ2 ε of the robustness verdict (images in [0, 1]: 0.5, as RobustBench)
     pgd_steps: int
     cw_points: int
     cw_steps: int
@@ -27,18 +27,20 @@ class ProfileSizes:
     completion_steps: int | None  # None: the recipe's steps
     inversion_steps: int
     explain_points: int
+    reference_linf: float = 8 / 255  # the L∞ ε of the robustness verdict (images in [0, 1], as RobustBench)
 
 
 PROFILES: dict[Profile, ProfileSizes] = {
-    "quick": ProfileSizes(n_eval=200, linf_eps=(0.05, 0.1, 0.2), l2_eps=(0.25, 0.5, 1.0), reference_l2=0.5,
+    "quick": ProfileSizes(n_eval=200, linf_eps=(2 / 255, 8 / 255, 16 / 255), l2_eps=(0.25, 0.5, 1.0), reference_l2=0.5,
                           pgd_steps=10, cw_points=50, cw_steps=100, shadows=4, shadow_steps=None, mia_points=300,
                           query_budget=400, substitute_epochs=8, completion_seeds=1, completion_steps=200,
                           inversion_steps=60, explain_points=100),
-    "standard": ProfileSizes(n_eval=500, linf_eps=(0.02, 0.05, 0.1, 0.2, 0.3), l2_eps=(0.25, 0.5, 1.0, 1.5),
+    "standard": ProfileSizes(n_eval=500, linf_eps=(2 / 255, 4 / 255, 8 / 255, 16 / 255, 0.1),
+                             l2_eps=(0.25, 0.5, 1.0, 1.5),
                              reference_l2=0.5, pgd_steps=40, cw_points=200, cw_steps=100, shadows=16,
                              shadow_steps=None, mia_points=1000, query_budget=1500, substitute_epochs=20,
                              completion_seeds=2, completion_steps=None, inversion_steps=200, explain_points=300),
-    "thorough": ProfileSizes(n_eval=2000, linf_eps=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3),
+    "thorough": ProfileSizes(n_eval=2000, linf_eps=(1 / 255, 2 / 255, 4 / 255, 8 / 255, 16 / 255, 0.1, 0.2),
                              l2_eps=(0.1, 0.25, 0.5, 1.0, 1.5, 2.0), reference_l2=0.5, pgd_steps=100, cw_points=500,
                              cw_steps=300, shadows=64, shadow_steps=None, mia_points=5000, query_budget=5000,
                              substitute_epochs=30, completion_seeds=3, completion_steps=None, inversion_steps=500,

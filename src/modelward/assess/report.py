@@ -51,6 +51,16 @@ figure { margin: 12px 0; } figure img { max-width: 100%; height: auto; border: 1
 figcaption { font-size: .82rem; color: #555; } .note { font-size: .82rem; color: #555; }
 .na { color: #6b6b6b; font-style: italic; } pre { background: #f4f4f4; padding: 10px; overflow-x: auto;
       font-size: .78rem; white-space: pre-wrap; }
+.warn { background: #fff4e0; border-left: 6px solid var(--amber); padding: 10px 14px; margin: 0 0 18px;
+        border-radius: 6px; }
+table.findings { width: 100%; } table.findings td, table.findings th { text-align: left; vertical-align: top; }
+table.findings td.num { text-align: right; white-space: nowrap; }
+.sev { display: inline-block; padding: 1px 7px; border-radius: 999px; color: #fff; font-size: .72rem;
+       font-weight: 600; background: var(--none); }
+.sev.critical { background: #6d0f0a; } .sev.high { background: var(--red); } .sev.medium { background: var(--amber); }
+.sev.low { background: var(--green); } .sev.info { background: var(--info); }
+.ids { font-size: .74rem; color: #444; } ul.actions { margin: 0; padding-left: 16px; font-size: .8rem; }
+pre.repro { font-size: .7rem; padding: 4px 6px; margin: 4px 0 0; }
 @media print { body { background: #fff; } section.s, .card { box-shadow: none; border: 1px solid #ccc; }
                figure, table { page-break-inside: avoid; } }
 """
@@ -101,10 +111,63 @@ def _card(s: dict[str, Any]) -> str:
             f'<div style="margin-top:6px"><span class="badge {v}">{VERDICT_WORDS[v]}</span></div></div>')
 
 
+def _short_id(framework_id: str) -> str:
+    """'ML04:2023 Membership Inference Attack' → 'ML04:2023'; 'MEASURE 2.10 (privacy ...)' → 'MEASURE 2.10'."""
+    if framework_id.startswith(("MEASURE", "GOVERN", "MAP", "MANAGE")):
+        return framework_id.split(" (")[0]
+    return framework_id.split(" ")[0]
+
+
+def _findings_table(findings: list[dict[str, Any]]) -> str:
+    """The findings table at the top of the page: worst first, each with its interval, ids and actions."""
+    from modelward.assess.findings import SEVERITY_ORDER, fmt_value
+
+    if not findings:
+        return '<p class="na">No findings (no section was assessed).</p>'
+    rows = []
+    for f in sorted(findings, key=lambda f: (SEVERITY_ORDER.index(f["severity"]), not f.get("headline"))):
+        ci = f.get("ci")
+        value = fmt_value(f["value"], f["unit"]) if f["unit"] != "count" else f"{int(f['value'] or 0)} issue(s)"
+        interval = f"{fmt_value(ci[0], f['unit'])} – {fmt_value(ci[1], f['unit'])}" if ci else "–"
+        ids = "<br>".join(f'<span title="{html.escape(i)}">{html.escape(_short_id(i))}</span>'
+                          for i in [*f["owasp"], *f["atlas"], *f["nist"]])
+        actions = "".join(f"<li>{html.escape(a)}</li>" for a in f["actions"])
+        rows.append(
+            f'<tr class="finding" data-severity="{f["severity"]}"><td><span class="sev {f["severity"]}">'
+            f'{f["severity"]}</span></td><td><b>{html.escape(f["title"])}</b><div class="ids">{html.escape(f["id"])}'
+            f'</div></td><td class="num">{value}</td><td class="num">{interval}</td><td class="ids">{ids}</td>'
+            f'<td><ul class="actions">{actions}</ul><p class="note">Verdict rule: {html.escape(f["rule"])}</p>'
+            f'<pre class="repro">{html.escape(f["reproduce"])}</pre></td></tr>')
+    return ('<table class="findings" id="findings-table"><thead><tr><th>severity</th><th>finding</th><th>value</th>'
+            "<th>95 % CI</th><th>OWASP ML / MITRE ATLAS / NIST AI RMF</th><th>what to do</th></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table><p class=\"note\">Ids: OWASP Machine Learning Security Top 10 "
+            "(2023), MITRE ATLAS techniques, NIST AI RMF 1.0 subcategories (names in report.json and "
+            "report.sarif). Intervals: Clopper–Pearson for rates counted from n points, Student-t over seeds.</p>")
+
+
+def _model_files(scans: list[dict[str, Any]]) -> str:
+    """What the model-file scan found (nothing was loaded to find it)."""
+    if not scans:
+        return ""
+    rows = []
+    for sc in scans:
+        state = "clean" if sc["clean"] else f"{len(sc['issues'])} issue(s), worst {sc['severity']}"
+        issues = "".join(f"<li>{html.escape(i['severity'])}: {html.escape(i['detail'])} "
+                         f"({html.escape(i['where'])})</li>" for i in sc["issues"])
+        rows.append(f"<tr><td>{html.escape(sc['path'])}</td><td>{html.escape(sc['format'])}</td>"
+                    f"<td>{html.escape(sc['sha256'])}</td><td>{sc['size']:,}</td><td>{html.escape(state)}"
+                    f"{'<ul>' + issues + '</ul>' if issues else ''}</td></tr>")
+    return ('<section class="s" id="model-file"><h2>Model file (supply chain)</h2><p>The checkpoint was examined '
+            "without loading it: pickle opcodes listed (picklescan, strict), nested archives opened, a safetensors "
+            "header checked.</p><table><thead><tr><th>file</th><th>format</th><th>sha256</th><th>bytes</th>"
+            f"<th>scan</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>")
+
+
 def _section(out: Path, s: dict[str, Any]) -> str:
     v = s["verdict"]
     parts = [f'<section class="s" id="{s["section"]}"><h2>{html.escape(s["title"])} '
              f'<span class="badge {v}">{VERDICT_WORDS[v]}</span></h2>']
+    parts += [f'<p class="warn">{html.escape(w)}</p>' for w in s.get("warnings", [])]
     if s["status"] == "not_assessed":
         parts.append(f'<p class="na">Not assessed, because {html.escape(s["reason"])}.</p>')
     elif s["status"] == "failed":
@@ -128,7 +191,12 @@ def build_report(out: Path) -> dict[str, Any]:
     cfg = json.loads((out / "assess.json").read_text())
     target = json.loads((out / "target.json").read_text()) if (out / "target.json").is_file() else {}
     sections = load_sections(out)
+    supply = json.loads((out / "supply_chain.json").read_text()) if (out / "supply_chain.json").is_file() else {}
+    findings = [*supply.get("findings", []), *(f for s in sections for f in s.get("findings", []))]
     return {
+        "findings": findings, "warnings": [target["warning"]] if target.get("warning") else [],
+        "clean_accuracy": target.get("clean_accuracy"), "membership": target.get("membership"),
+        "model_files": supply.get("scans", []),
         "name": cfg["name"], "model": target.get("description", cfg.get("checkpoint")),
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "profile": cfg["profile"],
         "profile_sizes": PROFILES[cfg["profile"]].__dict__, "seeds": {"seed": cfg["seed"]},
@@ -144,13 +212,17 @@ def render_html(out: Path, report: dict[str, Any]) -> str:
     versions = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
                        for k, v in report["versions"].items())
     cfg = html.escape(json.dumps(report["config"], indent=2))
+    warnings = "".join(f'<p class="warn" id="quality-warning"><b>Warning:</b> {html.escape(w)}</p>'
+                       for w in report.get("warnings", []))
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>modelward security report: {html.escape(report['name'])}</title><style>{CSS}</style></head>"
             f"<body><main><h1>Security report: {html.escape(report['name'])}</h1>"
             f'<p class="sub">{html.escape(str(report["model"]))} · profile <b>{html.escape(report["profile"])}</b>'
             f" · seed {report['seeds']['seed']} · {html.escape(report['generated'])}</p>"
-            f'<div class="cards">{cards}</div>{body}'
+            f"{warnings}<h2>Findings</h2>{_findings_table(report.get('findings', []))}"
+            f'<div class="cards" style="margin-top:18px">{cards}</div>{body}'
+            f"{_model_files(report.get('model_files', []))}"
             f'<section class="s" id="provenance"><h2>Provenance</h2><h3>Time per section</h3><table>{timing}</table>'
             f"<h3>Versions</h3><table>{versions}</table><h3>Configuration</h3><pre>{cfg}</pre></section>"
             "</main></body></html>")
@@ -168,8 +240,17 @@ def write_report(out: str | Path) -> tuple[Path, Path]:
     Example:
         >>> json_path, html_path = write_report("assess-out")  # doctest: +SKIP
     """
+    from modelward.assess.sarif import to_sarif
+
     out = Path(out)
     report = build_report(out)
     j = atomic_write_json(out / "report.json", report)
     h = atomic_write_text(out / "report.html", render_html(out, report))
+    atomic_write_json(out / "report.sarif", to_sarif(report["findings"], default_location=str(h)))
+    try:
+        from modelward.assess.bom import write_bom
+
+        write_bom(out, report)
+    except ImportError:  # cyclonedx-python-lib is optional (modelward[bom])
+        pass
     return j, h

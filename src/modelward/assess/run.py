@@ -64,9 +64,17 @@ def execute_section(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str,
         result = SectionResult(name, TITLES[name], status="failed", verdict="none",
                                reason=f"{type(e).__name__}: {e} (traceback in {name}/error.txt)")
     result.seconds = time.perf_counter() - t0
-    data = result.to_dict()
+    from modelward.assess.findings import attach_findings
+
+    data = attach_findings(result.to_dict(), root)
     atomic_write_json(out / "section.json", data)
+    if data["status"] == "failed":  # the ledger records it as failed: the next run retries it (#31.7)
+        raise SectionFailed(f"{name}: {data['reason']}")
     return data
+
+
+class SectionFailed(RuntimeError):
+    """A section crashed; its section.json says why, and the ledger keeps it pending for the next run."""
 
 
 def plan_sections(cfg: AssessConfig, out: Path) -> list[RunSpec]:
@@ -75,7 +83,8 @@ def plan_sections(cfg: AssessConfig, out: Path) -> list[RunSpec]:
 
 
 def run_assessment(cfg: AssessConfig, out: str | Path, *, workers: int = 1, executor: str = "local",
-                   address: str | None = None, progress: ProgressSink | None = None) -> RunOutcome:
+                   address: str | None = None, progress: ProgressSink | None = None,
+                   retry: bool = False) -> RunOutcome:
     """Run (or resume) every section of `cfg` in folder `out`, then write report.json and report.html.
 
     Args:
@@ -83,6 +92,7 @@ def run_assessment(cfg: AssessConfig, out: str | Path, *, workers: int = 1, exec
         out: the output folder (one assessment per folder: another config there is refused).
         workers, executor, address: where sections run (see :func:`modelward.core.runner.run_plan`).
         progress: receives one unit per section.
+        retry: also re-run sections recorded as *not assessed* (failed ones are always re-run).
 
     Returns:
         The runner's :class:`~modelward.core.runner.RunOutcome` (failed sections are also in the report).
@@ -91,18 +101,18 @@ def run_assessment(cfg: AssessConfig, out: str | Path, *, workers: int = 1, exec
         >>> from modelward.assess import AssessConfig, run_assessment
         >>> run_assessment(AssessConfig(checkpoint="model.safetensors"), "assess-out")  # doctest: +SKIP
     """
+    from modelward.assess.preflight import preflight, reopen_sections
     from modelward.assess.report import write_report
+    from modelward.core.device import resolve_device
 
+    resolve_device(cfg.device)  # a device this machine lacks is refused before any work
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     ledger = RunLedger(out / "ledger.sqlite")
     ledger.bind_config(cfg, exclude={"device"})  # the same assessment may resume on another device
     atomic_write_json(out / "assess.json", cfg.model_dump(mode="json"))
-    if not (out / "target.json").is_file():
-        from modelward.assess.target import load_target
-
-        target = load_target(cfg)  # fails fast on a bad checkpoint / data before any section runs
-        atomic_write_json(out / "target.json", {"description": target.description, "kind": target.kind})
+    preflight(cfg, out)  # model-file scan, the model and data loaded once, the quality check, assess.toml
+    reopen_sections(ledger, out, cfg.sections, retry=retry)
     outcome = run_plan(ledger, plan_sections(cfg, out), execute_section, workers=workers, executor=executor,
                        address=address, progress=progress, description="assess",
                        on_result=lambda rid, r: f"{r['section']}: {r['status']}")

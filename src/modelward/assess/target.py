@@ -40,12 +40,55 @@ class Target:
     gloro: nn.Module | None
     kind: str
     description: str
+    # how members (x_train) and non-members (x_test) are known to be exactly what the model was trained and held
+    # out on; None: they are not (privacy then refuses rather than score the wrong points)
+    membership: str | None = None
+    record: dict[str, float] | None = None  # what the checkpoint recorded about itself (final test loss, accuracy)
+
+
+PICKLE_CHECKPOINTS = (".pt", ".pth", ".bin", ".ckpt")
 
 
 def _metadata(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     if not path.is_file():
-        raise DataError(f"{path}: checkpoint not found")
+        raise DataError(f"{path}: checkpoint not found (the path tried; a relative checkpoint is read from the "
+                        "config file's folder)")
+    if path.suffix in PICKLE_CHECKPOINTS:  # a pickle: scanned first, then read by weights_only only if clean
+        from modelward.scan.scanner import load_checked_torch_file
+
+        tensors, _ = load_checked_torch_file(path)
+        return tensors, {}
     return load_state_dict(path)
+
+
+def _membership(cfg: AssessConfig, data_cfg: DataConfig, meta: dict) -> str | None:
+    if data_cfg.test_path:
+        return f"members: {data_cfg.path}; non-members: the separate test file {data_cfg.test_path}"
+    if data_cfg.train_index:
+        return f"members: the rows of {data_cfg.path} listed in {data_cfg.train_index}; non-members: the others"
+    if "data" in meta and _same_data(DataConfig.model_validate(meta["data"]), data_cfg):
+        return ("the training/test split recorded in the checkpoint's metadata (`modelward train` with this data "
+                "config), reproduced exactly")
+    return None
+
+
+_PATH_KEYS = ("path", "labels_path", "test_path", "test_labels_path", "train_index")
+
+
+def _same_data(recorded: DataConfig, given: DataConfig) -> bool:
+    """The same data config up to where its files are (a recorded relative path vs the resolved absolute one)."""
+    a, b = recorded.model_dump(), given.model_dump()
+    for k in _PATH_KEYS:
+        a[k], b[k] = (None if a[k] is None else Path(a[k]).name), (None if b[k] is None else Path(b[k]).name)
+    return a == b
+
+
+def _code_path(cfg: AssessConfig) -> None:
+    """Entry points are imported from the config file's folder (then the usual sys.path)."""
+    import sys
+
+    if cfg.code_dir and cfg.code_dir not in sys.path:
+        sys.path.insert(0, cfg.code_dir)
 
 
 def load_target(cfg: AssessConfig) -> Target:
@@ -58,6 +101,7 @@ def load_target(cfg: AssessConfig) -> Target:
         return _gloro_target(cfg, meta)
     data_cfg = cfg.data or (DataConfig.model_validate(meta["data"]) if "data" in meta else DataConfig())
     data = load_data(data_cfg)
+    _code_path(cfg)
     model_cfg = cfg.model or (model_config_from_metadata(meta["model"], str(cfg.checkpoint)) if "model" in meta
                               else None)
     if model_cfg is None:
@@ -78,8 +122,12 @@ def load_target(cfg: AssessConfig) -> Target:
     model.eval()
     kind = "entrypoint" if model_cfg.arch == "entrypoint" else "zoo"
     n_params = sum(p.numel() for p in model.parameters())
+    record = {k: float(meta[k]) for k in ("final_test_loss", "test_accuracy") if isinstance(meta.get(k), int | float)}
+    if meta.get("loss") not in (None, "cross_entropy"):
+        record.pop("final_test_loss", None)  # only a cross-entropy record compares with what is measured here
     return Target(model, data, factory, model_cfg, None, kind,
-                  f"{model_cfg.arch} ({n_params:,} parameters) on {data.describe()}")
+                  f"{model_cfg.arch} ({n_params:,} parameters) on {data.describe()}",
+                  _membership(cfg, data_cfg, meta), record)
 
 
 def _gloro_target(cfg: AssessConfig, meta: dict) -> Target:
@@ -101,6 +149,49 @@ def _gloro_target(cfg: AssessConfig, meta: dict) -> Target:
     model = net.f
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
+    data_cfg = cfg.data or rcfg.data
+    membership = _membership(cfg, data_cfg, {"data": rcfg.data.model_dump(mode="json")})
     return Target(model, data, factory, None, net, "gloro",
                   f"GloRo net {rcfg.model.arch!r} ({n_params:,} parameters, trained at ε = {net.epsilon}) on "
-                  f"{data.describe()}")
+                  f"{data.describe()}", membership)
+
+
+def quality_warning(target: Target, expected_accuracy: float | None = None) -> tuple[float, str | None]:
+    """The model's clean test accuracy, and a warning when it is near chance or far below the model's own record
+    (a preprocessing or architecture mismatch: every verdict would then describe another model).
+
+    Args:
+        target: the loaded target.
+        expected_accuracy: the accuracy the owner recorded (``expected_accuracy`` in the config), if any.
+
+    Returns:
+        ``(accuracy, warning or None)``. Near chance: at most the majority-class rate + 5 points (or 1/K + 5).
+        Far below the record: 10 points under ``expected_accuracy``, or a cross-entropy 1.5× + 0.1 over the
+        checkpoint's recorded final test loss.
+    """
+    d = target.data
+    model = target.model
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+    with torch.no_grad():
+        logits = torch.cat([model(d.x_test[i : i + 512].to(dev)).cpu() for i in range(0, len(d.x_test), 512)])
+    acc = float((logits.argmax(1) == d.y_test).float().mean())
+    loss = float(torch.nn.functional.cross_entropy(logits, d.y_test))
+    counts = torch.bincount(d.y_train, minlength=d.num_classes).float()
+    chance = max(float(counts.max() / counts.sum()), 1.0 / d.num_classes)
+    problems = []
+    if acc <= chance + 0.05:
+        problems.append(f"clean test accuracy {100 * acc:.1f} % is near chance ({100 * chance:.1f} %, the majority "
+                        "class)")
+    if expected_accuracy is not None and acc < expected_accuracy - 0.10:
+        problems.append(f"clean test accuracy {100 * acc:.1f} % is far below the expected {100 * expected_accuracy:.1f} %")
+    rec = target.record or {}
+    if "test_accuracy" in rec and acc < rec["test_accuracy"] - 0.10:
+        problems.append(f"clean test accuracy {100 * acc:.1f} % is far below the checkpoint's recorded "
+                        f"{100 * rec['test_accuracy']:.1f} %")
+    if "final_test_loss" in rec and loss > 1.5 * rec["final_test_loss"] + 0.1:
+        problems.append(f"test cross-entropy {loss:.3f} is far above the checkpoint's recorded "
+                        f"{rec['final_test_loss']:.3f}")
+    if not problems:
+        return acc, None
+    return acc, ("; ".join(problems) + ". The data or preprocessing probably differ from what the model was trained "
+                 "on (check [data]: path, standardize, channels, scaling): no verdict is given")

@@ -41,6 +41,7 @@ SINGLE: dict[str, tuple[str, str]] = {
     "bias": ("modelward.cli.bias", "Bias amplification and its mitigations (feature parity, experts, l1)."),
     "cost": ("modelward.cli.cost", "Measure latency, throughput, bytes on the wire and agreement of every "
                                    "cryptographic backend."),
+    "scan": ("modelward.cli.scan", "Examine model files (pickle, zip, safetensors) for code without loading them."),
 }
 COMMANDS = [module for module, _ in SINGLE.values()]  # (kept for callers that listed the modules)
 

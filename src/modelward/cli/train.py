@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         from modelward.cli._outdir import check_out_dir
         from modelward.core.io import save_state_dict
         from modelward.core.progress import make_progress
-        from modelward.core.train import Checkpointing, fit_from_config
+        from modelward.core.train import Checkpointing, evaluate, fit_from_config
         from modelward.errors import ConfigError
 
         console = Console()
@@ -79,6 +79,8 @@ def register(app: typer.Typer) -> None:
         meta = {"model": cfg.model.model_dump(mode="json"), "data": cfg.data.model_dump(mode="json"),
                 "input_shape": list(data.input_shape), "num_classes": data.num_classes, "seed": s,
                 "final_test_loss": result.curve[-1][1], "loss": cfg.train.loss}
+        # the model's own record: `modelward assess` warns, and gives no verdict, far below it
+        meta["test_accuracy"] = 1.0 - evaluate(model, data.x_test, data.y_test, "error")
         save_state_dict(out, model.state_dict(), meta)
         state.unlink(missing_ok=True)  # finished: the mid-run state is no longer needed
         console.print(f"{data.describe()}; test {cfg.train.loss} {result.curve[0][1]:.4f} → {result.curve[-1][1]:.4f} "

@@ -40,6 +40,9 @@ class DataConfig(StrictModel):
     labels_path: str | None = None  # IDX labels file
     test_path: str | None = None  # optional separate test file (npz) / IDX test images
     test_labels_path: str | None = None
+    # rows of `path` the model was trained on (.npy of indices or a boolean mask, or a text file of indices, one a
+    # line); the other rows are its held-out data. For a model trained outside modelward on a single file.
+    train_index: str | None = None
     label_column: str | None = None  # CSV
     image_size: int | None = None  # image_folder resize (square); synthetic_images side length
     channels: int = Field(1, ge=1, le=4)  # image_folder: 1 = greyscale, 3 = RGB; synthetic_images channels
@@ -70,6 +73,16 @@ class DataConfig(StrictModel):
             raise ValueError("data.source='imagenet' is read lazily: set data.lazy = true")
         if self.lazy and self.source not in LAZY_SOURCES:
             raise ValueError(f"data.lazy = true works for sources {list(LAZY_SOURCES)}, not {self.source!r}")
+        if self.train_index and self.test_path:
+            raise ValueError("data.train_index and data.test_path both say which rows are held out; give one")
+        if self.test_path and self.source not in ("npz", "csv", "idx"):
+            raise ValueError(f"data.test_path is read for sources npz, csv and idx, not {self.source!r} (which "
+                             "would silently re-split); give data.train_index to name the training rows instead")
+        if self.train_index and (self.lazy or self.source not in FILE_SOURCES):
+            raise ValueError("data.train_index names rows of a user file read into memory (npz, csv, "
+                             f"image_folder, idx with lazy = false), not source {self.source!r}")
+        if self.train_index and self.max_samples is not None:
+            raise ValueError("data.train_index names rows of the whole file: it cannot go with data.max_samples")
         if (self.mean is None) != (self.std is None):
             raise ValueError("data.mean and data.std go together (one value per channel each)")
         return self
@@ -152,8 +165,11 @@ def _finish(name: str, x: np.ndarray, y: np.ndarray, cfg: DataConfig, names: tup
             test: tuple[np.ndarray, np.ndarray] | None = None) -> DataSplit:
     if not np.isfinite(x).all():
         raise DataError(f"{name}: inputs contain NaN or Inf")
-    x, y = _subsample(x, y, cfg)
-    if test is None:
+    if test is None and cfg.train_index:
+        mask = read_train_index(cfg.train_index, len(x))
+        x_tr, y_tr, x_te, y_te = x[mask], y[mask], x[~mask], y[~mask]
+    elif test is None:
+        x, y = _subsample(x, y, cfg)
         x_tr, x_te, y_tr, y_te = _split(x, y, cfg)
     else:
         x_tr, y_tr = x, y
@@ -173,6 +189,47 @@ def _finish(name: str, x: np.ndarray, y: np.ndarray, cfg: DataConfig, names: tup
         num_classes=n_cls,
         class_names=names if len(names) == n_cls else tuple(str(i) for i in range(n_cls)),
     )
+
+
+def read_train_index(path: str, n_rows: int) -> np.ndarray:
+    """The boolean training mask over `n_rows` rows from a ``.npy`` (indices or a boolean mask, read without
+    pickle) or a text file of row indices (one a line).
+
+    Args:
+        path: the index file (``data.train_index``).
+        n_rows: the number of rows in the data file it indexes.
+
+    Returns:
+        A boolean array, True for training rows; at least one row on each side.
+
+    Example:
+        >>> import tempfile, os; f = os.path.join(tempfile.mkdtemp(), "i.txt"); _ = open(f, "w").write("0\\n2\\n")
+        >>> read_train_index(f, 4).tolist()
+        [True, False, True, False]
+    """
+    p = _need_file(path, "data.train_index file")
+    try:
+        if p.suffix == ".npy":
+            idx = np.load(p, allow_pickle=False)
+        else:
+            idx = np.loadtxt(p, dtype=np.int64, ndmin=1)
+    except (ValueError, OSError) as e:
+        raise DataError(f"{p}: data.train_index: not a .npy array or a text file of row indices ({e})") from None
+    if idx.dtype == np.bool_:
+        if idx.shape != (n_rows,):
+            raise DataError(f"{p}: data.train_index is a mask of {idx.shape} but the data has {n_rows} rows")
+        mask = idx.copy()
+    else:
+        if not np.issubdtype(idx.dtype, np.integer) or idx.ndim != 1:
+            raise DataError(f"{p}: data.train_index must be 1-D integer row indices or a boolean mask, got "
+                            f"{idx.dtype} {idx.shape}")
+        if len(idx) and (idx.min() < 0 or idx.max() >= n_rows):
+            raise DataError(f"{p}: data.train_index has rows outside 0..{n_rows - 1}")
+        mask = np.zeros(n_rows, bool)
+        mask[idx] = True
+    if mask.all() or not mask.any():
+        raise DataError(f"{p}: data.train_index leaves {'no held-out' if mask.all() else 'no training'} rows")
+    return mask
 
 
 # -- bundled and synthetic --------------------------------------------------------------------------------
@@ -266,6 +323,29 @@ def _npz(cfg: DataConfig) -> DataSplit:
 
 def _csv(cfg: DataConfig) -> DataSplit:
     path = _need_file(cfg.path, "CSV file")
+    x, lab = _read_csv(path, cfg)
+    test = None
+    if cfg.test_path:  # the user's own held-out file: never re-split
+        tp = _need_file(cfg.test_path, "CSV test file")
+        xt, lab_t = _read_csv(tp, cfg)
+        if xt.shape[1:] != x.shape[1:]:
+            raise DataError(f"{tp}: test rows have {xt.shape[1]} features, train rows {x.shape[1]}")
+        both = np.concatenate([lab, lab_t])
+        y_all, names = _csv_labels(both, str(path))
+        return _finish(path.name, x, y_all[: len(lab)], cfg, names, (xt, y_all[len(lab):]))
+    y, names = _csv_labels(lab, str(path))
+    return _finish(path.name, x, y, cfg, names, test)
+
+
+def _csv_labels(lab: np.ndarray, where: str) -> tuple[np.ndarray, tuple[str, ...]]:
+    try:
+        as_int = lab.astype(np.int64)
+        return _encode_labels(as_int, where) if (as_int >= 0).all() else _encode_labels(lab, where)
+    except ValueError:
+        return _encode_labels(lab, where)
+
+
+def _read_csv(path: Path, cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
     try:
         with path.open(newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f))
@@ -293,14 +373,7 @@ def _csv(cfg: DataConfig) -> DataSplit:
             except ValueError:
                 raise DataError(f"{path}: line {n}, column {header[j]!r}: {c!r} is not a number") from None
         feats.append(vals)
-    x = np.asarray(feats, dtype=np.float32)
-    lab = np.asarray(labels)
-    try:
-        as_int = lab.astype(np.int64)
-        y, names = _encode_labels(as_int, str(path)) if (as_int >= 0).all() else _encode_labels(lab, str(path))
-    except ValueError:
-        y, names = _encode_labels(lab, str(path))
-    return _finish(path.name, x, y, cfg, names)
+    return np.asarray(feats, dtype=np.float32), np.asarray(labels)
 
 
 _IMG_EXT = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}

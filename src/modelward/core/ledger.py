@@ -213,18 +213,21 @@ class RunLedger:
             )
             return cur.rowcount == 1
 
-    def reopen(self, run_id: str) -> None:
-        """Put a run back to pending, its result dropped: its output turned out damaged and must be re-created."""
-        with self._conn() as c:
-            c.execute("UPDATE runs SET status='pending', result=NULL, worker=NULL, updated=? WHERE run_id=?",
-                      (time.time(), run_id))
-
     def fail(self, run_id: str, error: str) -> None:
         with self._conn() as c:
             c.execute(
                 "UPDATE runs SET status='failed', error=?, updated=? WHERE run_id=? AND status!='done'",
                 (error[-4000:], time.time(), run_id),
             )
+
+    def reopen(self, run_id: str) -> bool:
+        """Put a run back to pending, its result dropped, so the next run_plan recomputes it: its output turned out
+        damaged, or a section could not be assessed before its cause was fixed. Returns whether a run that was not
+        already pending was reopened."""
+        with self._conn() as c:
+            cur = c.execute("UPDATE runs SET status='pending', result=NULL, worker=NULL, updated=? "
+                            "WHERE run_id=? AND status!='pending'", (time.time(), run_id))
+            return cur.rowcount == 1
 
     def status(self, run_id: str) -> str | None:
         with self._conn() as c:

@@ -14,10 +14,10 @@ import torch  # noqa: E402
 
 
 def _to_hw(t: torch.Tensor) -> np.ndarray:
-    """C×H×W → H×W (channels summed; the sign of an attribution is kept) or H×W×3 for RGB inputs."""
+    """C×H×W → H×W (channels summed; the sign of an attribution is kept), for 1-, 3- or any-channel maps."""
     a = t.detach().double().cpu().numpy()
     if a.ndim == 3:
-        a = a.sum(0) if a.shape[0] != 3 else a
+        a = a.sum(0)  # an RGB map drawn as C×H×W is not an image matplotlib can show
     elif a.ndim == 1:
         side = int(round(np.sqrt(a.size)))
         a = a.reshape(side, side) if side * side == a.size else a[None]

@@ -41,6 +41,10 @@ class SectionResult:
     figures: list[dict[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # measured numbers findings are made of (see modelward.assess.findings.Metric); later attacks add theirs here
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)  # filled by modelward.assess.findings
+    warnings: list[str] = field(default_factory=list)  # shown above the section (e.g. a model-quality warning)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -51,6 +55,17 @@ class SectionResult:
         cols = columns or (list(rows[0]) if rows else [])
         write_table(out, name, rows, cols, title=title, notes=notes)
         self.tables.append({"name": name, "title": title, "columns": cols, "rows": rows, "notes": notes or []})
+
+    def add_metric(self, key: str, label: str, value: float, *, k: int | None = None, n: int | None = None,
+                   risk_up: bool, unit: str = "fraction", headline: bool = False,
+                   seeds: list[float] | None = None, context: dict[str, Any] | None = None) -> None:
+        """Record a measured number (see :class:`modelward.assess.findings.Metric`): `k` successes of `n` trials
+        give a Clopper–Pearson interval, `seeds` (one value per seed) a t interval; `risk_up` says whether a
+        larger value means more risk (a TPR) or less (a robust accuracy)."""
+        from modelward.assess.findings import Metric
+
+        self.metrics.append(Metric(key, label, float(value), k=k, n=n, risk_up=risk_up, unit=unit,
+                                   headline=headline, seeds=seeds, context=context or {}).to_dict())
 
     def add_figure(self, path: Path, root: Path, title: str, caption: str = "") -> None:
         self.figures.append({"path": str(path.relative_to(root)), "title": title, "caption": caption})

@@ -78,6 +78,20 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     res.headline = Headline(f"lowest MC-hardness at α = {alpha} ({weakest['party']} completing "
                             f"{weakest['must complete']})", value, f"{value:.2f}")
     res.verdict = traffic_light(value, 0.8, 0.5)
+    ci = None
+    try:
+        sd, n_seeds = float(weakest["sd"]), int(float(weakest["n"]))
+        if n_seeds > 1 and sd == sd:
+            from scipy.special import stdtrit
+
+            half = float(stdtrit(n_seeds - 1, 0.975)) * sd / n_seeds ** 0.5
+            ci = [value - half, value + half]
+    except (TypeError, ValueError):
+        n_seeds = 1
+    res.add_metric(f"mc_hardness@{alpha:g}", f"lowest MC-hardness at α = {alpha:g} ({weakest['party']} completing "
+                   f"{weakest['must complete']})", value, risk_up=False, unit="score", headline=True,
+                   context={"thresholds": [0.8, 0.5], "ci": ci, "seeds": n_seeds,
+                            "rule": "green ≥ 0.8, amber ≥ 0.5, red below (over seeds where there are seeds)"})
     res.rule = ("green ≥ 0.8, amber ≥ 0.5, red below (1.0 = completing costs as much as training from scratch)")
     res.summary = (f"The cheapest completion is {weakest['party']} rebuilding {weakest['must complete']}: "
                    f"{value:.2f} of the original training cost to reach {alpha:.0%} of its improvement "

@@ -84,4 +84,14 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                    "listed below.")
     if np.isnan(value):
         res.verdict = "info"
+    else:
+        from modelward.assess.findings import clopper_pearson
+
+        n = len(truth)
+        k = int((pred == d.class_names.index(worst["class"])).sum())
+        lo, hi = (c - worst["prior"] for c in clopper_pearson(k, n))
+        ci = [0.0, max(abs(lo), abs(hi))] if lo <= 0 <= hi else sorted([abs(lo), abs(hi)])
+        res.add_metric("bias_amplification.max", f"bias amplification: largest |B_c| (class {worst['class']})",
+                       value, n=n, risk_up=True, headline=True,
+                       context={"thresholds": [0.02, 0.05], "ci": ci, "rule": res.rule})
     return res

@@ -66,6 +66,27 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     best = min(rows[1:], key=lambda r: r["substitute_accuracy"])
     res.headline = Headline(f"substitute accuracy / victim accuracy, unguarded, {budget} queries", unguarded,
                             pct(unguarded))
+    from modelward.assess.findings import clopper_pearson
+
+    n_test = len(data.y_test)
+    k_sub = round(rows[0]["substitute_accuracy"] * n_test)
+    lo, hi = clopper_pearson(k_sub, n_test)
+    measured = [f"{'ModelGuard-S' if r['defense'] == 'modelguard_s' else 'ModelGuard-W'} at ε = {r['epsilon']:g} "
+                f"(measured here, {budget} queries): substitute accuracy {pct(rows[0]['substitute_accuracy'])} → "
+                f"{pct(r['substitute_accuracy'])}; utility cost: honest users' top-1 accuracy {pct(victim_acc)} → "
+                f"{pct(r['defended_top1_accuracy'])}, mean ℓ1 distortion of the answers "
+                f"{r['mean_l1_distortion']:.3f} (serve it with `modelward guard serve "
+                f"examples/guard_{r['defense']}.toml`)" for r in sorted(rows[1:], key=lambda r: r["substitute_accuracy"])]
+    res.add_metric("substitute_ratio.unguarded", f"extraction: KnockoffNets substitute accuracy ÷ model accuracy, "
+                   f"unguarded, {budget} queries", unguarded, n=n_test, risk_up=True, headline=True,
+                   context={"thresholds": [0.7, 0.9], "ci": [lo / max(victim_acc, 1e-9), hi / max(victim_acc, 1e-9)],
+                            "rule": "green ≤ 70 %, amber ≤ 90 %, red above", "actions": measured})
+    for r in rows[1:]:
+        k = round(r["substitute_accuracy"] * n_test)
+        res.add_metric(f"substitute_accuracy.{r['defense']}", f"extraction behind {r['defense']} "
+                       f"(ε = {r['epsilon']:g}): substitute accuracy", r["substitute_accuracy"], k=k, n=n_test,
+                       risk_up=True, context={"severity": "info", "rule": "for information: what a defense leaves "
+                                              "an attacker", "actions": measured})
     res.verdict = traffic_light(unguarded, 0.7, 0.9, higher_is_better=False)
     res.rule = "green ≤ 70 %, amber ≤ 90 %, red above (how much of the model's accuracy a thief recovers)"
     res.summary = (f"With {budget} queries a KnockoffNets substitute reaches {pct(rows[0]['substitute_accuracy'])} "

@@ -37,7 +37,14 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     from modelward.privacy.shadows import ModelTrainer, ShadowPool
 
     res = SectionResult("privacy", "Privacy: membership inference and model inversion")
+    if target.membership is None:
+        raise NotAssessed("which points the model was trained on is not known: give the held-out data as "
+                          "[data] test_path (npz, csv, idx) or the training rows as [data] train_index (a .npy "
+                          "index/mask or a text file of row indices), or assess a `modelward train` checkpoint "
+                          "whose metadata records its split; scoring a guessed split would mix members into the "
+                          "non-members")
     d = target.data
+    res.notes.append(f"membership: {target.membership}")
     g = torch.Generator().manual_seed(cfg.seed)
     test_perm = torch.randperm(len(d.x_test), generator=g)
     half = len(test_perm) // 2
@@ -90,14 +97,29 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                        ncol=min(10, len(targets)), title="Model inversion (Eq. 8.1), one image per class")
         res.add_figure(p, root, "Model inversion", "Inputs reconstructed from the model alone by gradient descent, "
                        "with the model's confidence in the class; recognisable digits mean the model encodes them.")
+        conf = float(inv.confidence.mean())
+        res.add_metric("inversion_confidence", "model inversion: mean confidence of the reconstructed class images",
+                       conf, risk_up=True, unit="score",
+                       context={"mapping": "inversion", "severity": "info",
+                                "rule": "for information: judge the grid by eye (a confident, recognisable "
+                                        "image per class means the model encodes its classes' appearance)",
+                                "actions": ["Serve labels or top-k scores rather than full probabilities; "
+                                            "train with DP-SGD (examples/privacy_bcw_dp.toml)."]})
     else:
         res.notes.append("model inversion grid omitted: the inputs are not images")
     worst = max(rows, key=lambda r: r["tpr_at_1%_fpr"])
     value = worst["tpr_at_1%_fpr"]
+    rule = ("green ≤ 2 %, amber ≤ 5 %, red above (a TPR near the 1 % FPR means the attack does no better "
+            "than chance at identifying training points)")
+    for r in rows:
+        key = r["attack"].split()[0].lower().replace("-", "_")
+        res.add_metric(f"tpr_at_1pct_fpr.{key}", f"membership inference ({r['attack']}): TPR at 1 % FPR",
+                       r["tpr_at_1%_fpr"], k=round(r["tpr_at_1%_fpr"] * r["members"]), n=r["members"],
+                       risk_up=True, headline=r is worst,
+                       context={"thresholds": [0.02, 0.05], "rule": rule, "auc": r["auc"]})
     res.headline = Headline(f"TPR at 1 % FPR ({worst['attack']})", value, pct(value))
     res.verdict = traffic_light(value, 0.02, 0.05, higher_is_better=False)
-    res.rule = ("green ≤ 2 %, amber ≤ 5 %, red above (a TPR near the 1 % FPR means the attack does no better "
-                "than chance at identifying training points)")
+    res.rule = rule
     best_auc = max(r["auc"] for r in rows)
     res.summary = (f"The strongest attack ({worst['attack']}) identifies {pct(value)} of training points at a 1 % "
                    f"false-positive rate; the best AUC is {best_auc:.3f} (0.5 = chance).")

@@ -66,23 +66,118 @@ def _certified(target: Target, x: torch.Tensor, y: torch.Tensor, eps: list[float
     return [certify(net, x, y, epsilon=e).vra for e in eps], label
 
 
+TABULAR_LINF = (0.05, 0.1, 0.25)  # in units of each feature's training standard deviation
+TABULAR_REF_LINF = 0.1
+THRESHOLDS = (0.7, 0.4)  # robust accuracy: green ≥ 70 %, amber ≥ 40 %
+
+
+class _PerFeatureScale(torch.nn.Module):
+    """f(z ⊙ σ): the model seen in standardised units, so one ε is the same fraction of every feature's spread."""
+
+    def __init__(self, model: torch.nn.Module, sigma: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("sigma", sigma)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.model(z * self.sigma)
+
+
+RULE = "green ≥ 70 %, amber ≥ 40 %, red below (of all evaluated test points)"
+_NORM = {"linf": "L∞", "l2": "ℓ2"}
+
+
+def add_threat_metric(res: SectionResult, attack: str, norm: str, eps: float, robust_accuracy: float, n: int,
+                      scale: str, label: str | None = None) -> None:
+    """Record one attack's robust accuracy at a threat model's reference radius as a rated metric (a finding).
+
+    This is where a stronger evaluation plugs in: e.g. ``add_threat_metric(res, "autoattack", "linf", eps, acc, n,
+    scale)`` from an AutoAttack sandwich; :func:`set_threat_headline` then takes the worst of all of them.
+
+    Args:
+        res: the robustness section being built.
+        attack: the attack's short name (the metric key is ``{attack}_{norm}@{eps}``).
+        norm: ``"linf"`` or ``"l2"``; eps: the radius; robust_accuracy: the fraction of the n points still correct.
+        n: the points evaluated (Clopper–Pearson interval from round(robust_accuracy · n) of n).
+        scale: how ε is measured, in words; label: the finding's title (default: "<ATTACK>-<norm> robust accuracy").
+    """
+    title = f"{label or attack.upper() + '-' + _NORM[norm] + ' robust accuracy'} at ε = {eps:.4g}"
+    res.add_metric(f"{attack}_{norm}@{eps:.4g}", title, robust_accuracy, k=round(robust_accuracy * n), n=n,
+                   risk_up=False, context={"thresholds": list(THRESHOLDS), "rule": RULE, "epsilon": eps,
+                                           "norm": norm, "attack": attack, "scale": scale, "threat": True})
+
+
+def set_threat_headline(res: SectionResult) -> tuple[float, str]:
+    """Headline, verdict and rule from the worst recorded threat metric (a card never says low risk while another
+    evaluated threat model on the page collapses); returns ``(value, label)``."""
+    threats = [m for m in res.metrics if m["context"].get("threat")]
+    worst = min(threats, key=lambda m: m["value"])
+    for m in threats:
+        m["headline"] = m is worst
+    res.headline = Headline(f"worst threat model: {worst['label']}", worst["value"], pct(worst["value"]))
+    res.verdict = traffic_light(worst["value"], *THRESHOLDS)
+    res.rule = RULE + "; the worst of every attack evaluated at the reference radii (L∞ and ℓ2) decides"
+    return worst["value"], worst["label"]
+
+
+def threat_models(target: Target, sizes: ProfileSizes, cfg: AssessConfig
+                  ) -> tuple[str, list[float], list[float], float, float, str]:
+    """The radii at the field's standard scale for this data.
+
+    Images whose values lie in [0, 1]: L∞ ε = 8/255 and ℓ2 ε = 0.5 (RobustBench's threat models), swept around
+    them. Images on another scale: the same radii times the input range. Tabular data: ε in units of each feature's
+    training standard deviation (the attack runs on x/σ), L∞ 0.1 σ and ℓ2 0.1 σ·√d (the same per-feature energy).
+
+    Returns:
+        ``(modality, linf sweep, l2 sweep, reference L∞ ε, reference ℓ2 ε, the scale in words)``.
+    """
+    x = target.data.x_train
+    lo, hi = float(x.min()), float(x.max())
+    if target.data.is_image:
+        span = 1.0 if (lo >= -1e-6 and hi <= 1 + 1e-6) else hi - lo
+        scale = "images in [0, 1]" if span == 1.0 else f"images in [{lo:.3g}, {hi:.3g}]: radii × {span:.3g}"
+        linf = [e * span for e in sizes.linf_eps]
+        l2 = [e * span for e in sizes.l2_eps]
+        ref_linf, ref_l2 = sizes.reference_linf * span, sizes.reference_l2 * span
+        modality = "image"
+    else:
+        root_d = float(x[0].numel()) ** 0.5
+        linf = list(TABULAR_LINF)
+        l2 = [e * root_d for e in TABULAR_LINF]
+        ref_linf, ref_l2 = TABULAR_REF_LINF, TABULAR_REF_LINF * root_d
+        scale = (f"tabular: ε in units of each feature's standard deviation (L∞ {TABULAR_REF_LINF} σ, ℓ2 "
+                 f"{TABULAR_REF_LINF} σ·√d with d = {x[0].numel()})")
+        modality = "tabular"
+    if cfg.robustness.linf_eps is not None:
+        linf = list(cfg.robustness.linf_eps)
+        ref_linf = linf[len(linf) // 2]
+    if cfg.robustness.l2_eps is not None:
+        l2 = list(cfg.robustness.l2_eps)
+        ref_l2 = l2[len(l2) // 2]
+    linf = sorted({*linf, ref_linf})
+    l2 = sorted({*l2, ref_l2})
+    return modality, linf, l2, ref_linf, ref_l2, scale
+
+
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
     from modelward.core.plots import line_plot
 
     res = SectionResult("robustness", "Robustness to evasion attacks")
     model = target.model
     x, y = _points(target, sizes.n_eval)
-    clip = _clip(target.data.x_train)
-    span = clip[1] - clip[0]
-    linf = list(cfg.robustness.linf_eps or [e * span for e in sizes.linf_eps])
-    l2 = list(cfg.robustness.l2_eps or [e * span for e in sizes.l2_eps])
-    ref = sizes.reference_l2 * span if cfg.robustness.l2_eps is None else l2[len(l2) // 2]
-    if ref not in l2:
-        l2 = sorted([*l2, ref])
+    modality, linf, l2, ref_linf, ref_l2, scale = threat_models(target, sizes, cfg)
+    if modality == "tabular":  # attack in standardised units: one ε is the same share of every feature's spread
+        sigma = target.data.x_train.std(0, keepdim=True).clamp_min(1e-8)
+        model = _PerFeatureScale(target.model, sigma).eval()
+        x = x / sigma
+        clip = _clip(target.data.x_train / sigma)
+    else:
+        clip = _clip(target.data.x_train)
     from modelward.robustness.attacks import attack_mode, predict
 
     with attack_mode(model):
-        clean = float((predict(model, x) == y).float().mean())
+        n_correct = int((predict(model, x) == y).sum())
+    clean = n_correct / len(y)
 
     curves_linf = {f"{a.upper()} L∞": _sweep(model, x, y, a, "linf", linf, sizes.pgd_steps, clip, cfg.seed)
                    for a in ("fgsm", "pgd")}
@@ -93,6 +188,9 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     curves_l2[f"C&W ℓ2 (first {len(yc)} points)"] = cw
     cert_label = ""
     try:
+        if modality == "tabular" and target.gloro is None:
+            raise ValueError("the bound is computed in the model's own input units; skipped for standardised "
+                             "tabular radii")
         cert, cert_label = _certified(target, x, y, l2)
         curves_l2[cert_label] = cert
     except Exception as e:  # noqa: BLE001 - an architecture the bound does not cover is reported, not fatal
@@ -101,7 +199,8 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
 
     rows = [{"norm": "L∞", "epsilon": round(e, 6), **{k: v[i] for k, v in curves_linf.items()}}
             for i, e in enumerate(linf)]
-    res.add_table(out, "robust_accuracy_linf", "Robust accuracy under L∞ attacks", rows)
+    res.add_table(out, "robust_accuracy_linf", "Robust accuracy under L∞ attacks", rows,
+                  notes=[f"threat model scale: {scale}"])
     rows2 = [{"norm": "ℓ2", "epsilon": round(e, 6), **{k: v[i] for k, v in curves_l2.items()}}
              for i, e in enumerate(l2)]
     res.add_table(out, "robust_accuracy_l2", "Robust accuracy under ℓ2 attacks (and certified accuracy)", rows2,
@@ -113,16 +212,23 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                       "ε", "accuracy")
         res.add_figure(p, root, f"Robustness curve ({'L∞' if name == 'linf' else 'ℓ2'})",
                        "Accuracy on the first test points after each attack, by perturbation size ε.")
-    i_ref = l2.index(ref)
+    n = len(y)
+    res.add_metric("clean_accuracy", f"clean accuracy on {n} test points", clean, k=n_correct, n=n, risk_up=False,
+                   context={"severity": "info", "rule": "for reference: robust accuracy cannot exceed it"})
+    # every attack evaluated at the reference radius of its threat model is a finding; the verdict is the worst
+    i_inf, i_2 = linf.index(ref_linf), l2.index(ref_l2)
+    for attack in ("fgsm", "pgd"):
+        add_threat_metric(res, attack, "linf", ref_linf, curves_linf[f"{attack.upper()} L∞"][i_inf], n, scale)
+        add_threat_metric(res, attack, "l2", ref_l2, curves_l2[f"{attack.upper()} ℓ2"][i_2], n, scale)
+    add_threat_metric(res, "cw", "l2", ref_l2, cw[i_2], len(yc), scale)
     if target.gloro is not None and cert:
-        value, label = cert[i_ref], f"certified accuracy at ℓ2 ε = {ref:.3g}"
-    else:
-        value, label = curves_l2["PGD ℓ2"][i_ref], f"PGD-ℓ2 robust accuracy at ε = {ref:.3g}"
-    res.headline = Headline(label, value, pct(value))
-    res.verdict = traffic_light(value, 0.7, 0.4)
-    res.rule = "green ≥ 70 %, amber ≥ 40 %, red below (of all evaluated test points)"
-    res.summary = (f"Clean accuracy {pct(clean)} on {len(y)} test points; {label}: {pct(value)}"
-                   + (f"; the Lipschitz bound {cert_label.split('(')[0].strip()} {pct(cert[i_ref])} at that ε"
-                      if cert and target.gloro is None else "") + ".")
+        add_threat_metric(res, "certified", "l2", ref_l2, cert[i_2], n, scale, label="certified accuracy (GloRo)")
+    value, label = set_threat_headline(res)
+    others = "; ".join(f"{m['label']}: {pct(m['value'])}" for m in res.metrics
+                       if m["context"].get("threat") and not m["headline"])
+    res.summary = (f"Clean accuracy {pct(clean)} on {n} test points; {label}: {pct(value)} (the worst attack and "
+                   f"threat model; {others}). Radii: {scale}."
+                   + (f" The Lipschitz bound {cert_label.split('(')[0].strip()} {pct(cert[i_2])} at "
+                      f"ℓ2 ε = {ref_l2:.4g}." if cert and target.gloro is None else ""))
     res.notes.append("Empirical attacks give an upper bound on true robust accuracy; certified accuracy a lower bound.")
     return res

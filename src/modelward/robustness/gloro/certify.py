@@ -80,6 +80,12 @@ def certify(net: GloroNet, x: torch.Tensor, y: torch.Tensor | None = None, epsil
         >>> 0.0 <= c.vra <= c.clean_accuracy
         True
     """
+    if not isinstance(net, GloroNet):  # a plain nn.Module has no Lipschitz bound to certify with
+        from modelward.errors import ConfigError
+
+        raise ConfigError(f"certify: expected a GloroNet, got {type(net).__name__}; wrap the model first: "
+                          "GloroNet(model, input_shape, epsilon=...) (an nn.Sequential of layers the bound covers), "
+                          "or train one with `modelward robust train` (examples/robust_gloro.toml)")
     was_training = net.training
     net.eval()
     if not net.frozen:

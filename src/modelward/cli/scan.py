@@ -1,0 +1,52 @@
+"""`modelward scan PATH...`: examine model files without loading them; exit 1 when any file is not clean."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("scan")
+    def scan_cmd(
+        paths: Annotated[list[Path], typer.Argument(help="model files or folders (.pt .pth .bin .ckpt .pkl "
+                                                         ".safetensors .zip .npy ...)")],
+        fmt: Annotated[str, typer.Option("--format", help="text | json | sarif")] = "text",
+        out: Annotated[Path | None, typer.Option("--out", help="write the json/sarif output here")] = None,
+    ) -> None:
+        """Scan pickle/zip checkpoints and safetensors headers for code that would run on loading (OWASP ML06)."""
+        import json
+
+        from rich.console import Console
+        from rich.markup import escape
+
+        from modelward.errors import ConfigError
+        from modelward.scan import scan_paths
+
+        if fmt not in ("text", "json", "sarif"):
+            raise ConfigError(f"--format {fmt!r}: expected one of text, json, sarif")
+        scans = scan_paths(paths)
+        if fmt == "text":
+            console = Console()
+            for s in scans:
+                state = "[green]clean[/]" if s.clean else f"[red]{s.severity}[/]"
+                console.print(f"{escape(s.path)}: {state} ({s.format}, sha256 {s.sha256[:12]}…)", highlight=False)
+                for i in s.issues:
+                    console.print(f"  {i.severity}: {escape(i.detail)} [{escape(i.where)}]", highlight=False)
+            console.print(f"{len(scans)} file(s), {sum(not s.clean for s in scans)} not clean")
+        else:
+            if fmt == "json":
+                text = json.dumps([s.to_dict() for s in scans], indent=2)
+            else:
+                from modelward.assess.findings import scan_findings
+                from modelward.assess.sarif import to_sarif
+
+                text = json.dumps(to_sarif([f for s in scans for f in scan_findings(s)]), indent=2)
+            if out is None:
+                typer.echo(text)
+            else:
+                out.write_text(text)
+        if any(not s.clean for s in scans):
+            raise typer.Exit(1)
