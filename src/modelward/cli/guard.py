@@ -21,7 +21,7 @@ def serve(config: Path = typer.Argument(..., help="GUARD.toml (see examples/guar
           ) -> None:
     """Serve the configured model, guarded by the configured defense, until interrupted."""
     from modelward.cli._device import require_device, with_device
-    from modelward.extraction.service import serve as run
+    from modelward.extraction.guard.http import serve as run
 
     if device is not None:
         require_device(device)  # refused before the config, the model or the port are touched
@@ -32,7 +32,7 @@ def serve(config: Path = typer.Argument(..., help="GUARD.toml (see examples/guar
 def check(config: Path = typer.Argument(..., help="GUARD.toml"),
           set_: list[str] = typer.Option(None, "--set", help="override a config value")) -> None:
     """Load the config, model and defense without serving; print what would be served."""
-    from modelward.extraction.service import build_service
+    from modelward.extraction.guard.service import build_service
 
     svc = build_service(config, set_, check_only=True)
     meta = svc.metadata()

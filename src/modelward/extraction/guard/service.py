@@ -1,0 +1,267 @@
+"""The guarded service's core, transport-free: authenticate a key, answer a batch (budget → model → defense as the
+model's post-process → log), and own the defense state (``state_dir``: lock, fingerprint, snapshot, centroid log).
+
+The defense runs server-side; only defended probabilities leave the process (never logits or clean probabilities).
+A stateful defense (ModelGuard-S) is persisted to ``state_dir`` and reloaded on start.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from modelward.core.device import resolve_device
+from modelward.core.io import load_state_dict, load_tensors, save_tensors
+from modelward.core.lock import FolderLock
+from modelward.core.records import atomic_write_text
+from modelward.core.seed import seeded
+from modelward.core.zoo import build_model
+from modelward.errors import ConfigError
+from modelward.extraction.defenses import IncrementalState, PredictionDefense, build_defense
+from modelward.extraction.guard.config import (
+    GuardConfig,
+    KeySection,
+    fingerprint_diff,
+    load_guard_config,
+    state_fingerprint,
+)
+from modelward.extraction.guard.errors import GuardError
+from modelward.extraction.guard.oip import InferRequest, encode_response, model_metadata
+from modelward.extraction.guard.querylog import QueryLog
+
+
+@dataclass
+class InferAnswer:
+    """An encoded response body (JSON, or JSON header + binary tensor for the binary extension)."""
+
+    body: bytes
+    header_length: int | None  # Inference-Header-Content-Length when the binary extension is used
+    rows: int
+    max_l1: float
+
+
+def load_weights(model: nn.Module, path: Path, field: str) -> None:
+    """Load a safetensors state dict into ``model`` (eval mode); ConfigError naming ``field`` on a mismatch."""
+    state, _ = load_state_dict(path)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise ConfigError(f"{field}: {path} does not match the configured architecture: {e}") from None
+    model.eval()
+
+
+def service_defense(cfg: GuardConfig, base_dir: Path) -> PredictionDefense:
+    """The configured defense, with the models MAD / AdaptiveMisinformation declare in ``needs``."""
+    shape, k = tuple(cfg.model.input_shape), cfg.model.num_classes
+
+    def surrogate() -> nn.Module:
+        with seeded(cfg.defense.surrogate_seed):
+            return build_model(cfg.model.net, shape, k)
+
+    def misinformation() -> nn.Module:
+        if not cfg.defense.misinformation_checkpoint:
+            raise ConfigError("defense.misinformation_checkpoint: required for adaptive_misinformation "
+                              "(a safetensors checkpoint of the misinformation model, same architecture)")
+        mis = build_model(cfg.model.net, shape, k)
+        load_weights(mis, base_dir / cfg.defense.misinformation_checkpoint, "defense.misinformation_checkpoint")
+        return mis
+
+    return build_defense(cfg.defense, {"surrogate": surrogate, "misinformation": misinformation})
+
+
+class GuardService:
+    """Model + defense + keys + log; :meth:`handle` answers one Open Inference Protocol inference request.
+
+    Opening a service takes the ``state_dir`` lock (one server per state folder) and checks the folder's
+    ``service.json`` — the defense settings its state was built with. Different settings are refused unless
+    ``reset=True``, which discards the defense state (centroids) and records the new settings; the query log and
+    the keys' usage are kept.
+
+    Args:
+        cfg: the validated config.
+        base_dir: the folder relative paths in ``cfg`` are resolved against (the config file's).
+        reset: start a new defense state when the settings differ.
+        check_only: load and check without the lock, the state or the log (``guard check`` beside a server).
+
+    Example:
+        >>> svc = build_service("guard.toml")  # doctest: +SKIP
+        >>> y_hat, max_l1 = svc.answer(svc.keys["my-key"], torch.rand(4, 1, 8, 8))  # doctest: +SKIP
+    """
+
+    def __init__(self, cfg: GuardConfig, base_dir: Path, reset: bool = False, check_only: bool = False) -> None:
+        self.cfg = cfg
+        self.name = cfg.model.name
+        self.input_shape = tuple(cfg.model.input_shape)
+        self.num_classes = cfg.model.num_classes
+        self.model = build_model(cfg.model.net, self.input_shape, self.num_classes)
+        load_weights(self.model, base_dir / cfg.model.checkpoint, "model.checkpoint")
+        self.device = resolve_device(cfg.model.device)  # an unusable device is refused before serving
+        self.model.to(self.device)
+        self.defense = service_defense(cfg, base_dir)
+        self.state_dir = base_dir / cfg.server.state_dir
+        self.state_path = self.state_dir / f"{self.name}.{self.defense.name}.state.safetensors"
+        self.keys = {k.key: k for k in cfg.keys}
+        self._lock = threading.Lock()  # model and defense state change together
+        self._closed = check_only  # check_only: no lock, no state, no log (``guard check`` beside a running server)
+        # ModelGuard-S: new centroids are appended to SQLite as they appear (a full snapshot costs ~60 ms at 10k
+        # centroids); the safetensors snapshot is written on shutdown, and the rows after it are replayed on start
+        self._incremental: IncrementalState | None = (
+            self.defense if isinstance(self.defense, IncrementalState) else None)
+        self._centroid_table = f"centroids_{self.name}_{self.defense.name}".replace("-", "_").replace(".", "_")
+        self.changes = self.fingerprint_changes()
+        if check_only:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._folder_lock = FolderLock(self.state_dir, what="guard")
+        self._folder_lock.__enter__()
+        try:
+            self.changes = self.fingerprint_changes()  # again: another server may have changed it meanwhile
+            self._check_fingerprint(reset)
+            if self.defense.stateful and self.state_path.is_file():
+                self.defense.load_state_dict(load_tensors(self.state_path))
+            self.log = QueryLog(self.state_dir / cfg.server.query_log)
+            if self._incremental is not None:
+                if reset:
+                    self.log.clear_centroids(self._centroid_table)
+                self._replay_centroids(self._incremental)
+        except BaseException:
+            self._folder_lock.__exit__(None, None, None)
+            raise
+
+    # --------------------------------------------------------- state settings
+    def fingerprint_changes(self) -> list[str]:
+        """How this config's state settings differ from those ``state_dir`` was built with ([] if none/new)."""
+        path = self.state_dir / "service.json"
+        if not path.is_file():
+            return []
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            old = {}
+        return fingerprint_diff(old, state_fingerprint(self.cfg))
+
+    def _check_fingerprint(self, reset: bool) -> None:
+        path = self.state_dir / "service.json"
+        if path.is_file():
+            if self.changes and not reset:
+                raise ConfigError(
+                    f"server.state_dir {self.state_dir}: its state was built with different settings "
+                    f"({'; '.join(self.changes)}). Serving it with these would silently reuse the old state; restore "
+                    "the old settings, use another server.state_dir, or start a new state with --reset "
+                    "(discards the defense state, keeps the query log and budgets)")
+        elif not reset and any(self.state_dir.glob("*.state.safetensors")):
+            raise ConfigError(f"server.state_dir {self.state_dir}: holds a defense state without service.json "
+                              "(written by an older version); start a new state with --reset")
+        if reset:
+            for f in self.state_dir.glob("*.state.safetensors"):
+                f.unlink()
+        atomic_write_text(path, json.dumps(state_fingerprint(self.cfg), indent=2, sort_keys=True) + "\n")
+
+    # --------------------------------------------------------- requests
+    def metadata(self) -> dict[str, Any]:
+        """The Open Inference Protocol model metadata."""
+        return model_metadata(self.name, self.input_shape, self.num_classes, self.defense.name,
+                              self.cfg.server.max_batch)
+
+    def check_model(self, name: str, version: str | None) -> None:
+        """GuardError ``unknown_model`` / ``unknown_version`` unless the request names this model (version 1)."""
+        if name != self.name:
+            raise GuardError("unknown_model", f"model {name!r} not found; this server serves {self.name!r}")
+        if version is not None and version != "1":
+            raise GuardError("unknown_version", f"model {name!r} has version '1' only, not {version!r}")
+
+    def authenticate(self, authorization: str | None, api_key: str | None) -> KeySection:
+        """The key named by ``Authorization: Bearer <key>`` (or ``X-API-Key``); GuardError ``unauthenticated``."""
+        token = api_key
+        if authorization:
+            scheme, _, value = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not value:
+                raise GuardError("unauthenticated", "Authorization header must be 'Bearer <api key>'")
+            token = value.strip()
+        if not token:
+            raise GuardError("unauthenticated", "missing API key (send 'Authorization: Bearer <key>')")
+        key = self.keys.get(token)
+        if key is None:
+            raise GuardError("unauthenticated", "unknown API key")
+        return key
+
+    def parse_request(self, body: bytes, header_length: str | None = None) -> InferRequest:
+        """Parse one request body for this model (:meth:`InferRequest.parse`)."""
+        return InferRequest.parse(body, header_length, self.input_shape, self.cfg.server.max_batch)
+
+    @torch.no_grad()
+    def answer(self, key: KeySection, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Charge the key's budget and return the defended probabilities and their max ℓ1 distortion (Eq. 5)."""
+        n = int(x.shape[0])
+        self.log.reserve(key.name, n, key.budget)  # atomic: BudgetExceeded before any work if the budget is spent
+        try:
+            with self._lock:
+                # the model runs on its device; the defense (the model's post-process) works on CPU probabilities
+                probs = torch.softmax(self.model(x.to(self.device)).float(), dim=1).cpu()
+                inc = self._incremental
+                before = inc.num_centroids if inc is not None else None
+                y_hat = self.defense.defend(probs, x) if self.defense.needs_inputs else self.defense.defend(probs)
+                if inc is not None:
+                    if inc.num_centroids != before:
+                        labels, vecs = inc.centroids_since(before)
+                        self.log.append_centroids(self._centroid_table, before, labels, vecs)
+                elif self.defense.stateful:
+                    self.save_state()
+        except BaseException:
+            self.log.refund(key.name, n)
+            raise
+        return y_hat.float(), float(np.abs(y_hat.numpy().astype(np.float64) - probs.numpy()).sum(1).max())
+
+    def handle(self, key: KeySection, body: bytes, header_length: str | None) -> InferAnswer:
+        """Parse, charge, defend and encode one request."""
+        req = self.parse_request(body, header_length)
+        y_hat, max_l1 = self.answer(key, req.x)
+        payload, hl = encode_response(req, y_hat, self.name)
+        return InferAnswer(payload, hl, int(req.x.shape[0]), max_l1)
+
+    def handle_logged(self, key: KeySection, body: bytes, header_length: str | None, t0: float) -> InferAnswer:
+        """:meth:`handle`, then log the answered request (``t0``: its ``time.perf_counter()`` start)."""
+        ans = self.handle(key, body, header_length)
+        self.log.log(key.name, ans.rows, 200, "ok", ans.max_l1, (time.perf_counter() - t0) * 1e3)
+        return ans
+
+    # --------------------------------------------------------- state
+    def _replay_centroids(self, inc: IncrementalState) -> None:
+        n = inc.num_centroids
+        labels, vecs = self.log.centroids_from(self._centroid_table, n, self.num_classes)
+        if len(labels):
+            inc.extend_centroids(labels, vecs)
+
+    def save_state(self) -> None:
+        """Snapshot a stateful defense to ``state_path`` (safetensors, with the defense's name and parameters)."""
+        if self.defense.stateful:
+            save_tensors(self.state_path, self.defense.state_dict(), {"defense": self.defense.name,
+                                                                      "params": json.dumps(self.defense.params())})
+
+    def close(self) -> None:
+        """Save the defense state, close the log and release the ``state_dir`` lock (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with self._lock:
+                self.save_state()
+            self.log.close()
+        finally:
+            self._folder_lock.__exit__(None, None, None)
+
+
+def build_service(config_path: str | Path, overrides: list[str] | None = None, reset: bool = False,
+                  check_only: bool = False) -> GuardService:
+    """Load ``config_path`` (relative paths resolved against its folder) and open its :class:`GuardService`."""
+    path = Path(config_path)
+    cfg = load_guard_config(path, overrides)
+    return GuardService(cfg, path.resolve().parent, reset=reset, check_only=check_only)
