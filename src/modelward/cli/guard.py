@@ -42,3 +42,45 @@ def check(config: Path = typer.Argument(..., help="GUARD.toml"),
         typer.echo(f"note: {svc.state_dir} was built with other settings ({'; '.join(svc.changes)}); "
                    "'guard serve' refuses them unless given --reset")
     svc.close()
+
+
+@app.command()
+def fingerprint(config: Path = typer.Argument(..., help="GUARD.toml with [ownership.fingerprint] data = {...}"),
+                set_: list[str] = typer.Option(None, "--set", help="override a config value")) -> None:
+    """Make the served model's boundary fingerprint (trains independent reference models) into server.state_dir."""
+    from modelward.core.progress import RichProgress
+    from modelward.extraction.guard.proof import make_guard_fingerprint
+
+    with RichProgress() as progress:
+        path, fp = make_guard_fingerprint(config, set_, progress=progress)
+    refs = fp.reference_agreement
+    typer.echo(f"fingerprint: {len(fp)} points in {path}; independent references agreed with the owner on "
+               f"{min(refs):.0%}–{max(refs):.0%} of them")
+
+
+@app.command()
+def verify(config: Path = typer.Argument(..., help="GUARD.toml of the guard whose answers may have been stolen"),
+           suspect: str = typer.Option(..., "--suspect", help="a safetensors checkpoint (the guarded architecture) "
+                                       "or an Open Inference Protocol URL, http://host:port/v2/models/NAME"),
+           suspect_model: str | None = typer.Option(None, "--suspect-model", help="model name on the suspect URL"),
+           api_key: str | None = typer.Option(None, "--api-key", envvar="MODELWARD_SUSPECT_KEY",
+                                              help="bearer key for the suspect URL"),
+           level: float = typer.Option(1e-6, help="decision level for 'derived from this model'"),
+           max_rows: int | None = typer.Option(None, "--max-rows", help="query at most this many watermark rows"),
+           labels_only: bool = typer.Option(False, "--labels-only", help="use only the suspect's top-1 labels"),
+           out: Path | None = typer.Option(None, "--out", help="write the report as JSON here"),
+           set_: list[str] = typer.Option(None, "--set", help="override a config value")) -> None:
+    """Test a suspect model for this guard's answer watermark and this model's fingerprint; exit 1 if derived."""
+    from modelward.core.records import atomic_write_json
+    from modelward.extraction.guard.proof import verify_suspect
+
+    rep = verify_suspect(config, suspect, overrides=set_, level=level, max_watermark_rows=max_rows,
+                         model_name=suspect_model, api_key=api_key, labels_only=labels_only)
+    for e in rep.evidence:
+        typer.echo(f"{e.method:<11} p = {e.p_value:.3g}  ({e.matches}/{e.n} matches: {e.statistic}; "
+                   f"{e.queries} queries; null {e.null})")
+    verdict = "DERIVED from this model" if rep.derived else "not shown to be derived"
+    typer.echo(f"verdict: {verdict} (combined p = {rep.p_value:.3g}, level {level:g}, {rep.queries} queries)")
+    if out is not None:
+        atomic_write_json(out, rep.to_dict())
+    raise typer.Exit(1 if rep.derived else 0)

@@ -12,6 +12,7 @@ from modelward.core.config import StrictModel, load_config
 from modelward.core.device import DeviceSetting
 from modelward.core.zoo import ModelConfig
 from modelward.errors import ConfigError
+from modelward.extraction.guard.ownership import OwnershipSection
 
 
 class ServerSection(StrictModel):
@@ -59,6 +60,7 @@ class KeySection(StrictModel):
     name: str
     key: str = Field(min_length=8)
     budget: int | None = Field(None, ge=0)  # queries (rows); None = unlimited
+    operator: bool = False  # may read GET /v2/guard/status (the detector's verdicts on every key)
 
 
 class GuardConfig(StrictModel):
@@ -66,6 +68,7 @@ class GuardConfig(StrictModel):
     model: ModelSection
     defense: DefenseSection = Field(default_factory=DefenseSection)
     keys: list[KeySection] = Field(min_length=1)
+    ownership: OwnershipSection = Field(default_factory=OwnershipSection)
 
 
 def load_guard_config(path: str | Path, overrides: list[str] | None = None) -> GuardConfig:

@@ -24,7 +24,7 @@ from modelward.extraction.guard.service import GuardService, build_service
 
 #: HTTP status of each GuardError code (anything else a client sent wrong is a 400)
 STATUS = {"unauthenticated": 401, "unknown_model": 404, "unknown_version": 404, "body_too_large": 413,
-          "batch_too_large": 413, "query_budget_exceeded": 429}
+          "batch_too_large": 413, "query_budget_exceeded": 429, "extraction_suspected": 403, "forbidden": 403}
 INLINE_BYTES = int(os.environ.get("MODELWARD_GUARD_INLINE_BYTES", 64 * 1024))
 
 
@@ -165,6 +165,17 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
             return Response(ans.body, media_type="application/json")
         return Response(ans.body, media_type="application/octet-stream",
                         headers={"Inference-Header-Content-Length": str(ans.header_length)})
+
+    @app.get("/v2/guard/status")
+    async def guard_status(request: Request):
+        """The detector's verdict on every key and the watermark's count (operator keys only)."""
+        try:
+            key = service.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+            if not key.operator:
+                raise GuardError("forbidden", f"key {key.name!r} is not an operator key (operator = true)")
+        except GuardError as e:
+            return refused(e)
+        return await run_in_threadpool(service.status)
 
     model_route("", model_metadata, methods=["GET"])
     model_route("/ready", model_ready, methods=["GET"])

@@ -35,6 +35,7 @@ from modelward.extraction.guard.config import (
 )
 from modelward.extraction.guard.errors import GuardError
 from modelward.extraction.guard.oip import InferRequest, encode_response, model_metadata
+from modelward.extraction.guard.ownership import ExtractionSuspected, GuardOwnership
 from modelward.extraction.guard.querylog import QueryLog
 
 
@@ -111,6 +112,7 @@ class GuardService:
         self.keys = {k.key: k for k in cfg.keys}
         self._lock = threading.Lock()  # model and defense state change together
         self._closed = check_only  # check_only: no lock, no state, no log (``guard check`` beside a running server)
+        self.ownership: GuardOwnership | None = None  # watermark + detector, opened with the state
         # ModelGuard-S: new centroids are appended to SQLite as they appear (a full snapshot costs ~60 ms at 10k
         # centroids); the safetensors snapshot is written on shutdown, and the rows after it are replayed on start
         self._incremental: IncrementalState | None = (
@@ -132,6 +134,7 @@ class GuardService:
                 if reset:
                     self.log.clear_centroids(self._centroid_table)
                 self._replay_centroids(self._incremental)
+            self.ownership = GuardOwnership(cfg.ownership, self.state_dir, self.num_classes)
         except BaseException:
             self._folder_lock.__exit__(None, None, None)
             raise
@@ -201,6 +204,11 @@ class GuardService:
     def answer(self, key: KeySection, x: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Charge the key's budget and return the defended probabilities and their max ℓ1 distortion (Eq. 5)."""
         n = int(x.shape[0])
+        if self.ownership is not None:
+            try:
+                self.ownership.before(key.name)  # a key the detector flagged under action = "refuse"
+            except ExtractionSuspected as e:
+                raise GuardError("extraction_suspected", str(e)) from None
         self.log.reserve(key.name, n, key.budget)  # atomic: BudgetExceeded before any work if the budget is spent
         try:
             with self._lock:
@@ -209,6 +217,8 @@ class GuardService:
                 inc = self._incremental
                 before = inc.num_centroids if inc is not None else None
                 y_hat = self.defense.defend(probs, x) if self.defense.needs_inputs else self.defense.defend(probs)
+                if self.ownership is not None:  # watermark + detector, committed before the answer leaves
+                    y_hat = self.ownership.after(key.name, x, probs, y_hat)
                 if inc is not None:
                     if inc.num_centroids != before:
                         labels, vecs = inc.centroids_since(before)
@@ -246,6 +256,20 @@ class GuardService:
             save_tensors(self.state_path, self.defense.state_dict(), {"defense": self.defense.name,
                                                                       "params": json.dumps(self.defense.params())})
 
+    def status(self) -> dict[str, Any]:
+        """The operator's view: the detector's verdict per key and the watermark's state (no secrets)."""
+        own = self.ownership
+        if own is None:
+            return {"detector": None, "watermark": None}
+        det = own.cfg.detector
+        wm = own.cfg.watermark
+        return {
+            "detector": {"enabled": det.enabled, "action": det.action, "delta": det.delta,
+                         "keys": [vars(k) for k in own.status()]} if det.enabled else None,
+            "watermark": {"enabled": wm.enabled, "fraction": wm.fraction,
+                          "marked_rows": len(own.records())} if wm.enabled else None,
+        }
+
     def close(self) -> None:
         """Save the defense state, close the log and release the ``state_dir`` lock (idempotent)."""
         if self._closed:
@@ -255,6 +279,8 @@ class GuardService:
             with self._lock:
                 self.save_state()
             self.log.close()
+            if self.ownership is not None:
+                self.ownership.close()
         finally:
             self._folder_lock.__exit__(None, None, None)
 

@@ -48,6 +48,7 @@ class _ClientState:
     queries: int = 0
     flagged_at: int | None = None
     last_w: float | None = None
+    tested_at: int = 0  # |D| at the last test
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,12 @@ class PradaDetector:
         return PradaEvent(cls, d_min, admitted, v if admitted else None)
 
     def _test(self, st: _ClientState) -> None:
-        if len(st.distances) < self.min_queries:
+        n = len(st.distances)
+        # the test costs O(|D| log |D|): it runs once |D| has grown by 2 % since the last one (every new distance
+        # while |D| < 50), so a client sending one row per request does not pay a full test per request
+        if n < self.min_queries or n - st.tested_at < max(1, n // 50):
             return
+        st.tested_at = n
         d = np.asarray(st.distances[-MAX_SHAPIRO:])
         w = 1.0 if np.ptp(d) == 0 else float(shapiro(d).statistic)
         st.last_w = w
