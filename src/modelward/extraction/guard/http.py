@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from modelward.errors import ConfigError, DataError
 from modelward.extraction.guard.errors import GuardError, WouldBlock
+from modelward.extraction.guard.keys import refuse_placeholder_keys
 from modelward.extraction.guard.service import GuardService, build_service
 
 log = logging.getLogger("modelward.guard")
@@ -237,9 +238,13 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     host, port = host or cfg.host, cfg.port if port is None else port
     try:  # bind before uvicorn, so a busy port is a clear error (exit 2), not uvicorn's log line and exit 3
         sock = bind_socket(host, port)
+        refuse_placeholder_keys(service.cfg, config_path)
     except ConfigError:
+        if "sock" in locals():
+            sock.close()
         service.close()
         raise
+    service.start_key_refresh()
     try:
         name = service.name
         print(f"guard: serving model '{name}' behind {service.defense.name} at "

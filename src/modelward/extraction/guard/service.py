@@ -38,7 +38,7 @@ from modelward.extraction.guard.config import (
 )
 from modelward.extraction.guard.errors import GuardError, WouldBlock
 from modelward.extraction.guard.oip import InferRequest, encode_response, model_metadata
-from modelward.extraction.guard.querylog import QueryLog
+from modelward.extraction.guard.querylog import QueryLog, key_digest
 
 T = TypeVar("T")
 log = logging.getLogger("modelward.guard")
@@ -116,6 +116,9 @@ class GuardService:
         self.state_dir = base_dir / cfg.server.state_dir
         self.state_path = self.state_dir / f"{self.name}.{self.defense.name}.state.safetensors"
         self.keys = {k.key: k for k in cfg.keys}
+        self._stored: dict[str, KeySection] = {}  # sha256 of an operator-added key -> its section
+        self._revoked: set[str] = set()  # names of revoked keys (config or operator)
+        self._stop = threading.Event()
         self._lock = threading.Lock()  # model and defense state change together
         self._closed = check_only  # check_only: no lock, no state, no log (``guard check`` beside a running server)
         # ModelGuard-S: new centroids are appended to SQLite as they appear (a full snapshot costs ~60 ms at 10k
@@ -140,6 +143,7 @@ class GuardService:
                 if reset:
                     self.log.clear_centroids(self._centroid_table)
                 self._replay_centroids(self._incremental)
+            self.refresh_keys()
         except BaseException:
             self._folder_lock.__exit__(None, None, None)
             raise
@@ -198,8 +202,34 @@ class GuardService:
             raise GuardError("unauthenticated", "missing API key (send 'Authorization: Bearer <key>')")
         key = self.keys.get(token)
         if key is None:
+            key = self._stored.get(key_digest(token))
+        if key is None:
             raise GuardError("unauthenticated", "unknown API key")
+        if key.name in self._revoked:
+            raise GuardError("unauthenticated", f"API key {key.name!r} was revoked")
         return key
+
+    def refresh_keys(self) -> None:
+        """Read the keys operators added or revoked (``modelward guard keys``) from the store (off the event loop:
+        :meth:`start_key_refresh` calls this every few seconds in a thread)."""
+        stored, revoked = {}, set()
+        for k in self.log.stored_keys():
+            if k.revoked:
+                revoked.add(k.name)
+            if k.key_sha256 is not None:
+                stored[k.key_sha256] = KeySection(name=k.name, key="(stored as sha256)", budget=k.budget)
+        self._stored, self._revoked = stored, revoked  # swapped whole: readers see the old or the new sets
+
+    def start_key_refresh(self, every: float = 2.0) -> None:
+        """Refresh the operator keys every ``every`` seconds in a daemon thread until :meth:`close`."""
+        def loop() -> None:
+            while not self._stop.wait(every):
+                try:
+                    self.refresh_keys()
+                except Exception:  # noqa: BLE001 - a locked store: keep the last keys, try again
+                    log.warning("guard: could not refresh the API keys from the store", exc_info=True)
+
+        threading.Thread(target=loop, name="guard-keys", daemon=True).start()
 
     def parse_request(self, body: bytes, header_length: str | None = None) -> InferRequest:
         """Parse one request body for this model (:meth:`InferRequest.parse`)."""
@@ -335,6 +365,7 @@ class GuardService:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
         try:
             with self._lock:
                 self.save_state()
