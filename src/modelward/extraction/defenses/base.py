@@ -139,7 +139,8 @@ class IncrementalState(Protocol):
     """A stateful defense whose state is an append-only sequence of centroids (ModelGuard-S, Algorithm 1).
 
     ``centroids_since(n)`` returns what was added after the first ``n``; ``extend_centroids`` replays such a tail onto
-    an earlier state. The guard stores each tail as it appears and replays the rows after the last snapshot on start.
+    an earlier state; ``truncate_centroids(n)`` drops everything after the first ``n`` (undoes a batch whose answer
+    could not be committed). The guard stores each tail as it appears and replays the rows after the last snapshot on start.
     """
 
     @property
@@ -148,6 +149,8 @@ class IncrementalState(Protocol):
     def centroids_since(self, start: int) -> tuple[np.ndarray, np.ndarray]: ...
 
     def extend_centroids(self, labels: np.ndarray, vectors: np.ndarray) -> None: ...
+
+    def truncate_centroids(self, n: int) -> None: ...
 
 
 class NoDefense(PredictionDefense):

@@ -22,6 +22,15 @@ class ServerSection(StrictModel):
     max_body_bytes: int = Field(8_000_000, ge=1024)
     state_dir: str = "guard_state"  # relative to the config file
     query_log: str = "queries.sqlite"  # relative to state_dir
+    header_timeout_s: float = Field(10.0, gt=0)  # a request head must be complete within this (else: closed)
+    body_timeout_s: float = Field(30.0, gt=0)  # a request body must arrive within this after its head
+    idle_timeout_s: float = Field(5.0, gt=0)  # a kept-alive connection with no new request is closed after this
+    max_connections: int = Field(512, ge=1)  # open connections in total (more: 503 and closed at once)
+    max_connections_per_client: int = Field(32, ge=1)  # open connections per client address
+    shutdown_timeout_s: float = Field(10.0, gt=0)  # SIGTERM: requests still running after this are cancelled
+    busy_timeout_s: float = Field(5.0, gt=0)  # how long a query-log write waits for another process's lock
+    log_retention_days: float | None = Field(None, gt=0)  # query-log rows older than this are deleted; None = keep
+    log_max_rows: int | None = Field(None, ge=1000)  # keep at most this many query-log rows; None = no cap
 
 
 class ModelSection(StrictModel):

@@ -14,9 +14,9 @@ class GuardError(ModelwardError):
         message: what was wrong and what is expected.
     """
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, rows: int = 0) -> None:
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message, self.rows = code, message, rows
 
 
 class BudgetExceeded(GuardError):
@@ -24,5 +24,9 @@ class BudgetExceeded(GuardError):
 
     def __init__(self, key_name: str, used: int, budget: int, rows: int) -> None:
         super().__init__("query_budget_exceeded", f"query budget of key {key_name!r} exhausted: {used} of {budget} "
-                         f"used, {rows} requested")
+                         f"used, {rows} requested", rows)
         self.key_name, self.used, self.budget, self.rows = key_name, used, budget, rows
+
+
+class WouldBlock(Exception):  # noqa: N818 - a signal, not an error
+    """Raised instead of waiting (``wait=False``) when the model or the query log is busy; nothing was changed."""

@@ -11,20 +11,27 @@ the service raise :class:`~modelward.extraction.guard.errors.GuardError` with a 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from modelward.errors import ConfigError, DataError
-from modelward.extraction.guard.errors import GuardError
+from modelward.extraction.guard.errors import GuardError, WouldBlock
+from modelward.extraction.guard.keys import refuse_placeholder_keys
 from modelward.extraction.guard.service import GuardService, build_service
+
+log = logging.getLogger("modelward.guard")
 
 #: HTTP status of each GuardError code (anything else a client sent wrong is a 400)
 STATUS = {"unauthenticated": 401, "unknown_model": 404, "unknown_version": 404, "body_too_large": 413,
-          "batch_too_large": 413, "query_budget_exceeded": 429, "extraction_suspected": 403, "forbidden": 403}
+          "batch_too_large": 413, "query_budget_exceeded": 429, "store_busy": 503, "extraction_suspected": 403,
+          "forbidden": 403}
 INLINE_BYTES = int(os.environ.get("MODELWARD_GUARD_INLINE_BYTES", 64 * 1024))
 
 
@@ -85,13 +92,25 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
     app = FastAPI(title="modelward guard (Open Inference Protocol)", version=_package_version(), lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url="/openapi.json")
 
-    def error(status: int, code: str, message: str) -> JSONResponse:
-        return JSONResponse({"error": message, "code": code}, status_code=status)
+    def error(status: int, code: str, message: str, request_id: str | None = None) -> JSONResponse:
+        # the body keeps its two fields (clients parse them); the request id travels in a header
+        headers = None if request_id is None else {"X-Request-Id": request_id}
+        return JSONResponse({"error": message, "code": code}, status_code=status, headers=headers)
 
-    def refused(e: GuardError, key_name: str | None = None, t0: float | None = None) -> JSONResponse:
+    async def record(key_name: str | None, rows: int, status: int, code: str, t0: float | None = None,
+                     request_id: str | None = None) -> None:
+        """Log a request that changed nothing else, off the event loop (a locked query log never stalls it)."""
+        ms = 0.0 if t0 is None else (time.perf_counter() - t0) * 1e3
+        try:
+            await run_in_threadpool(service.log.log, key_name, rows, status, code, None, ms, request_id)
+        except Exception:  # noqa: BLE001 - the answer still goes out; the operator sees why the row is missing
+            log.exception("guard: could not write the query-log row of request %s (%s %s)", request_id, status, code)
+
+    async def refused(e: GuardError, key_name: str | None = None, t0: float | None = None,
+                      request_id: str | None = None) -> JSONResponse:
         status = STATUS.get(e.code, 400)
-        service.log.log(key_name, 0, status, e.code, None, 0.0 if t0 is None else (time.perf_counter() - t0) * 1e3)
-        return error(status, e.code, e.message)
+        await record(key_name, e.rows, status, e.code, t0, request_id)
+        return error(status, e.code, e.message, request_id)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -100,12 +119,12 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
         if exc.status_code == 404:
             msg += " (endpoints: GET /v2, /v2/health/{live,ready}, /v2/models/{name}[/versions/1][/ready], " \
                    "POST /v2/models/{name}[/versions/1]/infer, GET /openapi.json)"
-        service.log.log(None, 0, exc.status_code, code, None, 0.0)
+        await record(None, 0, exc.status_code, code)
         return error(exc.status_code, code, msg)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        service.log.log(None, 0, 400, "bad_request", None, 0.0)
+        await record(None, 0, 400, "bad_request")
         return error(400, "bad_request", f"{request.url.path}: {exc.errors()}")
 
     def model_route(suffix: str, fn, **kw):  # noqa: ANN001, ANN202 - route both with and without a version
@@ -128,18 +147,18 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
         try:
             service.check_model(name, version)
         except GuardError as e:
-            return refused(e)
+            return await refused(e)
         return {"name": name, "ready": True}
 
     async def model_metadata(name: str, version: str | None = None):
         try:
             service.check_model(name, version)
         except GuardError as e:
-            return refused(e)
+            return await refused(e)
         return service.metadata()
 
     async def infer(name: str, request: Request, version: str | None = None):
-        t0 = time.perf_counter()
+        t0, rid = time.perf_counter(), uuid.uuid4().hex[:16]
         key_name: str | None = None
         try:
             service.check_model(name, version)
@@ -147,24 +166,36 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
             key_name = key.name
             body = await read_capped(request, service.cfg.server.max_body_bytes)
             hl = request.headers.get("inference-header-content-length")
+            ans = None
             if len(body) <= INLINE_BYTES and service.defense.fast:
-                # a small request takes well under a millisecond: a thread hop would cost more than it saves
-                ans = service.handle_logged(key, body, hl, t0)
-            else:  # large bodies (JSON parsing ~0.1 s per MB) and slow defenses run off the event loop
-                ans = await run_in_threadpool(service.handle_logged, key, body, hl, t0)
+                # a small request takes well under a millisecond: a thread hop would cost more than it saves.
+                # wait=False: if the model or the query log is busy (another request, an external lock) it raises
+                # WouldBlock before any change, and the request goes to a worker thread: the loop never waits
+                try:
+                    ans = service.handle(key, body, hl, rid, t0, wait=False)
+                except WouldBlock:
+                    pass
+            if ans is None:  # large bodies (JSON parsing ~0.1 s per MB), slow defenses, a busy store
+                ans = await run_in_threadpool(service.handle, key, body, hl, rid, t0)
         except GuardError as e:
-            return await run_in_threadpool(refused, e, key_name, t0)
+            return await refused(e, key_name, t0, rid)
+        except ClientDisconnect:
+            log.info("guard: request %s: the client disconnected before sending its whole body", rid)
+            await record(key_name, 0, 499, "client_disconnected", t0, rid)
+            return error(499, "client_disconnected", "the client disconnected", rid)
         except (DataError, ConfigError) as e:
-            await run_in_threadpool(service.log.log, key_name, 0, 400, "bad_request", None,
-                                    (time.perf_counter() - t0) * 1e3)
-            return error(400, "bad_request", str(e))
-        except Exception as e:  # noqa: BLE001 - answered and logged; the server keeps serving
-            service.log.log(key_name, 0, 500, "internal_error", None, (time.perf_counter() - t0) * 1e3)
-            return error(500, "internal_error", f"internal error ({type(e).__name__}); see the server log")
+            await record(key_name, getattr(e, "rows", 0), 400, "bad_request", t0, rid)
+            return error(400, "bad_request", str(e), rid)
+        except Exception as e:  # noqa: BLE001 - answered and logged; nothing was charged; the server keeps serving
+            log.exception("guard: request %s (key %s) failed; nothing was charged", rid, key_name)
+            await record(key_name, getattr(e, "rows", 0), 500, "internal_error", t0, rid)
+            return error(500, "internal_error", f"internal error ({type(e).__name__}); nothing was charged; see the "
+                         f"server log for request {rid}", rid)
+        headers = {"X-Request-Id": rid}
         if ans.header_length is None:
-            return Response(ans.body, media_type="application/json")
-        return Response(ans.body, media_type="application/octet-stream",
-                        headers={"Inference-Header-Content-Length": str(ans.header_length)})
+            return Response(ans.body, media_type="application/json", headers=headers)
+        headers["Inference-Header-Content-Length"] = str(ans.header_length)
+        return Response(ans.body, media_type="application/octet-stream", headers=headers)
 
     @app.get("/v2/guard/status")
     async def guard_status(request: Request):
@@ -174,7 +205,7 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
             if not key.operator:
                 raise GuardError("forbidden", f"key {key.name!r} is not an operator key (operator = true)")
         except GuardError as e:
-            return refused(e)
+            return await refused(e)
         return await run_in_threadpool(service.status)
 
     model_route("", model_metadata, methods=["GET"])
@@ -211,25 +242,49 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     """
     import uvicorn
 
+    from modelward.extraction.guard.connections import ConnectionLimits, limited_h11_protocol
+
+    _log_to_stderr()
     service = build_service(config_path, overrides, reset=reset)
     cfg = service.cfg.server
     host, port = host or cfg.host, cfg.port if port is None else port
     try:  # bind before uvicorn, so a busy port is a clear error (exit 2), not uvicorn's log line and exit 3
         sock = bind_socket(host, port)
+        refuse_placeholder_keys(service.cfg, config_path)
     except ConfigError:
+        if "sock" in locals():
+            sock.close()
         service.close()
         raise
+    service.start_key_refresh()
     try:
         name = service.name
         print(f"guard: serving model '{name}' behind {service.defense.name} at "
               f"http://{host}:{sock.getsockname()[1]}/v2/models/{name}/infer (state in {service.state_dir})",
               flush=True)
         print(f"READY {name} {host}:{sock.getsockname()[1]}", flush=True)
-        server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning", access_log=False))
+        limits = ConnectionLimits(header_timeout=cfg.header_timeout_s, body_timeout=cfg.body_timeout_s,
+                                  idle_timeout=cfg.idle_timeout_s, max_per_client=cfg.max_connections_per_client,
+                                  max_total=cfg.max_connections)
+        server = uvicorn.Server(uvicorn.Config(
+            create_app(service), log_level="warning", access_log=False, http=limited_h11_protocol(limits),
+            timeout_keep_alive=cfg.idle_timeout_s,
+            timeout_graceful_shutdown=cfg.shutdown_timeout_s))
         server.run(sockets=[sock])
     finally:
         sock.close()
         service.close()
+
+
+def _log_to_stderr() -> None:
+    """The guard's own log lines (5xx with tracebacks, refused connections, repairs) on stderr, time-stamped."""
+    logger = logging.getLogger("modelward.guard")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def bind_socket(host: str, port: int):

@@ -32,6 +32,20 @@ except ImportError:  # pragma: no cover - orjson is a dependency; keep working w
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "probabilities"
+MAX_ECHO_DEPTH = 32  # `parameters` are echoed in the answer; orjson refuses to write more than 254 levels
+
+
+def _depth(obj: Any) -> int:
+    """Nesting depth of a JSON value (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        cur, d = stack.pop()
+        if isinstance(cur, dict):
+            cur = list(cur.values())
+        if isinstance(cur, list):
+            deepest = max(deepest, d)
+            stack.extend((v, d + 1) for v in cur if isinstance(v, (dict, list)))
+    return deepest
 
 
 @dataclass
@@ -139,7 +153,10 @@ class InferRequest:
                                  "parameters.binary_data_size")
             data = _json_data(t.get("data"), body, shape, need)
         if not np.isfinite(data).all():
-            raise GuardError("bad_data", "inputs[0].data contains NaN or infinite values")
+            raise GuardError("bad_data", "inputs[0].data contains NaN or infinite values", shape[0])
+        for field, value in (("parameters", params), ("inputs[0].parameters", tparams), ("outputs", outputs)):
+            if _depth(value) > MAX_ECHO_DEPTH:  # echoed or kept: refused before anything is charged
+                raise GuardError("bad_request", f"{field} is nested deeper than {MAX_ECHO_DEPTH} levels", shape[0])
         return cls(torch.from_numpy(data.reshape(shape)), rid, params, binary_out)
 
 

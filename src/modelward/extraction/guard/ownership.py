@@ -1,7 +1,9 @@
 """The guard's ownership side: it watermarks answers, records the marked rows, and runs the PRADA detector per
-API key — all persisted in ``state_dir/ownership.sqlite`` (one transaction per request, committed before the
-answer leaves), so a kill -9 loses nothing that was served. The watermark key lives in ``state_dir`` (mode 0600)
-and never leaves it; the fingerprint, when made (``modelward guard fingerprint``), is stored beside it.
+API key. Its rows live in the guard's store (``state_dir/queries.sqlite``) and are written inside the request's
+own transaction — with the charge, the centroids and the log row — so an answer that left the server always has
+its marks and detector events on disk, and a failed request leaves none (kill -9 loses nothing that was served).
+The watermark key lives in ``state_dir`` (mode 0600) and never leaves it; the fingerprint, when made
+(``modelward guard fingerprint``), is stored beside it.
 
 Nothing here is pickled: rows are float32 bytes, keys raw bytes, fingerprints safetensors.
 """
@@ -113,19 +115,21 @@ class GuardOwnership:
         → the answers to send, ``status()``, ``records()``, ``close()``.
     """
 
-    def __init__(self, cfg: OwnershipSection, state_dir: Path, num_classes: int) -> None:
+    def __init__(self, cfg: OwnershipSection, state_dir: Path, num_classes: int, db: sqlite3.Connection) -> None:
         self.cfg, self.num_classes = cfg, num_classes
         self.state_dir = Path(state_dir)
         self.watermark = (AnswerWatermark(load_or_create_key(self.state_dir / cfg.watermark.key_file),
                                           cfg.watermark.fraction) if cfg.watermark.enabled else None)
-        d = cfg.detector
-        self.detector = (PradaDetector(d.delta, d.min_queries, d.max_stored_rows) if d.enabled else None)
-        self._db = sqlite3.connect(str(self.state_dir / "ownership.sqlite"), check_same_thread=False,
-                                   isolation_level=None, timeout=10.0)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: a committed transaction survives a process crash
-        self._db.executescript(_SCHEMA)
+        self._db = db  # the guard's store; the caller serialises access to it
+        for stmt in _SCHEMA.strip().split(";"):
+            if stmt.strip():
+                self._db.execute(stmt)
         self._lock = threading.Lock()
+        self._reload()
+
+    def _reload(self) -> None:
+        d = self.cfg.detector
+        self.detector = PradaDetector(d.delta, d.min_queries, d.max_stored_rows) if d.enabled else None
         self._seq: dict[str, int] = {}
         if self.detector is not None:
             self._replay()
@@ -153,7 +157,9 @@ class GuardOwnership:
                 raise ExtractionSuspected(key, v.flagged_at)
 
     def after(self, key: str, x: Tensor, probs: Tensor, y_hat: Tensor) -> Tensor:
-        """Watermark the answers, observe the queries, persist both in one transaction; returns the answers."""
+        """Watermark the answers and observe the queries; their rows are written on the guard's store inside the
+        caller's open transaction (which commits or rolls back with the request). Returns the answers to send.
+        If the transaction rolls back, call :meth:`rollback` so memory matches the store again."""
         top1 = probs.argmax(1)
         out = y_hat
         marked_rows: list[tuple[Any, ...]] = []
@@ -182,28 +188,19 @@ class GuardOwnership:
             ev_rows = [(key, seq0 + j, e.cls, None if math.isnan(e.d_min) else e.d_min, int(e.admitted),
                         int(e.batch_end), None if e.vector is None else e.vector.astype("<f4").tobytes())
                        for j, e in enumerate(events)]
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                if marked_rows:
-                    self._db.executemany("INSERT OR IGNORE INTO marks VALUES (?, ?, ?, ?, ?, ?, ?)", marked_rows)
-                if ev_rows:
-                    self._db.executemany("INSERT INTO prada_events VALUES (?, ?, ?, ?, ?, ?, ?)", ev_rows)
-                if flag_row is not None:
-                    self._db.execute("INSERT OR REPLACE INTO prada_flags VALUES (?, ?, ?, ?)", flag_row)
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                # the in-memory detector already saw the batch: rebuild it from what is on disk, so memory and
-                # disk never disagree (the request fails and is not answered)
-                if self.detector is not None:
-                    self.detector = PradaDetector(self.cfg.detector.delta, self.cfg.detector.min_queries,
-                                                  self.cfg.detector.max_stored_rows)
-                    self._seq.clear()
-                    self._replay()
-                raise
             self._seq[key] = seq0 + len(events)
+        if marked_rows:
+            self._db.executemany("INSERT OR IGNORE INTO marks VALUES (?, ?, ?, ?, ?, ?, ?)", marked_rows)
+        if ev_rows:
+            self._db.executemany("INSERT INTO prada_events VALUES (?, ?, ?, ?, ?, ?, ?)", ev_rows)
+        if flag_row is not None:
+            self._db.execute("INSERT OR REPLACE INTO prada_flags VALUES (?, ?, ?, ?)", flag_row)
         return out
+
+    def rollback(self) -> None:
+        """The request's transaction rolled back: rebuild the detector from the rows the store holds."""
+        with self._lock:
+            self._reload()
 
     # -- operators --------------------------------------------------------------------------------------------
     def status(self) -> list[KeyStatus]:
@@ -216,27 +213,21 @@ class GuardOwnership:
             out.append(KeyStatus(k, v.queries, v.shapiro_w, v.flagged, v.flagged_at))
         return out
 
-    def records(self) -> WatermarkRecords:
-        """The distinct marked rows (for :func:`~modelward.extraction.ownership.verify_ownership`)."""
-        return read_marks(self.state_dir, self.num_classes, self._db)
-
-    def close(self) -> None:
-        self._db.close()
+    def marked_rows(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM marks").fetchone()[0])
 
 
-def read_marks(state_dir: Path, num_classes: int, db: sqlite3.Connection | None = None) -> WatermarkRecords:
-    """The marked rows recorded in ``state_dir/ownership.sqlite`` (read-only; safe beside a running server)."""
-    own = db is None
-    if own:
-        path = Path(state_dir) / "ownership.sqlite"
-        if not path.is_file():
-            raise DataError(f"{path}: no ownership records (start the guard with [ownership.watermark] enabled)")
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
+def read_marks(store: Path, num_classes: int) -> WatermarkRecords:
+    """The marked rows recorded in the guard's store (opened read-only: safe beside a running server)."""
+    path = Path(store)
+    if not path.is_file():
+        raise DataError(f"{path}: no guard store there (serve the model with [ownership.watermark] enabled first)")
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
     try:
-        rows = db.execute("SELECT shape, x, mark, top1 FROM marks ORDER BY time, digest").fetchall()
+        has = db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='marks'").fetchone()
+        rows = db.execute("SELECT shape, x, mark, top1 FROM marks ORDER BY time, digest").fetchall() if has else []
     finally:
-        if own:
-            db.close()
+        db.close()
     if not rows:
         return WatermarkRecords(torch.empty(0), torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long),
                                 num_classes)

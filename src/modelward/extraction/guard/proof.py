@@ -128,8 +128,10 @@ def verify_suspect(config_path: str | Path, suspect: str | Suspect, *, overrides
     sus = suspect if not isinstance(suspect, str) else open_suspect(suspect, cfg, base, model_name=model_name,
                                                                      api_key=api_key, labels_only=labels_only)
     marks = None
-    if cfg.ownership.watermark.enabled and (state / "ownership.sqlite").is_file():
-        marks = read_marks(state, cfg.model.num_classes)
+    store = state / cfg.server.query_log
+    if cfg.ownership.watermark.enabled and store.is_file():
+        marks = read_marks(store, cfg.model.num_classes)
+        marks = marks if len(marks) else None
     fp_path = state / cfg.ownership.fingerprint.file
     fp = Fingerprint.load(fp_path) if fp_path.is_file() else None
     if marks is None and fp is None:
