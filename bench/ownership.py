@@ -41,7 +41,7 @@ from modelward.extraction.ownership import (
     AnswerWatermark,
     LocalSuspect,
     PradaDetector,
-    WatermarkRecords,
+    WatermarkedVictim,
     make_fingerprint,
     random_seeds,
     verify_ownership,
@@ -58,26 +58,6 @@ def cp_interval(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
     lo = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
     hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
     return lo, hi
-
-
-class WatermarkedVictim(LocalVictim):
-    """ModelGuard-S, then the answer watermark — the guard's order — recording the marked rows."""
-
-    def __init__(self, model, wm: AnswerWatermark) -> None:
-        super().__init__(model, make_defense("modelguard_s", epsilon=1.0), num_classes=10)
-        self.wm, self.xs, self.marks, self.top = wm, [], [], []
-
-    def query(self, x):
-        y_hat = super().query(x)
-        out = self.wm.apply(x, y_hat)
-        m = out.marked
-        self.xs.append(x[m])
-        self.marks.append(out.labels[m])
-        self.top.append(self.clean(x[m]).argmax(1))
-        return out.probs
-
-    def records(self) -> WatermarkRecords:
-        return WatermarkRecords(torch.cat(self.xs), torch.cat(self.marks), torch.cat(self.top), 10)
 
 
 def fine_tune(model, x, y, epochs=5, lr=0.005, seed=0):
@@ -155,7 +135,7 @@ def main() -> None:
     print("\n1. watermark: KnockoffNets copies through ModelGuard-S + 0.5 % watermark")
     print(f"{'queries':>8} {'copy acc':>9} {'marked':>7} {'scores: m/n':>12} {'p':>9} {'labels: m/n':>12} {'p':>9}")
     for b in [int(s) for s in args.budgets.split(",")]:
-        victim = WatermarkedVictim(owner, wm)
+        victim = WatermarkedVictim(owner, make_defense("modelguard_s", epsilon=1.0), wm, num_classes=10)
         res = attack.run(victim, TransferSet(pool if b > len(data.x_train) else data.x_train), b, factory, seed=1,
                          eval_set=ev)
         recs = victim.records()

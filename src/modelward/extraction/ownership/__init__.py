@@ -17,7 +17,7 @@ _EXPORTS = {
     "PradaDetector": f"{_P}.detector:PradaDetector", "DetectorVerdict": f"{_P}.detector:DetectorVerdict",
     "verify_ownership": f"{_P}.verify:verify_ownership", "LocalSuspect": f"{_P}.verify:LocalSuspect",
     "HttpSuspect": f"{_P}.verify:HttpSuspect", "WatermarkRecords": f"{_P}.verify:WatermarkRecords",
-    "OwnershipReport": f"{_P}.verify:OwnershipReport",
+    "OwnershipReport": f"{_P}.verify:OwnershipReport", "WatermarkedVictim": f"{_P}.local:WatermarkedVictim",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
