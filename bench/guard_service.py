@@ -33,7 +33,7 @@ import torch
 from fastapi import Request
 
 from modelward.core.zoo import ModelConfig, build_model
-from modelward.extraction.service_process import free_port, start_guard_server, write_guard_config
+from modelward.extraction.guard.process import free_port, start_guard_server, write_guard_config
 
 KEY = "bench-key-0000"
 
@@ -43,11 +43,12 @@ def bare_server(config: str, port: int) -> None:
     import uvicorn
     from fastapi import FastAPI
 
-    from modelward.extraction.service import _load_weights, load_guard_config
+    from modelward.extraction.guard.config import load_guard_config
+    from modelward.extraction.guard.service import load_weights
 
     cfg = load_guard_config(config)
     model = build_model(cfg.model.net, tuple(cfg.model.input_shape), cfg.model.num_classes)
-    _load_weights(model, Path(config).parent / cfg.model.checkpoint, "model.checkpoint")
+    load_weights(model, Path(config).parent / cfg.model.checkpoint, "model.checkpoint")
     app = FastAPI()
 
     @app.get("/v2/health/ready")

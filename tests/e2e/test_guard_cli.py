@@ -13,7 +13,8 @@ import torch
 from modelward.core.config import load_config
 from modelward.core.io import save_state_dict
 from modelward.core.zoo import build_model
-from modelward.extraction.service import GuardConfig, build_service
+from modelward.extraction.guard.config import GuardConfig
+from modelward.extraction.guard.service import build_service
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -24,8 +24,8 @@ import torch
 from modelward.core.lock import LockedError
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError
-from modelward.extraction.service import build_service
-from modelward.extraction.service_process import start_guard_server, write_guard_config
+from modelward.extraction.guard.process import start_guard_server, write_guard_config
+from modelward.extraction.guard.service import build_service
 
 KEY, BUDGET_KEY = "hostile-key-unlimited", "hostile-key-budget-100"
 SHAPE, K = (1, 4, 4), 5
@@ -280,7 +280,7 @@ def _dead_pid() -> int:
 
 def test_accepted_connections_have_tcp_nodelay():
     """Without TCP_NODELAY every response on a reused connection waited for the client's delayed ACK (~40 ms)."""
-    from modelward.extraction.service import bind_socket
+    from modelward.extraction.guard.http import bind_socket
 
     lsock = bind_socket("127.0.0.1", 0)
     try:

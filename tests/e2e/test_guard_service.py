@@ -14,7 +14,7 @@ import torch
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.extraction.defenses import make_defense
 from modelward.extraction.defenses.base import is_in_simplex, l1_distortion
-from modelward.extraction.service_process import start_guard_server, write_guard_config
+from modelward.extraction.guard.process import start_guard_server, write_guard_config
 from modelward.extraction.victim import HttpVictim, LocalVictim, QueryBudgetExceeded, VictimError
 
 KEY, SMALL_KEY = "test-key-unlimited", "test-key-budget-20"

@@ -11,7 +11,7 @@ from pathlib import Path
 from modelward.core.config import load_config
 from modelward.core.io import save_state_dict
 from modelward.core.zoo import build_model
-from modelward.extraction.service import GuardConfig
+from modelward.extraction.guard.config import GuardConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -3,12 +3,13 @@
 The main verbs, imported lazily (``from modelward.extraction import ModelGuardS, make_extraction_attack``):
 
 - defenses (:mod:`.defenses`): ``ModelGuardW``, ``ModelGuardS``, ``MAD``, ``ReverseSigmoid``,
-  ``AdaptiveMisinformation``, ``TopOne``, ``Rounding``, ``GaussianNoise``, or by name ``make_defense(name, ...)``;
+  ``AdaptiveMisinformation``, ``TopOne``, ``Rounding``, ``GaussianNoise``, or by name ``make_defense(name, ...)`` / from a config section ``build_defense(spec, models)``;
 - attacks (:mod:`.attacks`): ``make_extraction_attack(query, strategy)`` over the query strategies (Knockoff, JBDA)
   and attack strategies (naive, top-1, S4L, smoothing, DDAE, PBayes, MQPI); the victim is a ``LocalVictim`` (an
   ``nn.Module`` behind a defense) or an ``HttpVictim`` (a guarded prediction API);
 - the ``modelward extract run`` study: ``ExtractionConfig`` and ``run_evaluation(cfg, out)``;
-- the guarded prediction API: ``serve(config_path)`` (KServe v2 / Open Inference Protocol).
+- the guarded prediction API (:mod:`.guard`): ``serve(config_path)`` (KServe v2 / Open Inference Protocol), or in
+  process ``build_service(config_path)`` → ``GuardService.answer(key, x)``.
 """
 
 from modelward.core.registry import lazy_exports
@@ -34,7 +35,12 @@ _EXPORTS = {
     "HttpVictim": "modelward.extraction.victim:HttpVictim",
     "ExtractionConfig": "modelward.extraction.config:ExtractionConfig",
     "run_evaluation": "modelward.extraction.study:run_evaluation",
-    "serve": "modelward.extraction.service:serve",
+    "build_defense": f"{_D}:build_defense", "IncrementalState": f"{_D}.base:IncrementalState",
+    "serve": "modelward.extraction.guard.http:serve",
+    "GuardConfig": "modelward.extraction.guard.config:GuardConfig",
+    "load_guard_config": "modelward.extraction.guard.config:load_guard_config",
+    "GuardService": "modelward.extraction.guard.service:GuardService",
+    "build_service": "modelward.extraction.guard.service:build_service",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -30,7 +30,7 @@ def run_extraction_demo(out_dir: Path, model: nn.Module, model_cfg: ModelConfig,
     import json
 
     from modelward.core.records import atomic_write_json
-    from modelward.extraction.service_process import start_guard_server, write_guard_config
+    from modelward.extraction.guard.process import start_guard_server, write_guard_config
     from modelward.extraction.victim import HttpVictim, LocalVictim
 
     out_dir = Path(out_dir)

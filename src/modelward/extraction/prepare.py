@@ -27,7 +27,7 @@ from modelward.errors import ConfigError
 from modelward.extraction.attacks import EvalSet, TransferSet, knowledge_from_defense
 from modelward.extraction.attacks.base import AttackKnowledge, seeded_model
 from modelward.extraction.config import DefenseSpec, ExtractionConfig
-from modelward.extraction.defenses import PredictionDefense, make_defense
+from modelward.extraction.defenses import IncrementalState, PredictionDefense, build_defense, make_defense
 from modelward.extraction.defenses.adaptive_misinformation import train_misinformation_model
 
 
@@ -139,17 +139,20 @@ def _transfer(cfg: ExtractionConfig, data: DataSplit, pidx: torch.Tensor) -> Tra
     return TransferSet(other.x_train, other.y_train)
 
 
-def build_defense(spec: DefenseSpec, epsilon: float | None, prep: Prepared, seed: int) -> PredictionDefense:
+def defense_models(prep: Prepared, seed: int) -> dict[str, Callable[[], nn.Module | None]]:
+    """The models a defense may declare in ``needs``, for :func:`~modelward.extraction.defenses.build_defense`.
+
+    MAD's G comes from a randomly initialised surrogate of the victim's architecture (digest §7), seeded per cell;
+    AdaptiveMisinformation's misinformation model is the one trained once for the study.
+    """
+    return {"surrogate": lambda: seeded_model(prep.substitute_factory, 10_000 + seed).eval(),
+            "misinformation": lambda: prep.misinformation}
+
+
+def cell_defense(spec: DefenseSpec, epsilon: float | None, prep: Prepared, seed: int) -> PredictionDefense:
     """A fresh defense instance (stateful defenses start empty for every cell, as separate runs in the paper)."""
-    params = dict(spec.params)
-    if epsilon is not None:
-        params["epsilon"] = epsilon
-    if spec.name == "mad" and "surrogate" not in params:
-        # MAD's G comes from a randomly initialised surrogate of the victim's architecture (digest §7)
-        params["surrogate"] = seeded_model(prep.substitute_factory, 10_000 + seed).eval()
-    if spec.name == "adaptive_misinformation" and "misinformation" not in params:
-        params["misinformation"] = prep.misinformation
-    return make_defense(spec.name, **params)
+    overrides = {} if epsilon is None else {"epsilon": epsilon}
+    return build_defense(spec, defense_models(prep, seed), **overrides)
 
 
 def clean_fn(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -163,11 +166,8 @@ def clean_fn(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def centroid_count(defense: PredictionDefense) -> int | None:
-    """Number of ModelGuard-S centroids (None for other defenses)."""
-    n = getattr(defense, "num_centroids", None)
-    if n is None:
-        return None
-    return int(n() if callable(n) else n)
+    """Number of ModelGuard-S centroids (None for defenses without :class:`IncrementalState`)."""
+    return int(defense.num_centroids) if isinstance(defense, IncrementalState) else None
 
 
 def fold_temperature(victim: nn.Module) -> nn.Module:

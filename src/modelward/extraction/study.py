@@ -32,7 +32,7 @@ from modelward.extraction.attacks import ATTACK_STRATEGIES, knowledge_from_defen
 from modelward.extraction.config import Cell, ExtractionConfig, cell_from_spec, cells, plan
 from modelward.extraction.prepare import (
     Prepared,
-    build_defense,
+    cell_defense,
     centroid_count,
     centroid_curves,
     clean_fn,
@@ -76,7 +76,7 @@ def run_cell(cfg: ExtractionConfig, prep: Prepared, cell: Cell, workdir: Path) -
     from modelward.extraction.victim import HttpVictim, LocalVictim
 
     t0 = time.perf_counter()
-    defense = build_defense(cell.defense, cell.epsilon, prep, cell.seed)
+    defense = cell_defense(cell.defense, cell.epsilon, prep, cell.seed)
     clean = clean_fn(prep.victim)
     attack = make_extraction_attack(cell.attack.query, cell.attack.strategy, cell.attack.query_params,
                          cell.attack.strategy_params, cfg.substitute)
@@ -130,7 +130,7 @@ def run_cell(cfg: ExtractionConfig, prep: Prepared, cell: Cell, workdir: Path) -
 
 def protected_accuracy(cell: Cell, prep: Prepared) -> float:
     """Victim test accuracy through a fresh instance of the cell's defense (answers' top-1 vs true labels)."""
-    defense = build_defense(cell.defense, cell.epsilon, prep, cell.seed)
+    defense = cell_defense(cell.defense, cell.epsilon, prep, cell.seed)
     x, y = prep.eval_set.x, prep.eval_set.y
     clean = clean_fn(prep.victim)(x)
     ans = defense.defend(clean, x) if defense.needs_inputs else defense.defend(clean)
@@ -144,7 +144,7 @@ def _remote_accuracy(victim: Any, prep: Prepared) -> float:
 
 def _serve(cfg: ExtractionConfig, prep: Prepared, cell: Cell, workdir: Path) -> tuple[Any, Any]:
     """Start the guarded HTTP service on 127.0.0.1 for this cell's defense and connect an HTTP victim."""
-    from modelward.extraction.service_process import start_guard_server, write_guard_config
+    from modelward.extraction.guard.process import start_guard_server, write_guard_config
     from modelward.extraction.victim import HttpVictim
 
     if cell.defense.name in ("mad", "adaptive_misinformation"):

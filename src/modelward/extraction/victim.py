@@ -2,7 +2,7 @@
 
 Both return *probabilities* (B×K) for a batch of inputs and count the queries they answered (the paper's query
 budget, Sec. 2). The HTTP victim speaks the Open Inference Protocol (KServe v2) JSON dialect served by
-``modelward guard serve`` (:mod:`modelward.extraction.service`).
+``modelward guard serve`` (:mod:`modelward.extraction.guard`).
 """
 
 from __future__ import annotations

@@ -16,16 +16,22 @@
 ``gaussian_noise``         ``sigma`` (default 0.05), ``seed`` (default 0)
 =========================  ==========================================================================================
 
-Example: ``make_defense("mad", epsilon=1.0, surrogate=build_model(cfg, shape, k))``.
+Example: ``make_defense("mad", epsilon=1.0, surrogate=build_model(cfg, shape, k))``, or from a config section
+``build_defense(spec, {"surrogate": lambda: build_model(cfg, shape, k)})`` — the one place that supplies the models a
+defense declares in ``needs``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from torch import nn
 
 from modelward.core.registry import Registry, lazy_exports
 from modelward.errors import ConfigError
 from modelward.extraction.defenses.base import (
+    IncrementalState,
     NoDefense,
     PredictionDefense,
     as_probs,
@@ -95,11 +101,57 @@ def make_defense(name: str, **params: Any) -> PredictionDefense:
         raise ConfigError(f"defense {name!r}: {e}; valid parameters: {defense_params(name)}") from None
 
 
+class DefenseSpecLike(Protocol):
+    """Anything naming a defense and its parameters (``extract``'s ``DefenseSpec``, the guard's ``[defense]``)."""
+
+    name: str
+    params: dict[str, Any]
+
+
+ModelSource = nn.Module | Callable[[], nn.Module]
+
+
+def build_defense(spec: DefenseSpecLike, models: Mapping[str, ModelSource] | None = None,
+                  **overrides: Any) -> PredictionDefense:
+    """Build the defense a config section names, supplying the models its class declares in ``needs``.
+
+    Args:
+        spec: ``spec.name`` (a registered defense) and ``spec.params`` (its keyword parameters).
+        models: for each name in the class's ``needs`` (``"surrogate"``, ``"misinformation"``), a model or a
+            zero-argument factory (called only when the defense needs it and ``params`` does not already give it).
+        **overrides: parameters that replace ``spec.params`` entries (e.g. ``epsilon=`` of a sweep).
+
+    Returns:
+        The defense, as :func:`make_defense` builds it.
+
+    Raises:
+        ConfigError: unknown name or parameter, or a needed model that ``models`` does not supply.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> spec = SimpleNamespace(name="mad", params={"epsilon": 0.5})
+        >>> d = build_defense(spec, {"surrogate": lambda: nn.Sequential(nn.Flatten(), nn.Linear(4, 3))})
+        >>> d.name, d.epsilon
+        ('mad', 0.5)
+    """
+    params = {**spec.params, **overrides}
+    for need in defense_class(spec.name).needs:
+        if need in params:
+            continue
+        source = (models or {}).get(need)
+        if source is None:
+            raise ConfigError(f"defense {spec.name!r}: needs a {need} model ({need}=<nn.Module>); none was given")
+        params[need] = source if isinstance(source, nn.Module) else source()
+    return make_defense(spec.name, **params)
+
+
 __all__ = [
     "DEFENSES",
+    "IncrementalState",
     "NoDefense",
     "PredictionDefense",
     "as_probs",
+    "build_defense",
     "defense_class",
     "defense_params",
     "is_in_simplex",

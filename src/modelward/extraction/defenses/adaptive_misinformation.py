@@ -42,6 +42,7 @@ class AdaptiveMisinformation(PredictionDefense):
     """
 
     name = "adaptive_misinformation"
+    needs = ("misinformation",)
     preserves_top1 = False
     epsilon = None
     needs_inputs = True

@@ -11,6 +11,8 @@ any defense the same way:
 
 from __future__ import annotations
 
+from typing import ClassVar, Protocol, runtime_checkable
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -65,7 +67,13 @@ class PredictionDefense:
     * ``needs_inputs``: ``defend`` must be given the queried inputs ``x`` (MAD, AdaptiveMisinformation).
     * ``stateful``: answers depend on earlier queries (ModelGuard-S); such defenses process a batch row by row in
       arrival order, implement :meth:`state_dict` / :meth:`load_state_dict`, and offer ``defend_frozen`` — the
-      attacker's offline copy (``get_yprime`` in the official code) that answers without changing the state.
+      attacker's offline copy (``get_yprime`` in the official code) that answers without changing the state. A
+      stateful defense whose state only grows may also implement :class:`IncrementalState` (the guard then persists
+      each addition instead of a whole snapshot).
+    * ``fast``: the answer for a full batch takes well under a millisecond (the guard answers small requests on its
+      event loop rather than paying a thread hop).
+    * ``needs``: the models :func:`~modelward.extraction.defenses.build_defense` must supply as keyword parameters
+      (``("surrogate",)`` for MAD, ``("misinformation",)`` for AdaptiveMisinformation).
 
     Args:
         (subclass-specific; see :func:`~modelward.extraction.defenses.make_defense`).
@@ -88,6 +96,8 @@ class PredictionDefense:
     epsilon: float | None = None
     needs_inputs: bool = False
     stateful: bool = False
+    fast: ClassVar[bool] = False
+    needs: ClassVar[tuple[str, ...]] = ()
 
     def defend(self, probs: Tensor, x: Tensor | None = None) -> Tensor:
         """Perturb a B×K batch of clean probabilities; returns a B×K batch in the input's dtype."""
@@ -124,6 +134,25 @@ class PredictionDefense:
         return f"{type(self).__name__}({args})"
 
 
+@runtime_checkable
+class IncrementalState(Protocol):
+    """A stateful defense whose state is an append-only sequence of centroids (ModelGuard-S, Algorithm 1).
+
+    ``centroids_since(n)`` returns what was added after the first ``n``; ``extend_centroids`` replays such a tail onto
+    an earlier state; ``truncate_centroids(n)`` drops everything after the first ``n`` (undoes a batch whose answer
+    could not be committed). The guard stores each tail as it appears and replays the rows after the last snapshot on start.
+    """
+
+    @property
+    def num_centroids(self) -> int: ...
+
+    def centroids_since(self, start: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def extend_centroids(self, labels: np.ndarray, vectors: np.ndarray) -> None: ...
+
+    def truncate_centroids(self, n: int) -> None: ...
+
+
 class NoDefense(PredictionDefense):
     """The undefended API: ŷ = y.
 
@@ -143,6 +172,7 @@ class NoDefense(PredictionDefense):
 
     name = "none"
     epsilon = 0.0
+    fast = True
 
     def _defend(self, y: Tensor, x: Tensor | None) -> Tensor:
         return y.clone()

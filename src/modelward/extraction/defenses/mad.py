@@ -64,6 +64,7 @@ class MAD(PredictionDefense):
     """
 
     name = "mad"
+    needs = ("surrogate",)
     needs_inputs = True
 
     def __init__(self, epsilon: float = 1.0, surrogate: nn.Module | None = None, max_evals: int = 1024) -> None:

@@ -127,6 +127,7 @@ class ModelGuardS(PredictionDefense):
     """
 
     name = "modelguard_s"
+    fast = True  # a full batch answers in well under a millisecond (the guard skips the thread hop)
     stateful = True
 
     def __init__(self, epsilon: float = 1.0, ordered: bool = True) -> None:
@@ -195,6 +196,16 @@ class ModelGuardS(PredictionDefense):
             return np.zeros(0, dtype=np.int64), np.zeros((0, k))
         return (np.array([c for c, _ in new], dtype=np.int64),
                 np.stack([self._classes[c].centroid(i) for c, i in new]))
+
+    def truncate_centroids(self, n: int) -> None:
+        """Drop the centroids after the first ``n`` (global insertion order): undo a batch whose answer the guard
+        could not commit, so memory never holds a centroid the store lacks."""
+        if not 0 <= n <= len(self._order):
+            raise DataError(f"modelguard_s: cannot truncate {len(self._order)} centroids to {n}")
+        while len(self._order) > n:
+            c, i = self._order.pop()
+            self._classes[c].n = i  # appended last in its class: the buffer's tail is ignored from now on
+        self.growth = [g for g in self.growth if g[1] <= n]
 
     def extend_centroids(self, labels: np.ndarray, vectors: np.ndarray) -> None:
         """Append centroids in order (replaying :meth:`centroids_since` of a later state onto an earlier one)."""

@@ -44,6 +44,7 @@ class ReverseSigmoid(PredictionDefense):
     """
 
     name = "reverse_sigmoid"
+    fast = True  # a full batch answers in well under a millisecond (the guard skips the thread hop)
     preserves_top1 = False
     epsilon = None
 

@@ -83,10 +83,14 @@ def write_guard_config(directory: str | Path, model: nn.Module, model_cfg: Model
                        input_shape: tuple[int, ...] | list[int], num_classes: int,
                        defense: str = "modelguard_s", defense_params: dict[str, Any] | None = None,
                        keys: dict[str, int | None] | None = None, name: str = "model",
-                       server: dict[str, Any] | None = None) -> Path:
+                       server: dict[str, Any] | None = None, ownership: dict[str, Any] | None = None,
+                       operators: set[str] | None = None) -> Path:
     """Save ``model`` as a safetensors checkpoint in ``directory`` and write a GUARD.toml serving it.
 
-    ``keys`` maps API key -> query budget (None = unlimited); key names are ``key0, key1, ...``.
+    ``keys`` maps API key -> query budget (None = unlimited); key names are ``key0, key1, ...``; keys in
+    ``operators`` may read ``/v2/guard/status``. ``ownership`` is the ``[ownership]`` table; when it is None the
+    watermark and the detector are written *off*, so the answers are exactly the defense's (studies and the
+    demo measure a defense alone; a hand-written GUARD.toml gets both on by default).
     Returns the path of the written ``guard.toml``.
     """
     directory = Path(directory)
@@ -98,8 +102,11 @@ def write_guard_config(directory: str | Path, model: nn.Module, model_cfg: Model
         "model": {"name": name, "checkpoint": "model.safetensors", "input_shape": list(input_shape),
                   "num_classes": int(num_classes), "net": model_cfg.model_dump(exclude_none=True)},
         "defense": {"name": defense, "params": dict(defense_params or {})},
-        "keys": [{"name": f"key{i}", "key": key, "budget": None if budget is None else int(budget)}
+        "keys": [{"name": f"key{i}", "key": key, "budget": None if budget is None else int(budget),
+                  **({"operator": True} if key in (operators or set()) else {})}
                  for i, (key, budget) in enumerate(keys.items())],
+        "ownership": ownership if ownership is not None else {"watermark": {"enabled": False},
+                                                              "detector": {"enabled": False}},
     }
     path = directory / "guard.toml"
     path.write_text(to_toml(config), encoding="utf-8")

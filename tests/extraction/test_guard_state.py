@@ -1,0 +1,125 @@
+"""The guard's state under a full disk and crashes: budget, centroids and log row commit together or not at all,
+and a restart always succeeds (issue 31, item 2). The write error is injected into the real database: a trigger
+makes the insert of a centroid (or of a log row) fail inside the request's transaction, as a full disk would."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+import torch
+
+from modelward.core.zoo import ModelConfig, build_model
+from modelward.extraction.guard.process import write_guard_config
+from modelward.extraction.guard.service import build_service
+
+KEY = "state-test-key-unlimited"
+SHAPE, K = (1, 4, 4), 5
+TABLE = "centroids_tiny_modelguard_s"
+
+
+@pytest.fixture
+def guard_path(tmp_path):
+    cfg = ModelConfig(arch="mlp", hidden=[16])
+    torch.manual_seed(0)
+    model = build_model(cfg, SHAPE, K)
+    return write_guard_config(tmp_path, model, cfg, SHAPE, K, defense="modelguard_s",
+                              defense_params={"epsilon": 0.05}, keys={KEY: 10_000}, name="tiny")
+
+
+def _fail_inserts(path, table: str) -> None:  # noqa: ANN001 - every insert into `table` fails from now on
+    db = sqlite3.connect(str(path.parent / "guard_state" / "queries.sqlite"))
+    db.execute(f"CREATE TRIGGER fail_{table} BEFORE INSERT ON {table} "
+               "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+    db.commit()
+    db.close()
+
+
+def _free_disk(path, table: str) -> None:  # noqa: ANN001
+    db = sqlite3.connect(str(path.parent / "guard_state" / "queries.sqlite"))
+    db.execute(f"DROP TRIGGER fail_{table}")
+    db.commit()
+    db.close()
+
+
+def _crash(svc) -> None:  # noqa: ANN001 - kill -9: no shutdown snapshot, the lock file stays (stale)
+    svc._closed = True
+    svc.log.close()
+    svc._folder_lock.release()
+
+
+def _rows(path, sql: str):  # noqa: ANN001, ANN202
+    db = sqlite3.connect(str(path.parent / "guard_state" / "queries.sqlite"))
+    try:
+        return db.execute(sql).fetchall()
+    finally:
+        db.close()
+
+
+def test_a_full_disk_charges_nothing_keeps_no_centroid_and_a_restart_succeeds(guard_path):
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.rand(8, *SHAPE, generator=g) * 4 for _ in range(4)]
+    svc = build_service(guard_path)
+    key = svc.keys[KEY]
+    first = svc.answer(key, xs[0])[0]
+    n0, used0 = svc.defense.num_centroids, svc.log.used(key.name)
+    logged0 = _rows(guard_path, "SELECT COUNT(*) FROM queries")[0][0]
+    assert n0 > 0 and used0 == 8 and logged0 == 1
+    # the centroid rows cannot be written (request 1), then the log row cannot (request 2: its centroids were
+    # written in the same transaction and must go too)
+    for x, table in ((xs[1], TABLE), (xs[2], "queries")):
+        _fail_inserts(guard_path, table)
+        with pytest.raises(sqlite3.Error, match="full"):
+            svc.answer(key, x)
+        # nothing of the failed request stays: no charge, no centroid in memory or on disk, no log row
+        assert svc.defense.num_centroids == n0 and svc.log.used(key.name) == used0
+        assert _rows(guard_path, "SELECT COUNT(*) FROM queries")[0][0] == logged0
+        assert _rows(guard_path, f"SELECT COUNT(*) FROM {TABLE}")[0][0] == n0
+        _free_disk(guard_path, table)  # the operator frees space; the server goes on
+    later = svc.answer(key, xs[3])[0]
+    n1 = svc.defense.num_centroids
+    assert n1 > n0 and svc.log.used(key.name) == used0 + 8
+    _crash(svc)
+    svc = build_service(guard_path)  # restarts on what the crash left, every centroid in order
+    assert svc.defense.num_centroids == n1
+    assert torch.equal(svc.answer(key, xs[0])[0], first) and torch.equal(svc.answer(key, xs[3])[0], later)
+    svc.close()
+
+
+def test_a_gap_left_by_an_older_version_is_repaired_not_refused(guard_path):
+    g = torch.Generator().manual_seed(6)
+    svc = build_service(guard_path)
+    key = svc.keys[KEY]
+    svc.answer(key, torch.rand(16, *SHAPE, generator=g) * 4)
+    n = svc.defense.num_centroids
+    assert n >= 3
+    _crash(svc)
+    db = sqlite3.connect(str(guard_path.parent / "guard_state" / "queries.sqlite"))
+    db.execute(f"DELETE FROM {TABLE} WHERE seq = 1")  # the row a failed append never wrote
+    db.commit()
+    db.close()
+    svc = build_service(guard_path)  # before: "centroid rows are not contiguous ... --reset"
+    assert svc.defense.num_centroids == n - 1
+    seqs = [r[0] for r in _rows(guard_path, f"SELECT seq FROM {TABLE} ORDER BY seq")]
+    assert seqs == list(range(n - 1))  # renumbered: the next append continues the sequence
+    svc.answer(key, torch.rand(16, *SHAPE, generator=g) * 4)
+    m = svc.defense.num_centroids
+    _crash(svc)
+    svc = build_service(guard_path)
+    assert svc.defense.num_centroids == m
+    svc.close()
+
+
+def test_a_damaged_snapshot_is_rebuilt_from_the_centroid_rows(guard_path):
+    g = torch.Generator().manual_seed(7)
+    x = torch.rand(16, *SHAPE, generator=g) * 4
+    svc = build_service(guard_path)
+    first = svc.answer(svc.keys[KEY], x)[0]
+    n = svc.defense.num_centroids
+    svc.close()
+    snap = next((guard_path.parent / "guard_state").glob("*.state.safetensors"))
+    snap.write_bytes(snap.read_bytes()[: 40])  # torn write of the shutdown snapshot
+    svc = build_service(guard_path)
+    assert svc.defense.num_centroids == n
+    assert torch.equal(svc.answer(svc.keys[KEY], x)[0], first)
+    svc.close()
