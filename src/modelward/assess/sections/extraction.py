@@ -4,6 +4,11 @@ The attacker queries `budget` natural inputs (the model's own training distribut
 and trains a substitute of the same architecture on the answers; the report gives the substitute's test accuracy
 and its fidelity (agreement with the model's clean top-1), and each defense's utility cost: the top-1 accuracy of
 the *defended* answers and their mean ℓ1 distortion.
+
+Behind ModelGuard-S the model also answers as ``guard serve`` does by default: with the 0.5 % answer watermark and
+the PRADA detector on the attacker's stream. The section then verifies the substitute it stole (the watermark's
+p-value, the queries the verification spent) and reports the detector's verdict on that stream: what the owner
+could prove, and whether the owner would have been warned.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     from modelward.core.plots import grouped_bars
     from modelward.extraction.attacks import EvalSet, SubstituteConfig, TransferSet, make_extraction_attack
     from modelward.extraction.defenses import make_defense
+    from modelward.extraction.ownership import AnswerWatermark, PradaDetector, WatermarkedVictim, new_key
     from modelward.extraction.victim import LocalVictim
 
     res = SectionResult("extraction", "Model extraction (KnockoffNets) and its defenses")
@@ -37,11 +43,17 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     transfer = TransferSet(data.x_train, data.y_train)
     attack = make_extraction_attack("knockoff", "naive", substitute=SubstituteConfig(epochs=sizes.substitute_epochs))
     rows = []
+    ownership: dict = {}
     for name in DEFENSES:
         params = {} if name == "none" else {"epsilon": cfg.extraction.epsilon}
         defense = make_defense(name, **params)
-        victim = LocalVictim(model, defense, num_classes=k)
+        if name == "modelguard_s":  # as `guard serve` answers by default: watermark, and the detector watching
+            victim = WatermarkedVictim(model, defense, AnswerWatermark(new_key()), PradaDetector(), num_classes=k)
+        else:
+            victim = LocalVictim(model, defense, num_classes=k)
         outcome = attack.run(victim, transfer, budget, target.factory, seed=cfg.seed, eval_set=ev)
+        if isinstance(victim, WatermarkedVictim):
+            ownership = _ownership(victim, outcome.substitute, budget)
         attack_l1 = victim.mean_l1
         # the defense's utility cost, measured on the test set with a fresh copy of its state
         probe = LocalVictim(model, make_defense(name, **params), num_classes=k)
@@ -87,6 +99,20 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                        f"(ε = {r['epsilon']:g}): substitute accuracy", r["substitute_accuracy"], k=k, n=n_test,
                        risk_up=True, context={"severity": "info", "rule": "for information: what a defense leaves "
                                               "an attacker", "actions": measured})
+    if ownership:
+        res.add_table(out, "ownership", "Could the owner prove it, and was the owner warned? (behind ModelGuard-S, "
+                      "with guard serve's default watermark and detector)", [ownership],
+                      notes=["watermark p-value: the chance that a model that never saw these answers matches the "
+                             "keyed classes this often (exact binomial null, 1/(K−1) per marked row); the detector "
+                             "is PRADA (δ = 0.93) on the attacker's query stream"])
+        res.add_metric("ownership.watermark_p", f"extraction: watermark p-value of the stolen substitute "
+                       f"({ownership['marked_rows']} marked rows of {budget} answers)", ownership["watermark_p"],
+                       risk_up=True, unit="score",
+                       context={"severity": "info", "mapping": "extraction",
+                                "rule": "for information: p < 1e-6 identifies the copy (docs/guard.md, Ownership)",
+                                "actions": ["Keep [ownership.watermark] on in `guard serve` (the default) and the "
+                                            "key in state_dir; test a suspect with `modelward guard verify "
+                                            "GUARD.toml --suspect MODEL_OR_URL`"]})
     res.verdict = traffic_light(unguarded, 0.7, 0.9, higher_is_better=False)
     res.rule = "green ≤ 70 %, amber ≤ 90 %, red above (how much of the model's accuracy a thief recovers)"
     res.summary = (f"With {budget} queries a KnockoffNets substitute reaches {pct(rows[0]['substitute_accuracy'])} "
@@ -95,3 +121,19 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                    f"{pct(victim_acc - best['defended_top1_accuracy'])} accuracy and mean ℓ1 distortion "
                    f"{best['mean_l1_distortion']:.3f}.")
     return res
+
+
+def _ownership(victim, substitute, budget: int) -> dict:  # noqa: ANN001 - a WatermarkedVictim, an nn.Module
+    """The watermark verification of the stolen substitute and the detector's verdict on the attacker's stream."""
+    from modelward.extraction.ownership import LocalSuspect, verify_ownership
+
+    records = victim.records()
+    report = verify_ownership(LocalSuspect(substitute), watermark=records)
+    ev = report.evidence[0]
+    verdict = victim.verdict()
+    return {"queries": budget, "marked_rows": len(records), "watermark_matches": ev.matches,
+            "watermark_p": ev.p_value, "verification_queries": ev.queries, "identified_at_1e-6": ev.p_value < 1e-6,
+            "detector_flagged": bool(verdict and verdict.flagged),
+            "detector_flagged_at": None if verdict is None else verdict.flagged_at,
+            "detector_shapiro_w": None if verdict is None else verdict.shapiro_w}
+
