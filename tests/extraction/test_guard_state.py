@@ -123,3 +123,23 @@ def test_a_damaged_snapshot_is_rebuilt_from_the_centroid_rows(guard_path):
     assert svc.defense.num_centroids == n
     assert torch.equal(svc.answer(svc.keys[KEY], x)[0], first)
     svc.close()
+
+
+def test_non_finite_weights_are_refused_by_guard_check_and_at_start(guard_path, capsys):
+    from modelward.cli.main import main
+    from modelward.core.io import load_state_dict, save_state_dict
+    from modelward.errors import ConfigError
+
+    ckpt = guard_path.parent / "model.safetensors"
+    state, meta = load_state_dict(ckpt)
+    state = dict(state)
+    first = sorted(state)[0]
+    state[first] = state[first].clone()
+    state[first].view(-1)[0] = float("nan")
+    save_state_dict(ckpt, state, meta)
+    with pytest.raises(SystemExit) as e:
+        main(["guard", "check", str(guard_path)])
+    err = " ".join(capsys.readouterr().err.split())
+    assert e.value.code == 2 and "non-finite weights" in err and first in err and "1 NaN" in err
+    with pytest.raises(ConfigError, match="non-finite"):
+        build_service(guard_path)

@@ -55,8 +55,15 @@ class InferAnswer:
 
 
 def load_weights(model: nn.Module, path: Path, field: str) -> None:
-    """Load a safetensors state dict into ``model`` (eval mode); ConfigError naming ``field`` on a mismatch."""
+    """Load a safetensors state dict into ``model`` (eval mode); ConfigError naming ``field`` on a mismatch or on
+    non-finite weights (a model with NaN/inf weights answers NaN, which every request would see as its own fault)."""
     state, _ = load_state_dict(path)
+    bad = [f"{name} ({int(torch.isnan(t).sum())} NaN, {int(torch.isinf(t).sum())} inf)"
+           for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ConfigError(f"{field}: {path} has non-finite weights in {len(bad)} tensor(s): {', '.join(bad[:5])}"
+                          f"{' ...' if len(bad) > 5 else ''}; the model cannot answer — retrain it or restore a good "
+                          "checkpoint")
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
