@@ -143,3 +143,30 @@ def test_non_finite_weights_are_refused_by_guard_check_and_at_start(guard_path, 
     assert e.value.code == 2 and "non-finite weights" in err and first in err and "1 NaN" in err
     with pytest.raises(ConfigError, match="non-finite"):
         build_service(guard_path)
+
+
+def test_the_event_loop_path_never_waits_for_a_locked_store(guard_path):
+    import json
+    import time
+
+    from modelward.extraction.guard.errors import WouldBlock
+
+    svc = build_service(guard_path)
+    key = svc.keys[KEY]
+    x = torch.rand(3, *SHAPE, generator=torch.Generator().manual_seed(8)) * 4
+    body = json.dumps({"inputs": [{"name": "input", "shape": [3, *SHAPE], "datatype": "FP32",
+                                   "data": x.flatten().tolist()}]}).encode()
+    lock = sqlite3.connect(str(guard_path.parent / "guard_state" / "queries.sqlite"), isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WouldBlock):
+            svc.handle(key, body, None, wait=False)
+        assert time.monotonic() - t0 < 1.0  # not the 5 s busy timeout
+        assert svc.defense.num_centroids == 0 and svc.log.used(key.name) == 0
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    ans = svc.handle(key, body, None, wait=False)
+    assert ans.rows == 3 and svc.log.used(key.name) == 3 and svc.defense.num_centroids > 0
+    svc.close()
