@@ -4,6 +4,7 @@ makes the insert of a centroid (or of a log row) fail inside the request's trans
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
 import pytest
@@ -169,4 +170,68 @@ def test_the_event_loop_path_never_waits_for_a_locked_store(guard_path):
         lock.close()
     ans = svc.handle(key, body, None, wait=False)
     assert ans.rows == 3 and svc.log.used(key.name) == 3 and svc.defense.num_centroids > 0
+    svc.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 384 KiB tmpfs (a real full disk: ENOSPC); skipped where mounting is not allowed (needs root)."""
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=384k", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_really_full_disk_loses_nothing_and_a_restart_after_freeing_space_succeeds(tmp_path, small_disk):
+    cfg = ModelConfig(arch="mlp", hidden=[16])
+    torch.manual_seed(0)
+    model = build_model(cfg, SHAPE, K)
+    path = write_guard_config(tmp_path / "cfg", model, cfg, SHAPE, K, defense="modelguard_s",
+                              defense_params={"epsilon": 0.02}, keys={KEY: None}, name="tiny",
+                              server={"state_dir": str(small_disk / "state")})
+    svc = build_service(path)
+    key = svc.keys[KEY]
+    filler = small_disk / "filler"
+    free = small_disk / "free"
+    free.write_bytes(b"\0" * 64 * 1024)  # what the operator will delete to free space
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:  # fill the disk, then leave the guard 40 KiB
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    os.truncate(filler, max(0, filler.stat().st_size - 40 * 1024))
+    g = torch.Generator().manual_seed(9)
+    answered: list[torch.Tensor] = []
+    failures = 0
+    for _ in range(400):  # distinct inputs: every request adds centroids until the disk is full
+        x = torch.rand(16, *SHAPE, generator=g) * 6
+        try:
+            svc.answer(key, x)
+            answered.append(x)
+        except (sqlite3.Error, OSError):
+            failures += 1
+            if failures >= 3:
+                break
+    assert failures >= 3, "the disk never filled up"
+    n, used = svc.defense.num_centroids, svc.log.used(key.name)
+    assert used == 16 * len(answered)  # the failed requests were not charged
+    db = sqlite3.connect(str(small_disk / "state" / "queries.sqlite"))
+    assert db.execute("SELECT COUNT(*), MAX(seq) FROM centroids_tiny_modelguard_s").fetchone() == (n, n - 1)
+    assert db.execute("SELECT COUNT(*), SUM(rows) FROM queries WHERE code='ok'").fetchone() == (len(answered), used)
+    db.close()
+    svc.close()  # the snapshot cannot be written on the full disk: logged, not raised; the rows are the record
+    free.unlink()  # the operator frees space
+    svc = build_service(path)
+    assert svc.defense.num_centroids == n and svc.log.used(key.name) == used
+    svc.answer(key, torch.rand(4, *SHAPE, generator=g) * 6)
     svc.close()

@@ -368,14 +368,24 @@ class GuardService:
                                                                       "params": json.dumps(self.defense.params())})
 
     def close(self) -> None:
-        """Save the defense state, close the log and release the ``state_dir`` lock (idempotent)."""
+        """Save the defense state, close the log and release the ``state_dir`` lock (idempotent).
+
+        A snapshot that cannot be written (a full disk) is logged, not raised: for ModelGuard-S the centroid rows
+        in the store hold every centroid, and the next start replays them.
+        """
         if self._closed:
             return
         self._closed = True
         self._stop.set()
         try:
             with self._lock:
-                self.save_state()
+                try:
+                    self.save_state()
+                except Exception as e:  # noqa: BLE001 - a shutdown must finish; say what was lost
+                    self.state_path.with_name(self.state_path.name + ".tmp").unlink(missing_ok=True)
+                    log.error("guard: could not write the defense snapshot %s (%s); %s", self.state_path, e,
+                              "the centroid rows in the store hold every centroid: nothing is lost"
+                              if self._incremental is not None else "the state since the last snapshot is lost")
             self.log.close()
         finally:
             self._folder_lock.__exit__(None, None, None)
