@@ -72,7 +72,7 @@ def start_bare(config: Path) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     proc = subprocess.Popen([sys.executable, __file__, "--bare-server", str(config), "--port", str(port)], env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a loaded shared machine starts a server slowly
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{url}/v2/health/ready", timeout=1.0).status_code == 200:
@@ -151,7 +151,7 @@ def main() -> None:
                     proc, urls[server] = start_bare(path)
                     stops.append(proc.kill)
                 else:
-                    srv = start_guard_server(path)
+                    srv = start_guard_server(path, timeout=180)
                     urls[server] = srv.url
                     stops.append(srv.stop)
                 load(urls[server], "digits", 2, 5, args.batch)  # warm-up

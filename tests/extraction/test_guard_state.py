@@ -4,6 +4,7 @@ makes the insert of a centroid (or of a log row) fail inside the request's trans
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
 import pytest
@@ -122,4 +123,115 @@ def test_a_damaged_snapshot_is_rebuilt_from_the_centroid_rows(guard_path):
     svc = build_service(guard_path)
     assert svc.defense.num_centroids == n
     assert torch.equal(svc.answer(svc.keys[KEY], x)[0], first)
+    svc.close()
+
+
+def test_non_finite_weights_are_refused_by_guard_check_and_at_start(guard_path, capsys):
+    from modelward.cli.main import main
+    from modelward.core.io import load_state_dict, save_state_dict
+    from modelward.errors import ConfigError
+
+    ckpt = guard_path.parent / "model.safetensors"
+    state, meta = load_state_dict(ckpt)
+    state = dict(state)
+    first = sorted(state)[0]
+    state[first] = state[first].clone()
+    state[first].view(-1)[0] = float("nan")
+    save_state_dict(ckpt, state, meta)
+    with pytest.raises(SystemExit) as e:
+        main(["guard", "check", str(guard_path)])
+    err = " ".join(capsys.readouterr().err.split())
+    assert e.value.code == 2 and "non-finite weights" in err and first in err and "1 NaN" in err
+    with pytest.raises(ConfigError, match="non-finite"):
+        build_service(guard_path)
+
+
+def test_the_event_loop_path_never_waits_for_a_locked_store(guard_path):
+    import json
+    import time
+
+    from modelward.extraction.guard.errors import WouldBlock
+
+    svc = build_service(guard_path)
+    key = svc.keys[KEY]
+    x = torch.rand(3, *SHAPE, generator=torch.Generator().manual_seed(8)) * 4
+    body = json.dumps({"inputs": [{"name": "input", "shape": [3, *SHAPE], "datatype": "FP32",
+                                   "data": x.flatten().tolist()}]}).encode()
+    lock = sqlite3.connect(str(guard_path.parent / "guard_state" / "queries.sqlite"), isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WouldBlock):
+            svc.handle(key, body, None, wait=False)
+        assert time.monotonic() - t0 < 1.0  # not the 5 s busy timeout
+        assert svc.defense.num_centroids == 0 and svc.log.used(key.name) == 0
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    ans = svc.handle(key, body, None, wait=False)
+    assert ans.rows == 3 and svc.log.used(key.name) == 3 and svc.defense.num_centroids > 0
+    svc.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 384 KiB tmpfs (a real full disk: ENOSPC); skipped where mounting is not allowed (needs root)."""
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=384k", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_really_full_disk_loses_nothing_and_a_restart_after_freeing_space_succeeds(tmp_path, small_disk):
+    cfg = ModelConfig(arch="mlp", hidden=[16])
+    torch.manual_seed(0)
+    model = build_model(cfg, SHAPE, K)
+    path = write_guard_config(tmp_path / "cfg", model, cfg, SHAPE, K, defense="modelguard_s",
+                              defense_params={"epsilon": 0.02}, keys={KEY: None}, name="tiny",
+                              server={"state_dir": str(small_disk / "state")})
+    svc = build_service(path)
+    key = svc.keys[KEY]
+    filler = small_disk / "filler"
+    free = small_disk / "free"
+    free.write_bytes(b"\0" * 64 * 1024)  # what the operator will delete to free space
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:  # fill the disk, then leave the guard 40 KiB
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    os.truncate(filler, max(0, filler.stat().st_size - 40 * 1024))
+    g = torch.Generator().manual_seed(9)
+    answered: list[torch.Tensor] = []
+    failures = 0
+    for _ in range(400):  # distinct inputs: every request adds centroids until the disk is full
+        x = torch.rand(16, *SHAPE, generator=g) * 6
+        try:
+            svc.answer(key, x)
+            answered.append(x)
+        except (sqlite3.Error, OSError):
+            failures += 1
+            if failures >= 3:
+                break
+    assert failures >= 3, "the disk never filled up"
+    n, used = svc.defense.num_centroids, svc.log.used(key.name)
+    assert used == 16 * len(answered)  # the failed requests were not charged
+    db = sqlite3.connect(str(small_disk / "state" / "queries.sqlite"))
+    assert db.execute("SELECT COUNT(*), MAX(seq) FROM centroids_tiny_modelguard_s").fetchone() == (n, n - 1)
+    assert db.execute("SELECT COUNT(*), SUM(rows) FROM queries WHERE code='ok'").fetchone() == (len(answered), used)
+    db.close()
+    svc.close()  # the snapshot cannot be written on the full disk: logged, not raised; the rows are the record
+    free.unlink()  # the operator frees space
+    svc = build_service(path)
+    assert svc.defense.num_centroids == n and svc.log.used(key.name) == used
+    svc.answer(key, torch.rand(4, *SHAPE, generator=g) * 6)
     svc.close()

@@ -130,33 +130,37 @@ class InferRequest:
                 or shape[0] < 1):
             raise GuardError("bad_shape", f"inputs[0].shape must be [batch >= 1, "
                              f"{', '.join(map(str, input_shape))}], got {shape!r}")
-        if shape[0] > max_batch:
-            raise GuardError("batch_too_large", f"batch of {shape[0]} rows exceeds max_batch={max_batch}")
-        need = math.prod(shape)
-        tparams = t.get("parameters")
-        if tparams is not None and not isinstance(tparams, dict):
-            raise GuardError("bad_request", "inputs[0].parameters must be an object")
-        if tparams and "binary_data_size" in tparams:
-            size = tparams["binary_data_size"]
-            if header_length is None:
-                raise GuardError("bad_request", "inputs[0].parameters.binary_data_size needs the "
-                                 "Inference-Header-Content-Length header (binary tensor extension)")
-            if not isinstance(size, int) or isinstance(size, bool) or size != len(binary) or size != 4 * need:
-                raise GuardError("bad_shape", f"binary_data_size {size!r}: shape {shape} in FP32 needs "
-                                 f"{4 * need} bytes and {len(binary)} bytes follow the JSON header")
-            if "data" in t:
-                raise GuardError("bad_request", "inputs[0] has both data and binary_data_size")
-            data = np.frombuffer(binary, dtype="<f4").astype(np.float32)
-        else:
-            if binary:
-                raise GuardError("bad_request", "binary data follows the JSON header but no input declares "
-                                 "parameters.binary_data_size")
-            data = _json_data(t.get("data"), body, shape, need)
-        if not np.isfinite(data).all():
-            raise GuardError("bad_data", "inputs[0].data contains NaN or infinite values", shape[0])
-        for field, value in (("parameters", params), ("inputs[0].parameters", tparams), ("outputs", outputs)):
-            if _depth(value) > MAX_ECHO_DEPTH:  # echoed or kept: refused before anything is charged
-                raise GuardError("bad_request", f"{field} is nested deeper than {MAX_ECHO_DEPTH} levels", shape[0])
+        try:  # from here on the request's row count is known: refusals log it
+            if shape[0] > max_batch:
+                raise GuardError("batch_too_large", f"batch of {shape[0]} rows exceeds max_batch={max_batch}")
+            need = math.prod(shape)
+            tparams = t.get("parameters")
+            if tparams is not None and not isinstance(tparams, dict):
+                raise GuardError("bad_request", "inputs[0].parameters must be an object")
+            if tparams and "binary_data_size" in tparams:
+                size = tparams["binary_data_size"]
+                if header_length is None:
+                    raise GuardError("bad_request", "inputs[0].parameters.binary_data_size needs the "
+                                     "Inference-Header-Content-Length header (binary tensor extension)")
+                if not isinstance(size, int) or isinstance(size, bool) or size != len(binary) or size != 4 * need:
+                    raise GuardError("bad_shape", f"binary_data_size {size!r}: shape {shape} in FP32 needs "
+                                     f"{4 * need} bytes and {len(binary)} bytes follow the JSON header")
+                if "data" in t:
+                    raise GuardError("bad_request", "inputs[0] has both data and binary_data_size")
+                data = np.frombuffer(binary, dtype="<f4").astype(np.float32)
+            else:
+                if binary:
+                    raise GuardError("bad_request", "binary data follows the JSON header but no input declares "
+                                     "parameters.binary_data_size")
+                data = _json_data(t.get("data"), body, shape, need)
+            if not np.isfinite(data).all():
+                raise GuardError("bad_data", "inputs[0].data contains NaN or infinite values")
+            for field, value in (("parameters", params), ("inputs[0].parameters", tparams), ("outputs", outputs)):
+                if _depth(value) > MAX_ECHO_DEPTH:  # echoed or kept: refused before anything is charged
+                    raise GuardError("bad_request", f"{field} is nested deeper than {MAX_ECHO_DEPTH} levels")
+        except GuardError as e:
+            e.rows = shape[0]
+            raise
         return cls(torch.from_numpy(data.reshape(shape)), rid, params, binary_out)
 
 

@@ -56,8 +56,15 @@ class InferAnswer:
 
 
 def load_weights(model: nn.Module, path: Path, field: str) -> None:
-    """Load a safetensors state dict into ``model`` (eval mode); ConfigError naming ``field`` on a mismatch."""
+    """Load a safetensors state dict into ``model`` (eval mode); ConfigError naming ``field`` on a mismatch or on
+    non-finite weights (a model with NaN/inf weights answers NaN, which every request would see as its own fault)."""
     state, _ = load_state_dict(path)
+    bad = [f"{name} ({int(torch.isnan(t).sum())} NaN, {int(torch.isinf(t).sum())} inf)"
+           for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ConfigError(f"{field}: {path} has non-finite weights in {len(bad)} tensor(s): {', '.join(bad[:5])}"
+                          f"{' ...' if len(bad) > 5 else ''}; the model cannot answer — retrain it or restore a good "
+                          "checkpoint")
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
@@ -390,14 +397,24 @@ class GuardService:
         }
 
     def close(self) -> None:
-        """Save the defense state, close the log and release the ``state_dir`` lock (idempotent)."""
+        """Save the defense state, close the log and release the ``state_dir`` lock (idempotent).
+
+        A snapshot that cannot be written (a full disk) is logged, not raised: for ModelGuard-S the centroid rows
+        in the store hold every centroid, and the next start replays them.
+        """
         if self._closed:
             return
         self._closed = True
         self._stop.set()
         try:
             with self._lock:
-                self.save_state()
+                try:
+                    self.save_state()
+                except Exception as e:  # noqa: BLE001 - a shutdown must finish; say what was lost
+                    self.state_path.with_name(self.state_path.name + ".tmp").unlink(missing_ok=True)
+                    log.error("guard: could not write the defense snapshot %s (%s); %s", self.state_path, e,
+                              "the centroid rows in the store hold every centroid: nothing is lost"
+                              if self._incremental is not None else "the state since the last snapshot is lost")
             self.log.close()
         finally:
             self._folder_lock.__exit__(None, None, None)
