@@ -60,7 +60,7 @@ def _rgb_files(d: Path) -> None:
     torch.save(model.eval().state_dict(), d / "rgb_cnn.pt")
     (d / "assess.toml").write_text(
         'name = "rgb-cnn"\ncheckpoint = "rgb_cnn.pt"\n'
-        '[model]\narch = "entrypoint"\nentrypoint = "mynets:small_cnn"\n'
+        '[model]\narch = "entrypoint"\nentrypoint = "mynets:small_cnn"\ntrust_code = true\n'
         '[data]\nsource = "npz"\npath = "train.npz"\ntest_path = "test.npz"\n'
         "[train]\nsteps = 20\nbatch_size = 64\n")
 
@@ -120,6 +120,9 @@ def own_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ex = tmp_path_factory.mktemp("own") / "examples"
     shutil.copytree(REPO / "examples" / "own_model", ex / "own_model")
     shutil.copy(REPO / "examples" / "assess_own_model.toml", ex)
+    cfg = ex / "assess_own_model.toml"  # this user trusts the factory beside the config (as --trust-code would say)
+    cfg.write_text(cfg.read_text().replace('entrypoint = "own_model.nets:mlp"',
+                                           'entrypoint = "own_model.nets:mlp"\ntrust_code = true'))
     spec = importlib.util.spec_from_file_location("own_model_prepare", ex / "own_model" / "prepare.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

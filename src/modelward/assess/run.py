@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import time
 import traceback
 from pathlib import Path
@@ -101,11 +102,28 @@ def run_assessment(cfg: AssessConfig, out: str | Path, *, workers: int = 1, exec
         >>> from modelward.assess import AssessConfig, run_assessment
         >>> run_assessment(AssessConfig(checkpoint="model.safetensors"), "assess-out")  # doctest: +SKIP
     """
-    from modelward.assess.preflight import preflight, reopen_sections
-    from modelward.assess.report import write_report
     from modelward.core.device import resolve_device
 
     resolve_device(cfg.device)  # a device this machine lacks is refused before any work
+    from modelward.core.entrypoints import TRUST_ENV, code_trusted, trust_code
+
+    # the user trusted this config's entry point; its sections load the model again, possibly in worker processes
+    # that see the config as JSON, where trust_code is never written: they inherit the switch, for this run only
+    lend = cfg.model is not None and cfg.model.trust_code and not code_trusted()
+    if lend:
+        trust_code()
+    try:
+        return _run_assessment(cfg, out, workers, executor, address, progress, retry)
+    finally:
+        if lend:
+            os.environ.pop(TRUST_ENV, None)
+
+
+def _run_assessment(cfg: AssessConfig, out: str | Path, workers: int, executor: str, address: str | None,
+                    progress: ProgressSink | None, retry: bool) -> RunOutcome:
+    from modelward.assess.preflight import preflight, reopen_sections
+    from modelward.assess.report import write_report
+
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     ledger = RunLedger(out / "ledger.sqlite")
