@@ -151,7 +151,7 @@ def test_a_guessed_split_is_refused_and_a_mismatch_gives_no_verdict(own_example:
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     ex = own_example
     # one file, no test_path, no train_index: assess would have to guess which rows were training rows
-    toml = (REPO / "examples" / "assess_own_model.toml").read_text()
+    toml = (ex / "assess_own_model.toml").read_text()  # the fixture's copy, which trusts its factory
     guessed = toml.replace('test_path = "own_model/test.csv"', "").replace("standardize = true", "standardize = false")
     cfg_text = guessed.replace('profile = "quick"', 'profile = "quick"\nsections = ["privacy", "explanations"]')
     (ex / "guess.toml").write_text(cfg_text)
