@@ -63,6 +63,11 @@ def test_report_json_has_every_section_with_a_reason_or_a_verdict(report: Path) 
     rob = [f for f in findings if f["section"] == "robustness" and f["headline"]][0]
     assert rob["ci"][0] <= rob["value"] <= rob["ci"][1] and rob["n"] in (200, 50)  # C&W: 50 points
     assert data["model_files"][0]["clean"] and data["model_files"][0]["format"] == "safetensors"
+    # issue 30: the substitute stolen behind ModelGuard-S is verified against the answer watermark, and the
+    # detector's verdict on the attacker's stream is reported
+    own = {t["name"]: t for t in by["extraction"]["tables"]}["ownership"]["rows"][0]
+    assert own["verification_queries"] == own["marked_rows"] and 0.0 <= own["watermark_p"] <= 1.0
+    assert own["marked_rows"] <= 0.02 * own["queries"] + 5 and isinstance(own["detector_flagged"], bool)
     sarif = json.loads((report / "report.sarif").read_text())
     assert len(sarif["runs"][0]["results"]) == len(findings)
     html = (report / "report.html").read_text()
