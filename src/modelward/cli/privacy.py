@@ -38,11 +38,13 @@ def audit(
     with RichProgress(console) as progress:
         rows = run_audit(cfg, out, workers=workers, executor=executor, progress=progress)
     table = Table(title=f"{cfg.name}: membership inference ({cfg.repetitions} repetition(s))")
-    for col in ("attack", "accuracy", "advantage", "precision", "AUC", "TPR@0.1%FPR", "TPR@1%FPR"):
+    for col in ("attack", "accuracy", "advantage", "precision", "AUC", "TPR@0.1%FPR", "TPR@1%FPR",
+                "ε_lb (95%)"):
         table.add_column(col)
     for r in rows:
         table.add_row(r["attack"], f"{r['accuracy']:.3f}", f"{r['advantage']:.3f}", f"{r['precision']:.3f}",
-                      f"{r['auc']:.3f}", f"{r['tpr_at_0_1pct_fpr']:.3f}", f"{r['tpr_at_1pct_fpr']:.3f}")
+                      f"{r['auc']:.3f}", f"{r['tpr_at_0_1pct_fpr']:.3f}", f"{r['tpr_at_1pct_fpr']:.3f}",
+                      f"{r.get('epsilon_lb', float('nan')):.2f}")
     console.print(table)
     if cfg.defense.kind == "dp":
         import json

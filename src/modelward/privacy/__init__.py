@@ -5,6 +5,7 @@
 - :mod:`.metrics` — accuracy, advantage, precision at the attack's threshold, ROC / AUC / TPR at low FPR.
 - :mod:`.inversion` — model inversion by projected gradient descent in input space (Eq. 8.1).
 - :mod:`.property` — reconstruction-based property inference (Alg. 8.4) and overt-encoding analysis (§8.6).
+- :mod:`.epsilon` — empirical ε lower bounds from any attack's scores (TF Privacy's ratio methods).
 - :mod:`.dp` — DP-SGD through Opacus with the accountant named next to every ε, and the advantage bound check.
 - :mod:`.shadows` — shadow / proxy models, many small ones trained together (stacked ``torch.func`` modules).
 - :mod:`.audit` — the resumable audit study behind ``modelward privacy audit``.
@@ -23,6 +24,7 @@ _EXPORTS = {
     "HyperplaneRecovery": f"{_P}.hyperplanes:HyperplaneRecovery", "match_columns": f"{_P}.hyperplanes:match_columns",
     "PropertyConfig": f"{_P}.property:PropertyConfig", "run_property": f"{_P}.property:run_property",
     "DPConfig": f"{_P}.dp:DPConfig", "train_dp": f"{_P}.dp:train_dp",
+    "epsilon_lower_bound": f"{_P}.epsilon:epsilon_lower_bound",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -302,7 +302,7 @@ def plan_runs(cfg: AuditConfig) -> list[RunSpec]:
 
 
 COLUMNS = ["attack", "accuracy", "accuracy_sd", "advantage", "precision", "precision_sd", "auc",
-           "tpr_at_0_1pct_fpr", "tpr_at_1pct_fpr", "fpr", "tpr", "repetitions"]
+           "tpr_at_0_1pct_fpr", "tpr_at_1pct_fpr", "epsilon_lb", "fpr", "tpr", "repetitions"]
 
 
 def aggregate(cfg: AuditConfig, results: dict[str, dict[str, Any]]) -> tuple[list[dict], list[dict]]:
@@ -320,8 +320,9 @@ def aggregate(cfg: AuditConfig, results: dict[str, dict[str, Any]]) -> tuple[lis
     rows = []
     for label, ms in per.items():
         row: dict[str, Any] = {"attack": label, "repetitions": len(ms)}
-        for k in ("accuracy", "advantage", "precision", "auc", "tpr_at_0_1pct_fpr", "tpr_at_1pct_fpr", "fpr", "tpr"):
-            s = summarize([m[k] for m in ms])
+        for k in ("accuracy", "advantage", "precision", "auc", "tpr_at_0_1pct_fpr", "tpr_at_1pct_fpr", "epsilon_lb",
+                  "fpr", "tpr"):
+            s = summarize([m.get(k, float("nan")) for m in ms])
             row[k] = s.mean
             if k in ("accuracy", "precision"):
                 row[f"{k}_sd"] = s.sd
@@ -385,7 +386,9 @@ def run_audit(cfg: AuditConfig, out_dir: str | Path, *, workers: int = 1, execut
              f"defense: {cfg.defense.kind}",
              "accuracy on the balanced evaluation set; advantage = 2(accuracy − ½); precision := ½ when no point is "
              "predicted a member; `@α` rows: threshold at the α-percentile of hold-out scores (App. C)",
-             "score arrays: scores/<attack>_r<rep>.scores.npy / .members.npy / .scores.csv"]
+             "score arrays: scores/<attack>_r<rep>.scores.npy / .members.npy / .scores.csv",
+             "epsilon_lb: best Clopper–Pearson ε lower bound over thresholds (95 %, δ = 0; TF Privacy's method, "
+             "maximised over thresholds after the fact)"]
     if targets and "epsilon" in targets[0]:
         t0 = targets[0]
         notes.append(f"DP-SGD: ε = {t0['epsilon']:.3g} at δ = {t0['delta']:.3g} ({t0['accountant']} accountant); "
