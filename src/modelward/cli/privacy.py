@@ -57,6 +57,34 @@ def audit(
     console.print(f"wrote {out}/results.md, results.csv, results.json, targets.md, roc.png, scores/")
 
 
+@app.command("audit-dp")
+def audit_dp(
+    config: Path = typer.Argument(..., help="DP audit TOML (see examples/privacy_dp_audit.toml)."),
+    out: Path = typer.Option(..., "--out", help="Output folder (results.*, canary score arrays)."),
+    set_: list[str] = typer.Option(None, "--set", help=SET_HELP),
+) -> None:
+    """One-run DP-SGD audit (Steinke et al. 2023): claimed ε (accountant named) vs audited ε lower bound."""
+    from modelward.privacy.dp_audit import DPAuditConfig, run_dp_audit
+
+    cfg = load_config(config, DPAuditConfig, set_)
+    check_out_dir(out)
+    with console.status("DP-SGD training with canaries (one run)"):
+        rows = run_dp_audit(cfg, out)
+    table = Table(title=f"{cfg.name}: one-run DP audit (seed {cfg.seed})")
+    for col in ("canaries", "claimed ε", "accountant", "δ", f"audited ε ≥ ({cfg.confidence:.0%})", "right / guesses",
+                "m", "verdict"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.variant, f"{r.claimed_epsilon:.3g}", r.accountant, f"{r.delta:.2g}", f"{r.epsilon_lb:.3g}",
+                      f"{r.correct}/{r.guesses}", str(r.m), "consistent" if r.consistent else "CLAIM VIOLATED")
+    console.print(table)
+    if cfg.noise_divisor != 1:
+        console.print(f"broken on purpose: trained with σ = {rows[0].trained_noise_multiplier:.3g}, claim keeps "
+                      f"σ = {rows[0].claimed_noise_multiplier:.3g}")
+    console.print(f"test accuracy {rows[0].test_accuracy:.3f}; wrote {out}/results.md, results.csv, results.json, "
+                  "canaries/")
+
+
 @app.command("invert")
 def invert_cmd(
     config: Path = typer.Argument(..., help="Inversion TOML (see examples/privacy_invert.toml)."),
