@@ -4,7 +4,8 @@ For each seed, two DP-SGD trainings with the same config (examples/privacy_dp_au
 broken one that trains with σ / 4 while the claim (the accountant) keeps σ. Each is audited with its canaries; the
 targets are ε_lb ≤ claimed ε in ≥ 19 of 20 honest seeds and ε_lb > claimed ε in ≥ 18 of 20 broken seeds
 (white-box canaries). Stops starting new seeds once ``--budget-s`` has passed and says how many ran.
-Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python bench/dp_audit.py [--seeds 20] [--budget-s 1500] [--json out.json]``.
+Run: ``OMP_NUM_THREADS=1 PYTHONPATH=src python bench/dp_audit.py [--seeds 20] [--first-seed 0] [--budget-s 1500]
+[--json out.json]``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "privacy_dp_audit.t
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--first-seed", type=int, default=0, help="continue a series: seeds first-seed, …")
     ap.add_argument("--budget-s", type=float, default=1500.0)
     ap.add_argument("--divisor", type=float, default=4.0)
     ap.add_argument("--config", type=Path, default=EXAMPLE)
@@ -31,7 +33,7 @@ def main() -> None:
     base = load_config(a.config, DPAuditConfig)
     start = time.perf_counter()
     runs = []
-    for seed in range(a.seeds):
+    for seed in range(a.first_seed, a.first_seed + a.seeds):
         if time.perf_counter() - start > a.budget_s:
             break
         for kind, div in (("honest", 1.0), ("broken", a.divisor)):

@@ -78,6 +78,8 @@ def audit_dp(
         table.add_row(r.variant, f"{r.claimed_epsilon:.3g}", r.accountant, f"{r.delta:.2g}", f"{r.epsilon_lb:.3g}",
                       f"{r.correct}/{r.guesses}", str(r.m), "consistent" if r.consistent else "CLAIM VIOLATED")
     console.print(table)
+    for r in rows:
+        console.print(r.text())
     if cfg.noise_divisor != 1:
         console.print(f"broken on purpose: trained with σ = {rows[0].trained_noise_multiplier:.3g}, claim keeps "
                       f"σ = {rows[0].claimed_noise_multiplier:.3g}")
