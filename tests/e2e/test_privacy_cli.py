@@ -17,11 +17,13 @@ from modelward.privacy.audit import AuditConfig
 from modelward.privacy.dp_audit import DPAuditConfig
 from modelward.privacy.inspect_models import InvertConfig
 from modelward.privacy.property import PropertyConfig
+from modelward.privacy.served import ServedAuditConfig
 
 torch.set_num_threads(1)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 runner = CliRunner()
-KINDS = {"privacy_invert": InvertConfig, "privacy_property": PropertyConfig, "privacy_dp_audit": DPAuditConfig}
+KINDS = {"privacy_invert": InvertConfig, "privacy_property": PropertyConfig, "privacy_dp_audit": DPAuditConfig,
+         "privacy_served_digits": ServedAuditConfig}
 
 
 def _run(*args: str) -> str:
@@ -157,3 +159,47 @@ def test_audit_dp_cli_reports_claimed_vs_audited(tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "dp" / "results.json").read_text())
     assert [r["variant"] for r in rows] == ["white-box", "black-box"]
     assert rows[0]["epsilon_lb"] > rows[0]["claimed_epsilon"]
+
+
+TINY_SERVED = """
+name = "tiny-served"
+eval_points = 30
+attacks = ["loss", "boundary", "augmentation", "knockoff"]
+extraction_budget = 60
+extraction_epochs = 2
+[model]
+arch = "mlp"
+hidden = [16]
+[train]
+lr = 0.1
+batch_size = 32
+steps = 100
+[boundary]
+iterations = 1
+grad_queries = 5
+binary_steps = 4
+init_tries = 5
+[augmentation]
+samples = 4
+[[defenses]]
+name = "top1"
+"""
+
+
+def test_audit_through_the_served_api(tmp_path: Path) -> None:
+    cfg, out = tmp_path / "served.toml", tmp_path / "served"
+    cfg.write_text(TINY_SERVED)
+    text = _run("privacy", "audit", str(cfg), "--guard", str(EXAMPLES / "guard_modelguard_w.toml"), "--out", str(out))
+    assert "KnockoffNets" in text and "top1" in text
+    rows = json.loads((out / "results.json").read_text())
+    assert [r["attack"] for r in rows] == ["loss", "boundary", "augmentation", "knockoff"]
+    assert all(r["defense"] == "top1" for r in rows)
+    by = {r["attack"]: r for r in rows}
+    assert by["boundary"]["queries"] > 60 and 0 <= by["knockoff"]["accuracy"] <= 1
+    # top-1 answers are one-hot: the loss attack on served probabilities sees only right / wrong
+    s = np.load(out / "scores" / "top1_loss.scores.npy")
+    assert set(np.round(s, 6)) <= {0.0, round(float(np.log(1e-12)), 6)}
+    # the served config carries the audit's own key only: the user's keys and budgets are never spent
+    served = (out / "guards" / "top1" / "guard.toml").read_text()
+    assert "privacy-audit" in served and "change-me-analyst-key" not in served
+    assert "top1" in (out / "table.md").read_text()

@@ -26,11 +26,25 @@ def audit(
     workers: int = typer.Option(1, "--workers", min=1, help="Parallel runs (processes)."),
     executor: str = typer.Option("local", "--executor", help="Runner executor: local, sequential, process, ray."),
     device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
+    guard: Path | None = typer.Option(None, "--guard", help="GUARD.toml: attack the model served by 'guard serve' "
+                                      "over HTTP, once per defense (CONFIG: see examples/privacy_served_digits.toml)."),
 ) -> None:
-    """Membership-inference audit: results.csv/md/json, targets.*, roc.png (log FPR), score arrays."""
+    """Membership-inference audit: results.csv/md/json, targets.*, slices.*, exposed.*, roc.png, score arrays.
+    With --guard: the defense × attack table through the served API (table.md)."""
     from modelward.cli._device import require_device, with_device
     from modelward.core.progress import RichProgress
     from modelward.privacy.audit import AuditConfig, run_audit
+
+    if guard is not None:
+        from modelward.privacy.served import ServedAuditConfig, run_served_audit
+
+        scfg = load_config(config, ServedAuditConfig, set_)
+        check_out_dir(out)
+        with RichProgress(console) as progress:
+            run_served_audit(scfg, guard, out, progress)
+        console.print((out / "table.md").read_text())
+        console.print(f"wrote {out}/table.md, results.md, results.csv, results.json, scores/, guards/")
+        return
 
     cfg = load_config(config, AuditConfig, with_device(set_, device))
     require_device(cfg.device)
