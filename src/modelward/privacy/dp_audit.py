@@ -385,7 +385,9 @@ def run_dp_audit(cfg: DPAuditConfig, out_dir: str | Path | None = None) -> list[
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if mw > n_params:
         raise ConfigError(f"canaries.white_box = {mw} exceeds the model's {n_params} parameters")
-    coords = (_quiet_coordinates(model, x_tr, y_tr, mw, gen) if cfg.canaries.coordinates == "quiet"
+    # quiet coordinates from the non-canary data only: a choice that saw the black-box canaries would let their
+    # inclusion reach the training outside the DP mechanism (and void the black-box audit)
+    coords = (_quiet_coordinates(model, x[base_idx], y[base_idx], mw, gen) if cfg.canaries.coordinates == "quiet"
               else rng.choice(n_params, mw, replace=False))
     in_wb = rng.random(mw) < 0.5
 
