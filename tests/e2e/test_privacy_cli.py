@@ -135,7 +135,7 @@ def test_audit_reports_epsilon_lb_slices_and_exposed_records(tmp_path: Path) -> 
     cfg, out = tmp_path / "lo.toml", tmp_path / "lo"
     cfg.write_text(TINY_LABEL_ONLY)
     text = _run("privacy", "audit", str(cfg), "--out", str(out))
-    assert "ε_lb" in text
+    assert "ε_lb" in text and "worst slice" in text
     rows = {r["attack"]: r for r in json.loads((out / "results.json").read_text())}
     assert set(rows) == {"loss", "boundary", "augmentation"}
     for name, r in rows.items():  # the ε lower bound is the one recomputed from the saved arrays

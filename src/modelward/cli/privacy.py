@@ -68,7 +68,16 @@ def audit(
                           f"({t['accountant']} accountant), test accuracy {t['test_accuracy']:.3f}; best attack "
                           f"advantage {t['best_attack_advantage']:.3f} vs (ε, δ) bound {t['bound_eps_delta']:.3f} "
                           f"({'within' if t['within_bound'] else 'ABOVE'})")
-    console.print(f"wrote {out}/results.md, results.csv, results.json, targets.md, roc.png, scores/")
+    slices = out / "slices.json"
+    if slices.is_file():
+        import json
+
+        for s in json.loads(slices.read_text()):
+            if s["worst"] and s["repetition"] == 0:
+                console.print(f"{s['attack']}: worst slice {s['slice']} (TPR@1%FPR {s['tpr_at_1pct_fpr']:.3f}, "
+                              f"AUC {s['auc']:.3f}, ε_lb {s['epsilon_lb']:.2f}; repetition 0)")
+    console.print(f"wrote {out}/results.md, results.csv, results.json, targets.md, slices.md, exposed.md, roc.png, "
+                  "scores/")
 
 
 @app.command("audit-dp")
