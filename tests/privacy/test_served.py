@@ -9,7 +9,13 @@ import pytest
 from modelward.core.config import read_toml, validate
 from modelward.core.zoo import ModelConfig
 from modelward.errors import ConfigError
-from modelward.privacy.served import ServedAuditConfig, ServedDefense, guard_config_for, pivot, run_served_audit
+from modelward.privacy.served import (
+    ServedAuditConfig,
+    ServedDefense,
+    guard_config_for,
+    pivot,
+    run_served_audit,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
