@@ -103,9 +103,9 @@ def epsilon_lower_bound_one_run(m: int, r: int, v: int, delta: float, confidence
     if p_value_dp_audit(m, r, v, 0.0, delta) >= p:
         return 0.0
     while p_value_dp_audit(m, r, v, hi, delta) < p:
-        hi += 1.0
-        if hi > 100:
-            return hi
+        lo, hi = hi, hi + 1.0
+        if hi > 100:  # rejected even at ε = 100: report that (no finite claim survives)
+            return lo
     for _ in range(iterations):
         mid = (lo + hi) / 2
         if p_value_dp_audit(m, r, v, mid, delta) < p:
