@@ -88,3 +88,5 @@ def test_a_lying_api_is_refused_and_bad_parameters_named() -> None:
         BoundaryDistanceAttack(quantile=1.5)
     with pytest.raises(ConfigError, match="noise"):
         AugmentationAttack(noise=0)
+    with pytest.raises(ConfigError, match="callable"):
+        make_membership_attack("boundary", api="http://127.0.0.1:8080")

@@ -74,6 +74,9 @@ class _LabelOnly(MembershipAttack):
     def __init__(self, api: TopOneAPI | None = None, quantile: float = 0.5, seed: int = 0) -> None:
         if not 0 < quantile < 1:
             raise ConfigError(f"{self.name}: quantile must lie in (0, 1), got {quantile}")
+        if api is not None and not callable(api):
+            raise ConfigError(f"{self.name}: api must be a callable x -> labels (from Python; a config leaves it "
+                              f"out and the audit's target is queried through top1_api), got {type(api).__name__}")
         self.api = CountingAPI(api) if api is not None else None
         self.quantile, self.seed = quantile, seed
 
