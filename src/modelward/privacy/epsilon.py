@@ -118,6 +118,17 @@ def ratio_lower_bound(x1: np.ndarray | int, n1: int, x0: np.ndarray | int, n0: i
         return np.where(xa == 0, 0.0, ratio * np.exp(2 * np.arcsinh(inner)))
 
 
+def check_scores(scores: np.ndarray, membership: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 scores, bool membership), both flat; unequal lengths or NaN scores are a DataError."""
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    m = np.asarray(membership).astype(bool).reshape(-1)
+    if s.shape != m.shape:
+        raise DataError(f"scores ({s.shape[0]}) and membership labels ({m.shape[0]}) differ in length")
+    if np.isnan(s).any():
+        raise DataError("membership scores contain NaN")
+    return s, m
+
+
 def threshold_counts(scores: np.ndarray, membership: np.ndarray,
                      threshold: float | None = None) -> tuple[np.ndarray, np.ndarray, int, int]:
     """(tp, fp, P, N) at every distinct threshold (member iff score ≥ t; ties move together), or at ``threshold``.
@@ -126,12 +137,7 @@ def threshold_counts(scores: np.ndarray, membership: np.ndarray,
         >>> threshold_counts(np.array([0.9, 0.5, 0.1]), np.array([1, 0, 0]))[:2]
         (array([0, 1, 1, 1]), array([0, 0, 1, 2]))
     """
-    s = np.asarray(scores, dtype=np.float64).reshape(-1)
-    m = np.asarray(membership).astype(bool).reshape(-1)
-    if s.shape != m.shape:
-        raise DataError(f"scores ({s.shape[0]}) and membership labels ({m.shape[0]}) differ in length")
-    if np.isnan(s).any():
-        raise DataError("membership scores contain NaN")
+    s, m = check_scores(scores, membership)
     P, N = int(m.sum()), int((~m).sum())
     if P == 0 or N == 0:
         raise DataError(f"an ε lower bound needs both members and non-members (got {P} and {N})")

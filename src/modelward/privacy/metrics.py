@@ -17,17 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from modelward.errors import DataError
-from modelward.privacy.epsilon import epsilon_lower_bound
+from modelward.privacy.epsilon import check_scores, epsilon_lower_bound
 
-
-def _check(scores: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    s = np.asarray(scores, dtype=np.float64).reshape(-1)
-    m = np.asarray(members).astype(bool).reshape(-1)
-    if s.shape != m.shape:
-        raise DataError(f"scores ({s.shape[0]}) and membership labels ({m.shape[0]}) differ in length")
-    if np.isnan(s).any():
-        raise DataError("membership scores contain NaN")
-    return s, m
+_check = check_scores  # the shared input check (modelward.privacy.epsilon)
 
 
 def roc_curve(scores: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
