@@ -26,11 +26,25 @@ def audit(
     workers: int = typer.Option(1, "--workers", min=1, help="Parallel runs (processes)."),
     executor: str = typer.Option("local", "--executor", help="Runner executor: local, sequential, process, ray."),
     device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
+    guard: Path | None = typer.Option(None, "--guard", help="GUARD.toml: attack the model served by 'guard serve' "
+                                      "over HTTP, once per defense (CONFIG: see examples/privacy_served_digits.toml)."),
 ) -> None:
-    """Membership-inference audit: results.csv/md/json, targets.*, roc.png (log FPR), score arrays."""
+    """Membership-inference audit: results.csv/md/json, targets.*, slices.*, exposed.*, roc.png, score arrays.
+    With --guard: the defense × attack table through the served API (table.md)."""
     from modelward.cli._device import require_device, with_device
     from modelward.core.progress import RichProgress
     from modelward.privacy.audit import AuditConfig, run_audit
+
+    if guard is not None:
+        from modelward.privacy.served import ServedAuditConfig, run_served_audit
+
+        scfg = load_config(config, ServedAuditConfig, set_)
+        check_out_dir(out)
+        with RichProgress(console) as progress:
+            run_served_audit(scfg, guard, out, progress)
+        console.print((out / "table.md").read_text())
+        console.print(f"wrote {out}/table.md, results.md, results.csv, results.json, scores/, guards/")
+        return
 
     cfg = load_config(config, AuditConfig, with_device(set_, device))
     require_device(cfg.device)
@@ -38,11 +52,13 @@ def audit(
     with RichProgress(console) as progress:
         rows = run_audit(cfg, out, workers=workers, executor=executor, progress=progress)
     table = Table(title=f"{cfg.name}: membership inference ({cfg.repetitions} repetition(s))")
-    for col in ("attack", "accuracy", "advantage", "precision", "AUC", "TPR@0.1%FPR", "TPR@1%FPR"):
+    for col in ("attack", "accuracy", "advantage", "precision", "AUC", "TPR@0.1%FPR", "TPR@1%FPR",
+                "ε_lb (95%)"):
         table.add_column(col)
     for r in rows:
         table.add_row(r["attack"], f"{r['accuracy']:.3f}", f"{r['advantage']:.3f}", f"{r['precision']:.3f}",
-                      f"{r['auc']:.3f}", f"{r['tpr_at_0_1pct_fpr']:.3f}", f"{r['tpr_at_1pct_fpr']:.3f}")
+                      f"{r['auc']:.3f}", f"{r['tpr_at_0_1pct_fpr']:.3f}", f"{r['tpr_at_1pct_fpr']:.3f}",
+                      f"{r.get('epsilon_lb', float('nan')):.2f}")
     console.print(table)
     if cfg.defense.kind == "dp":
         import json
@@ -52,7 +68,46 @@ def audit(
                           f"({t['accountant']} accountant), test accuracy {t['test_accuracy']:.3f}; best attack "
                           f"advantage {t['best_attack_advantage']:.3f} vs (ε, δ) bound {t['bound_eps_delta']:.3f} "
                           f"({'within' if t['within_bound'] else 'ABOVE'})")
-    console.print(f"wrote {out}/results.md, results.csv, results.json, targets.md, roc.png, scores/")
+    slices = out / "slices.json"
+    if slices.is_file():
+        import json
+
+        for s in json.loads(slices.read_text()):
+            if s["worst"] and s["repetition"] == 0:
+                console.print(f"{s['attack']}: worst slice {s['slice']} (TPR@1%FPR {s['tpr_at_1pct_fpr']:.3f}, "
+                              f"AUC {s['auc']:.3f}, ε_lb {s['epsilon_lb']:.2f}; repetition 0)")
+    console.print(f"wrote {out}/results.md, results.csv, results.json, targets.md, slices.md, exposed.md, roc.png, "
+                  "scores/")
+
+
+@app.command("audit-dp")
+def audit_dp(
+    config: Path = typer.Argument(..., help="DP audit TOML (see examples/privacy_dp_audit.toml)."),
+    out: Path = typer.Option(..., "--out", help="Output folder (results.*, canary score arrays)."),
+    set_: list[str] = typer.Option(None, "--set", help=SET_HELP),
+) -> None:
+    """One-run DP-SGD audit (Steinke et al. 2023): claimed ε (accountant named) vs audited ε lower bound."""
+    from modelward.privacy.dp_audit import DPAuditConfig, run_dp_audit
+
+    cfg = load_config(config, DPAuditConfig, set_)
+    check_out_dir(out)
+    with console.status("DP-SGD training with canaries (one run)"):
+        rows = run_dp_audit(cfg, out)
+    table = Table(title=f"{cfg.name}: one-run DP audit (seed {cfg.seed})")
+    for col in ("canaries", "claimed ε", "accountant", "δ", f"audited ε ≥ ({cfg.confidence:.0%})", "right / guesses",
+                "m", "verdict"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.variant, f"{r.claimed_epsilon:.3g}", r.accountant, f"{r.delta:.2g}", f"{r.epsilon_lb:.3g}",
+                      f"{r.correct}/{r.guesses}", str(r.m), "consistent" if r.consistent else "CLAIM VIOLATED")
+    console.print(table)
+    for r in rows:
+        console.print(r.text())
+    if cfg.noise_divisor != 1:
+        console.print(f"broken on purpose: trained with σ = {rows[0].trained_noise_multiplier:.3g}, claim keeps "
+                      f"σ = {rows[0].claimed_noise_multiplier:.3g}")
+    console.print(f"test accuracy {rows[0].test_accuracy:.3f}; wrote {out}/results.md, results.csv, results.json, "
+                  "canaries/")
 
 
 @app.command("invert")

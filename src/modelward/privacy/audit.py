@@ -15,7 +15,9 @@ members (¼, the target's training set), non-members (¼) and the attacker's hol
   scores and the true membership (``scores/<label>_r<r>.scores.npy`` / ``.members.npy`` / ``.scores.csv``), and
   record the metrics (plus calibrated rows ``<label>@α`` for each ``calibrate`` percentile, App. C).
 
-Outputs: ``results.csv/md/json`` (mean ± SD over repetitions per attack), ``runs.json`` (every run's metrics),
+Outputs: ``results.csv/md/json`` (mean ± SD over repetitions per attack, with the ε lower bound), ``runs.json``
+(every run's metrics), ``slices.*`` (per class and correct / misclassified: AUC, TPR at 1 % FPR, ε_lb; the worst
+slice marked) and ``exposed.*`` (the 20 most exposed members with an interval, :mod:`.risk`),
 ``targets.csv/md/json`` (target accuracies, DP ε, advantage-bound checks), ``roc.png`` (log-scale FPR) and the
 score arrays.
 """
@@ -263,7 +265,18 @@ def _attack(cfg: AuditConfig, out: Path, rep: int, spec: MembershipAttackSpec) -
     for label, thr in thresholds:
         rows[label] = metrics.evaluate(scores, members, thr).as_dict() | {"threshold": float(thr)}
     metrics.save_scores(out / "scores", f"{spec.key}_r{rep}", scores, members, threshold=attack.threshold)
-    return {"rows": rows}
+    return {"rows": rows} | _risk(target, xe, ye, scores, members, sp)
+
+
+def _risk(target: torch.nn.Module, xe: torch.Tensor, ye: torch.Tensor, scores: np.ndarray, members: np.ndarray,
+          sp: Any) -> dict[str, Any]:
+    """Per-slice risk and the most exposed records of one attack run (:mod:`modelward.privacy.risk`)."""
+    from modelward.privacy.risk import exposed_records, slice_risk
+
+    correct = (logits_of(target, xe).argmax(1) == ye).numpy()
+    slices, worst = slice_risk(scores, members, ye.numpy(), correct)
+    return {"slices": slices, "worst_slice": worst,
+            "exposed": exposed_records(scores, members, record_ids=sp.evaluation_indices())}
 
 
 def execute_run(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str, Any]], *, out: str) -> dict[str, Any]:
@@ -302,7 +315,7 @@ def plan_runs(cfg: AuditConfig) -> list[RunSpec]:
 
 
 COLUMNS = ["attack", "accuracy", "accuracy_sd", "advantage", "precision", "precision_sd", "auc",
-           "tpr_at_0_1pct_fpr", "tpr_at_1pct_fpr", "fpr", "tpr", "repetitions"]
+           "tpr_at_0_1pct_fpr", "tpr_at_1pct_fpr", "epsilon_lb", "fpr", "tpr", "repetitions"]
 
 
 def aggregate(cfg: AuditConfig, results: dict[str, dict[str, Any]]) -> tuple[list[dict], list[dict]]:
@@ -320,8 +333,9 @@ def aggregate(cfg: AuditConfig, results: dict[str, dict[str, Any]]) -> tuple[lis
     rows = []
     for label, ms in per.items():
         row: dict[str, Any] = {"attack": label, "repetitions": len(ms)}
-        for k in ("accuracy", "advantage", "precision", "auc", "tpr_at_0_1pct_fpr", "tpr_at_1pct_fpr", "fpr", "tpr"):
-            s = summarize([m[k] for m in ms])
+        for k in ("accuracy", "advantage", "precision", "auc", "tpr_at_0_1pct_fpr", "tpr_at_1pct_fpr", "epsilon_lb",
+                  "fpr", "tpr"):
+            s = summarize([m.get(k, float("nan")) for m in ms])
             row[k] = s.mean
             if k in ("accuracy", "precision"):
                 row[f"{k}_sd"] = s.sd
@@ -385,7 +399,9 @@ def run_audit(cfg: AuditConfig, out_dir: str | Path, *, workers: int = 1, execut
              f"defense: {cfg.defense.kind}",
              "accuracy on the balanced evaluation set; advantage = 2(accuracy − ½); precision := ½ when no point is "
              "predicted a member; `@α` rows: threshold at the α-percentile of hold-out scores (App. C)",
-             "score arrays: scores/<attack>_r<rep>.scores.npy / .members.npy / .scores.csv"]
+             "score arrays: scores/<attack>_r<rep>.scores.npy / .members.npy / .scores.csv",
+             "epsilon_lb: best Clopper–Pearson ε lower bound over thresholds (95 %, δ = 0; TF Privacy's method, "
+             "maximised over thresholds after the fact)"]
     if targets and "epsilon" in targets[0]:
         t0 = targets[0]
         notes.append(f"DP-SGD: ε = {t0['epsilon']:.3g} at δ = {t0['delta']:.3g} ({t0['accountant']} accountant); "
@@ -393,8 +409,31 @@ def run_audit(cfg: AuditConfig, out_dir: str | Path, *, workers: int = 1, execut
     write_table(out, "results", rows, COLUMNS, title=f"{cfg.name}: membership inference", notes=notes)
     write_table(out, "targets", targets, title=f"{cfg.name}: target models")
     atomic_write_json(out / "runs.json", runs)
+    _write_risk(cfg, out, results)
     _roc(cfg, out)
     return rows
+
+
+def _write_risk(cfg: AuditConfig, out: Path, results: dict[str, dict[str, Any]]) -> None:
+    """``slices.*`` (per attack, repetition and slice, the worst slice marked) and ``exposed.*`` (the 20 most
+    exposed members per attack and repetition; ``record`` = position in the pooled train + test data)."""
+    slices, exposed = [], []
+    for r in range(cfg.repetitions):
+        for a in cfg.attacks:
+            res = results.get(f"attack|{a.key}|{r}") or {}
+            worst = (res.get("worst_slice") or {}).get("slice")
+            slices += [{"attack": a.key, "repetition": r} | s | {"worst": s["slice"] == worst}
+                       for s in res.get("slices", [])]
+            exposed += [{"attack": a.key, "repetition": r} | e for e in res.get("exposed", [])]
+    if slices:
+        write_table(out, "slices", slices, title=f"{cfg.name}: membership risk per slice",
+                    notes=["worst: the ranked slice (≥ 20 members and non-members) with the highest TPR at 1 % FPR",
+                           "epsilon_lb: Clopper–Pearson ε lower bound (95 %, δ = 0), best threshold"])
+    if exposed:
+        write_table(out, "exposed", exposed, title=f"{cfg.name}: the most exposed training records",
+                    notes=["exposure_fpr: share of non-members scoring at least as high (the FPR at which the "
+                           "record is flagged); [fpr_low, fpr_high]: 95 % Clopper–Pearson interval; record: "
+                           "position in the pooled train + test data"])
 
 
 def _roc(cfg: AuditConfig, out: Path) -> None:

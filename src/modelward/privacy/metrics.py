@@ -3,7 +3,8 @@
 Thesis metrics on a balanced evaluation set (members = target training points, non-members = test points):
 accuracy a, **advantage 2(a − ½)** (= TPR − FPR when balanced), **precision** (PPV) with the rule *no predicted
 member ⇒ precision ½*, and calibrated precision at the α-percentile of hold-out scores (App. C, see
-:mod:`.membership.calibration`). Beyond the thesis: the ROC curve, its AUC, and the TPR at 0.1 % and 1 % FPR.
+:mod:`.membership.calibration`). Beyond the thesis: the ROC curve, its AUC, the TPR at 0.1 % and 1 % FPR, and the empirical ε lower bound
+(best Clopper–Pearson bound over thresholds at 95 %, δ = 0; :mod:`.epsilon`) next to them.
 All are recomputable from the saved arrays (``scores.npy``, ``members.npy``; ``scores.csv``).
 """
 
@@ -16,16 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from modelward.errors import DataError
+from modelward.privacy.epsilon import check_scores, epsilon_lower_bound
 
-
-def _check(scores: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    s = np.asarray(scores, dtype=np.float64).reshape(-1)
-    m = np.asarray(members).astype(bool).reshape(-1)
-    if s.shape != m.shape:
-        raise DataError(f"scores ({s.shape[0]}) and membership labels ({m.shape[0]}) differ in length")
-    if np.isnan(s).any():
-        raise DataError("membership scores contain NaN")
-    return s, m
+_check = check_scores  # the shared input check (modelward.privacy.epsilon)
 
 
 def roc_curve(scores: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -82,6 +76,8 @@ class MembershipMetrics:
     n_members: int
     n_nonmembers: int
     n_predicted_members: int
+    # best Clopper–Pearson ε lower bound over thresholds at 95 %, δ = 0 (modelward.privacy.epsilon)
+    epsilon_lb: float = float("nan")
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -121,6 +117,7 @@ def evaluate(scores: np.ndarray, members: np.ndarray, threshold: float,
         accuracy=acc, advantage=2 * (acc - 0.5), precision=precision(d, m), recall=tpr, tpr=tpr, fpr=fpr,
         auc=auc(f, t), tpr_at_0_1pct_fpr=tpr_at_fpr(f, t, 0.001), tpr_at_1pct_fpr=tpr_at_fpr(f, t, 0.01),
         n_members=P, n_nonmembers=N, n_predicted_members=int(d.sum()),
+        epsilon_lb=epsilon_lower_bound(s, m),
     )
 
 

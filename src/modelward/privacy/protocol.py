@@ -21,6 +21,17 @@ class MembershipSplit:
     y_out: torch.Tensor
     x_aux: torch.Tensor
     y_aux: torch.Tensor
+    # positions of the members / non-members / hold-out in the pooled data (to name exposed records)
+    idx_in: torch.Tensor | None = None
+    idx_out: torch.Tensor | None = None
+    idx_aux: torch.Tensor | None = None
+
+    def evaluation_indices(self) -> np.ndarray:
+        """Pooled-data positions of the :meth:`evaluation` points, in the same order."""
+        if self.idx_in is None or self.idx_out is None:
+            raise ConfigError("this split was built without indices")
+        n = min(len(self.x_in), len(self.x_out))
+        return np.r_[self.idx_in[:n].numpy(), self.idx_out[:n].numpy()]
 
     def evaluation(self) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """The balanced evaluation set: members then non-members, and the true membership."""
@@ -56,4 +67,4 @@ def membership_split(x: torch.Tensor, y: torch.Tensor, seed: int, train: float =
     perm = torch.as_tensor(np.random.default_rng(seed).permutation(n))
     a, b = int(round(train * n)), int(round((train + test) * n))
     i, o, h = perm[:a], perm[a:b], perm[b:]
-    return MembershipSplit(x[i], y[i], x[o], y[o], x[h], y[h])
+    return MembershipSplit(x[i], y[i], x[o], y[o], x[h], y[h], i, o, h)

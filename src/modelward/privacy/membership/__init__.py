@@ -1,4 +1,5 @@
-"""Membership-inference attacks (seed 002 §8.2–8.3, App. C; LiRA; RMIA): one module per attack.
+"""Membership-inference attacks (seed 002 §8.2–8.3, App. C; LiRA; RMIA; label-only boundary distance and
+augmentation, which query a top-1 API only): one module per attack.
 
 ``ATTACKS`` maps a config name to its class; :func:`make_membership_attack` builds one from TOML parameters
 (unknown names or parameters are :class:`~modelward.errors.ConfigError` naming the valid choices).
@@ -21,6 +22,8 @@ for _name, _target in {
     "deep_wb": "modelward.privacy.membership.deep_wb:DeepWB",
     "lira": "modelward.privacy.membership.lira:LiRA",
     "rmia": "modelward.privacy.membership.rmia:RMIA",
+    "boundary": "modelward.privacy.membership.label_only:BoundaryDistanceAttack",
+    "augmentation": "modelward.privacy.membership.label_only:AugmentationAttack",
 }.items():
     ATTACKS.add(_name, _target)
 # attacks whose fit needs a shadow pool / the training algorithm A
@@ -36,7 +39,8 @@ def make_membership_attack(name: str, calibrate: float | None = None, **params: 
     """Build attack ``name`` with ``params``; ``calibrate=α`` wraps it in App. C's hold-out calibration.
 
     Args:
-        name: a key of ``ATTACKS`` (naive, loss, shadow, bayesian_wb, nn_wb, deep_wb, lira, rmia);
+        name: a key of ``ATTACKS`` (naive, loss, shadow, bayesian_wb, nn_wb, deep_wb, lira, rmia, boundary,
+            augmentation);
             an unknown name raises :class:`~modelward.errors.ConfigError` naming the valid ones.
         calibrate: the calibration level α (None: no calibration).
         **params: the attack's constructor parameters (unknown ones raise ``ConfigError``).
