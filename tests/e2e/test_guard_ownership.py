@@ -21,7 +21,7 @@ from modelward.core.zoo import ModelConfig, build_model
 from modelward.extraction.guard.process import start_guard_server, write_guard_config
 from modelward.extraction.victim import HttpVictim
 
-K, D = 6, 12
+K, D = 10, 12
 SHAPE = (D,)
 ATTACKER, PROBER, OPERATOR = "attacker-key-123", "prober-key-456", "operator-key-789"
 NET = ModelConfig(arch="mlp", hidden=[64])
@@ -66,6 +66,9 @@ def test_a_copy_stolen_through_the_guard_is_identified_and_the_detector_refuses_
                               defense_params={"epsilon": 1.0}, keys={ATTACKER: None, PROBER: 2000, OPERATOR: None},
                               name="owner", server={"max_batch": 256}, ownership=own, operators={OPERATOR})
     x_att, _ = _task(4000, seed=7)  # the attacker's natural queries
+    # the owner's key, fixed so the test is the same every run (a server makes a random one when there is none)
+    (tmp_path / "g" / "guard_state").mkdir(parents=True)
+    (tmp_path / "g" / "guard_state" / "watermark.key").write_bytes(b"modelward-test-watermark-key-012")
     server = start_guard_server(path)
     try:
         with HttpVictim(server.url, "owner", ATTACKER) as victim:
