@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from modelward.assess.config import AssessConfig
+from modelward.core.checkpoint import Checkpoint, checkpoint_kind, load_checkpoint, read_checkpoint
 from modelward.core.data import DataConfig, DataSplit, load_data
-from modelward.core.io import load_state_dict
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, DataError
 
@@ -42,20 +42,14 @@ class Target:
     description: str
 
 
-def _metadata(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    if not path.is_file():
-        raise DataError(f"{path}: checkpoint not found")
-    return load_state_dict(path)
-
-
 def load_target(cfg: AssessConfig) -> Target:
     """Load the model and data an assessment config names (see :class:`~modelward.assess.config.AssessConfig`)."""
     tensors: dict[str, torch.Tensor] = {}
     meta: dict = {}
     if cfg.checkpoint:
-        tensors, meta = _metadata(Path(cfg.checkpoint))
-    if "config" in meta and any(k.startswith("f.") for k in tensors):  # a `modelward robust train` model
-        return _gloro_target(cfg, meta)
+        tensors, meta = read_checkpoint(Path(cfg.checkpoint))
+        if checkpoint_kind(tensors, meta) == "gloro":  # a `modelward robust train` model
+            return _gloro_target(cfg, load_checkpoint(Path(cfg.checkpoint), kinds=("gloro",)))
     data_cfg = cfg.data or (DataConfig.model_validate(meta["data"]) if "data" in meta else DataConfig())
     data = load_data(data_cfg)
     model_cfg = cfg.model or (ModelConfig.model_validate(meta["model"]) if "model" in meta else None)
@@ -80,14 +74,12 @@ def load_target(cfg: AssessConfig) -> Target:
                   f"{model_cfg.arch} ({n_params:,} parameters) on {data.describe()}")
 
 
-def _gloro_target(cfg: AssessConfig, meta: dict) -> Target:
-    try:
-        from modelward.robustness.experiment import load_model  # after the robustness pipeline's move
-    except ImportError:  # pragma: no cover - older layout
-        from modelward.robustness.gloro.run import load_model  # type: ignore[no-redef]
+def _gloro_target(cfg: AssessConfig, ck: Checkpoint) -> Target:
+    # imported here: only GloRo targets need the robustness area (its import is heavy)
     from modelward.robustness.gloro.layers import build_gloro_model
 
-    net, rcfg = load_model(cfg.checkpoint)  # type: ignore[arg-type]
+    net, rcfg, meta = ck.wrapper, ck.config, ck.meta
+    assert net is not None
     data = load_data(cfg.data or rcfg.data)
     shape, m = tuple(meta["input_shape"]), int(meta["num_classes"])
     if tuple(data.input_shape) != shape or data.num_classes != m:

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 
 from modelward.core.config import StrictModel
 from modelward.core.device import AmpSetting, autocast
+from modelward.core.modules import eval_mode, model_device
 
 LossMetric = Literal["error", "cross_entropy"]
 
@@ -81,12 +82,6 @@ class TrainResult:
     train_loss: list[tuple[int, float]] = field(default_factory=list)
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    from modelward.core.device import model_device
-
-    return model_device(model)
-
-
 def _eval_batches(x: torch.Tensor | Dataset, y: torch.Tensor | None, batch_size: int,
                   workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     if isinstance(x, torch.Tensor):
@@ -108,21 +103,18 @@ def evaluate(model: nn.Module, x: torch.Tensor | Dataset, y: torch.Tensor | None
 
     Batches go to the model's device; the loss is accumulated there and read once.
     """
-    modes = [(m, m.training) for m in model.modules()]  # restore per module: some BN layers stay frozen
-    model.eval()
-    device = _model_device(model)
+    device = model_device(model)
     total = torch.zeros((), dtype=torch.float64, device=device)
     n = 0
-    for xb, yb in _eval_batches(x, y, batch_size, workers):
-        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-        logits = model(xb)
-        if metric == "error":
-            total += (logits.argmax(1) != yb).sum()
-        else:
-            total += F.cross_entropy(logits.float(), yb, reduction="sum").double()
-        n += len(yb)
-    for m, mode in modes:
-        m.training = mode
+    with eval_mode(model):  # restored per module: some BN layers stay frozen
+        for xb, yb in _eval_batches(x, y, batch_size, workers):
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            logits = model(xb)
+            if metric == "error":
+                total += (logits.argmax(1) != yb).sum()
+            else:
+                total += F.cross_entropy(logits.float(), yb, reduction="sum").double()
+            n += len(yb)
     return float(total.item()) / max(n, 1)
 
 
@@ -200,7 +192,7 @@ class Checkpointing:
             return None
         tensors = load_tensors(self.path)
         meta = json.loads(load_metadata(self.path)["modelward_train"])
-        device = _model_device(model)
+        device = model_device(model)
         model.load_state_dict({k[6:]: v.to(device) for k, v in tensors.items() if k.startswith("model.")})
         optimizer_from_tensors(opt, {k: v.to(device) for k, v in tensors.items() if k.startswith("opt.")},
                                meta.pop("optimizer"))
@@ -297,7 +289,7 @@ def train(
     if trainable is not None:
         _freeze_foreign_norms(model, names)
 
-    device = _model_device(model)
+    device = model_device(model)
     batches = BatchOrder(len(x_train), cfg.batch_size, seed)
     resumed = checkpoint.load(model, opt, batches) if checkpoint is not None else None
     if resumed is not None:

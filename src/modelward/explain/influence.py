@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -30,6 +30,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from modelward.core.modules import eval_mode, model_device
+from modelward.core.slicing import (
+    Cut,
+    Interception,
+    StopForward,
+    intercept,
+    resolve_module,
+)
 from modelward.errors import ConfigError
 
 Space = Literal["input", "slice"]
@@ -38,22 +46,7 @@ PATH_RULES: tuple[str, ...] = ("riemann_left", "riemann_right", "riemann_middle"
 
 
 # ------------------------------------------------------------------------------------------------------------
-# slices
-def module_names(model: nn.Module) -> list[str]:
-    """Every addressable module name of `model` (what a user can type as a slice)."""
-    return [n for n, _ in model.named_modules() if n]
-
-
-def resolve_module(model: nn.Module, name: str, field: str = "slice") -> nn.Module:
-    """The module called `name` in `model`, or a ConfigError that lists the valid names."""
-    mods = dict(model.named_modules())
-    if name and name in mods:
-        return mods[name]
-    names = module_names(model)
-    shown = ", ".join(names[:40]) + (" ..." if len(names) > 40 else "")
-    raise ConfigError(f"{field}: unknown layer {name!r}; valid layers: {shown}")
-
-
+# slices (module names are resolved by modelward.core.slicing.resolve_module)
 @dataclass(frozen=True)
 class Slice:
     """A decomposition f = g ∘ h (Def. 3.1): ``from_layer`` is the module whose *output* is z = h(x)
@@ -488,24 +481,23 @@ class MixtureDoI(DistributionOfInterest):
 
 
 # ------------------------------------------------------------------------------------------------------------
-class _Abort(Exception):
-    """Stops a forward pass once the slice's activation has been captured."""
-
-
 @contextmanager
-def _eval_mode(model: nn.Module):  # type: ignore[no-untyped-def]
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
+def intercept_qoi(model: nn.Module, to_layer: str | None) -> Iterator[Interception]:
+    """Record the (last) output of the QoI's module `to_layer`; nothing when the QoI reads the model output."""
+    seen = Interception()
+    if to_layer is None:
+        yield seen
+        return
+
+    def at_qoi(_m: nn.Module, _i: object, out: torch.Tensor) -> None:
+        seen.calls += 1
+        seen.value = out
+
+    handle = resolve_module(model, to_layer).register_forward_hook(at_qoi)
     try:
-        yield
+        yield seen
     finally:
-        for m, mode in modes:
-            m.training = mode
-
-
-def model_device(model: nn.Module) -> torch.device:
-    p = next(iter(model.parameters()), None)
-    return p.device if p is not None else torch.device("cpu")
+        handle.remove()
 
 
 class InternalInfluence:
@@ -554,52 +546,35 @@ class InternalInfluence:
         (a latent-space DoI); without `want_grad`, the pass stops at the slice and y is None."""
         model, sl = self.model, self.slice
         captured: dict[str, torch.Tensor] = {}
-        handles = []
-        if sl.from_layer is not None:
-            mod = resolve_module(model, sl.from_layer)
-
-            def at_slice(_m: nn.Module, _i: object, out: torch.Tensor) -> torch.Tensor:
-                if "z" in captured:
-                    raise ConfigError(f"slice {sl.from_layer!r}: the module runs more than once per forward pass; "
-                                      "cut at a module that is called once")
-                if not torch.is_tensor(out):
-                    raise ConfigError(f"slice {sl.from_layer!r}: its output is a {type(out).__name__}, not a tensor")
-                z = (replace if replace is not None else out).detach()
-                if not want_grad:
-                    captured["z"] = z
-                    raise _Abort
-                # only g needs a graph: autograd was off below the slice and is switched on here
-                torch.set_grad_enabled(True)
-                z = z.requires_grad_(True)
-                captured["z"] = z
-                return z.clone()  # a non-leaf, so in-place activations above the slice are allowed
-
-            handles.append(mod.register_forward_hook(at_slice))
-        if sl.to_layer is not None:
-            def at_qoi(_m: nn.Module, _i: object, out: torch.Tensor) -> None:
-                captured["y"] = out
-
-            handles.append(resolve_module(model, sl.to_layer).register_forward_hook(at_qoi))
-        try:
-            if sl.from_layer is None:
+        if sl.from_layer is None:
+            with intercept_qoi(model, sl.to_layer) as q:
                 leaf = inp.detach().requires_grad_(want_grad)
-                captured["z"] = leaf
                 with torch.set_grad_enabled(want_grad):
                     y = model(leaf)
-            else:
+            return leaf, (y if sl.to_layer is None else q.check_called(Cut(sl.to_layer, field="slice.to_layer")))
+
+        def at_slice(out: torch.Tensor) -> torch.Tensor:
+            z = (replace if replace is not None else out).detach()
+            if not want_grad:
+                captured["z"] = z
+                raise StopForward
+            # only g needs a graph: autograd was off below the slice and is switched on here
+            torch.set_grad_enabled(True)
+            z = z.requires_grad_(True)
+            captured["z"] = z
+            return z.clone()  # a non-leaf, so in-place activations above the slice are allowed
+
+        cut = Cut(sl.from_layer)
+        y: torch.Tensor | None
+        with intercept_qoi(model, sl.to_layer) as q, intercept(model, cut, at_slice) as at:
+            try:
                 with torch.no_grad():
                     y = model(inp)
-        except _Abort:
-            y = None
-        finally:
-            for h in handles:
-                h.remove()
-        if "z" not in captured:
-            raise ConfigError(f"slice {sl.from_layer!r}: the module was not called by the model's forward pass")
+            except StopForward:
+                y = None
+        at.check_called(cut)
         if sl.to_layer is not None and y is not None:
-            if "y" not in captured:
-                raise ConfigError(f"slice.to_layer {sl.to_layer!r}: the module was not called by the forward pass")
-            y = captured["y"]
+            y = q.check_called(Cut(sl.to_layer, field="slice.to_layer"))
         return captured["z"], y
 
     @torch.no_grad()
@@ -608,7 +583,7 @@ class InternalInfluence:
         x = x.to(model_device(self.model))
         if self.slice.from_layer is None:
             return x
-        with _eval_mode(self.model):
+        with eval_mode(self.model):
             z, _ = self._run(x, None, want_grad=False)
         assert z is not None
         return z
@@ -628,7 +603,7 @@ class InternalInfluence:
         row_w = w.repeat_interleave(n_b)
         step = self.batch_size or len(flat)
         acc: torch.Tensor | None = None
-        with _eval_mode(self.model):
+        with eval_mode(self.model):
             for i in range(0, len(flat), step):
                 chunk, r = flat[i : i + step], rows[i : i + step]
                 if latent:
@@ -670,7 +645,7 @@ class InternalInfluence:
     def quantity(self, x: torch.Tensor) -> torch.Tensor:
         """q∘f at the points x (no gradient), e.g. for completeness checks: Σ attribution ≈ q(x) − q(baseline)."""
         x = x.to(model_device(self.model))
-        with torch.no_grad(), _eval_mode(self.model):
+        with torch.no_grad(), eval_mode(self.model):
             if self.slice.to_layer is None:
                 y = self.model(x)
             else:
@@ -745,7 +720,7 @@ def completeness_gap(ii: InternalInfluence, x: torch.Tensor) -> torch.Tensor:
     if ii.doi.space == "slice" and ii.slice.from_layer is not None:
         # q(baseline) must be evaluated with the slice's output set to z_baseline
         zb = ii.baseline_activation(x)
-        with _eval_mode(ii.model):
+        with eval_mode(ii.model):
             _, y = ii._run(x.to(model_device(ii.model)), zb, True)
         assert y is not None
         qb = ii.qoi(y.detach(), torch.arange(len(x), device=zb.device))

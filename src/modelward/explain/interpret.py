@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from modelward.core.modules import eval_mode, model_device
 from modelward.errors import ConfigError
 from modelward.explain.influence import (
     ChannelQoI,
@@ -26,7 +27,6 @@ from modelward.explain.influence import (
     QuantityOfInterest,
     Slice,
     UnitQoI,
-    model_device,
     resolve_module,
 )
 
@@ -235,13 +235,8 @@ def unit_inversion(model: nn.Module, layer: str, units: list[int], input_shape: 
     dtype = next(model.parameters()).dtype
     idx = torch.as_tensor(units, device=dev)
     x = torch.full((len(units), *input_shape), float(x0), device=dev, dtype=dtype)
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
+    with eval_mode(model):
         return _ascent(lambda v: wrapped(v).gather(1, idx[:, None])[:, 0], x, steps, step_size, box)
-    finally:
-        for m, mode in modes:
-            m.training = mode
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

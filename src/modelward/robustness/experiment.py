@@ -23,7 +23,8 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from modelward.core.config import AlgorithmSpec, StrictModel
+from modelward.core.checkpoint import Checkpoint, checkpoint_path, read_checkpoint
+from modelward.core.config import AlgorithmSpec, StrictModel, validate
 from modelward.core.data import DataConfig, DataSplit
 from modelward.core.device import DeviceSetting, resolve_device
 from modelward.core.io import load_state_dict, optimizer_from_tensors, optimizer_to_tensors, save_state_dict
@@ -203,21 +204,29 @@ def save_model(path: Path, outcome: TrainOutcome, cfg: RobustConfig, input_shape
     """Weights of the underlying model + power iterates; the metadata carries what is needed to rebuild it."""
     tensors = {f"f.{k}": v for k, v in outcome.model.state_dict().items()}
     tensors |= {f"iterates.{k}": v for k, v in outcome.net.sub.state_dict().items()}
-    save_state_dict(path, tensors, {"config": cfg.model_dump(mode="json", exclude={"device"}), "input_shape": list(input_shape),
-                                    "num_classes": num_classes})
+    save_state_dict(path, tensors, {"kind": "gloro", "config": cfg.model_dump(mode="json", exclude={"device"}),
+                                    "input_shape": list(input_shape), "num_classes": num_classes})
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GloroNet, RobustConfig]:
     """Rebuild a trained model (as a GloRo net of its training mode) from a file or run directory, on
-    `device`."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "model.safetensors"
-    tensors, meta = load_state_dict(p)
+    `device` (read by :func:`modelward.core.checkpoint.load_checkpoint`, kind ``"gloro"``)."""
+    p = checkpoint_path(path)
+    tensors, meta = read_checkpoint(p)
     if "config" not in meta:
         raise DataError(f"{p}: not a 'modelward robust train' model (no config in its metadata)")
-    from modelward.core.config import validate
+    ck = load_gloro_checkpoint(p, tensors, meta, resolve_device(device))
+    assert isinstance(ck.wrapper, GloroNet)
+    return ck.wrapper, ck.config
 
+
+def load_gloro_checkpoint(p: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any],
+                          device: torch.device) -> Checkpoint:
+    """The ``"gloro"`` checkpoint kind (:data:`modelward.core.checkpoint.CHECKPOINT_KINDS`): the embedded
+    config rebuilds the architecture and the GloRo net; ``f.*`` are the model's weights, ``iterates.*`` the power
+    iterates. The checkpoint's model is the logit model ``f``; its wrapper is the GloRo net (eval mode)."""
+    if "config" not in meta:
+        raise DataError(f"{p}: not a 'modelward robust train' model (no config in its metadata)")
     cfg = validate(RobustConfig, meta["config"], f"{p} (embedded config)")
     shape, m = tuple(meta["input_shape"]), int(meta["num_classes"])
     model = build_gloro_model(cfg.model.arch, shape, m, cfg.model.activation, cfg.model.init, cfg.seed)
@@ -227,9 +236,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Gl
         net.sub.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("iterates.")})
     except RuntimeError as e:
         raise DataError(f"{p}: weights do not match the embedded architecture ({e})") from None
-    net.to(resolve_device(device))
+    net.to(device)
     net.eval()
-    return net, cfg
+    return Checkpoint("gloro", net.f, meta, p, cfg, net)
 
 
 def eval_points(cfg: RobustConfig, data: DataSplit) -> tuple[torch.Tensor, torch.Tensor]:
@@ -366,4 +375,4 @@ def attack_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: torc
 
 __all__ = ["GloroModelConfig", "RobustConfig", "RobustEvalConfig", "RobustTrainConfig", "attack_experiment",
            "attack_table", "build_net", "certify_experiment", "certify_table", "check_attacks", "check_shapes",
-           "eval_points", "load_model", "save_model", "train_experiment", "train_robust"]
+           "eval_points", "load_gloro_checkpoint", "load_model", "save_model", "train_experiment", "train_robust"]
