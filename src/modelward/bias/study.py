@@ -14,9 +14,11 @@ ledger, so an interrupted study resumes where it stopped.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +39,10 @@ from modelward.bias.learners import SGDSchedule, fit_learner, fit_sgd
 from modelward.bias.mitigation import BiasAdjust, experts, feature_parity
 from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig
+from modelward.core.device import DeviceSetting, resolve_device
+from modelward.core.progress import ProgressSink
+from modelward.core.runner import Execute, RunOutcome, RunSpec
+from modelward.core.study import Study, StudyContext, run_study
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig
 from modelward.errors import ConfigError
@@ -126,7 +132,7 @@ class BiasConfig(StrictModel):
     sweep: SweepSpec | None = None
     seed: int = 0
     workers: int = Field(1, ge=1)
-    device: str = "cpu"  # where kind="deep" nets train (docs/devices.md); not part of the study's fingerprint
+    device: DeviceSetting = "cpu"  # where kind="deep" nets train (docs/devices.md); not part of the study's fingerprint
 
     @model_validator(mode="after")
     def _some_work(self) -> BiasConfig:
@@ -197,7 +203,6 @@ def _deep_run(ds: DatasetSpec, xtr: np.ndarray, xte: np.ndarray, ytr: np.ndarray
     import torch
 
     from modelward.bias.learners import linear_head, penultimate_features
-    from modelward.core.device import resolve_device
     from modelward.core.init import init_model_
     from modelward.core.seed import seeded
     from modelward.core.train import train
@@ -417,3 +422,61 @@ def write_outputs(out: Path, cfg: BiasConfig, tables: dict[str, list[dict[str, A
                                  f"Fig. 9.3b: bias vs weak-feature variance ({sv[0]['n_weak']} weak features)",
                                  "weak-feature variance", "bias amplification B", logx=True))
     return written
+
+
+@dataclass
+class BiasOutcome:
+    """What :func:`run_bias` achieved: the ``tables`` (``results``, ``theorem``, ``sweep``, ``sweep_variance``
+    rows), the files ``written``, and the runner's ``done`` / ``total`` / ``failed`` (run id -> error; failed runs
+    restart when the study is run again)."""
+
+    tables: dict[str, list[dict[str, Any]]]
+    written: list[Path]
+    done: int
+    total: int
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class BiasStudy(Study[BiasConfig, BiasOutcome]):
+    """The bias study in the core frame: one run per data set × split, Theorem 9.1 case and sweep cell."""
+
+    name = "bias runs"
+    config_model = BiasConfig
+
+    def check(self, cfg: BiasConfig, out: Path) -> None:
+        resolve_device(cfg.device)  # an unusable device is refused before any run starts
+
+    def plan(self, cfg: BiasConfig, ctx: StudyContext) -> list[RunSpec]:
+        return plan(cfg)
+
+    def execute(self, cfg: BiasConfig, ctx: StudyContext) -> Execute:
+        return functools.partial(execute, device=cfg.device)
+
+    def summarize(self, cfg: BiasConfig, ctx: StudyContext, outcome: RunOutcome) -> BiasOutcome:
+        tables = summarize_results(cfg, ctx.ledger.results())
+        written = write_outputs(ctx.out, cfg, tables)
+        return BiasOutcome(tables, written, outcome.done, outcome.total, outcome.failed)
+
+
+def run_bias(cfg: BiasConfig, out: str | Path, progress: ProgressSink | None = None, *, workers: int | None = None,
+             executor: str = "local", address: str | None = None) -> BiasOutcome:
+    """Run (or resume) the bias study in `out`: B_D(h) and accuracy per data set and mitigation, Theorem 9.1 vs
+    Monte-Carlo, the Fig. 9.3 sweep; writes ``results.*``, ``theorem.*``, ``sweep.*`` and the plots.
+
+    Args:
+        cfg: the study (:class:`BiasConfig`).
+        out: the study folder (``ledger.sqlite``, ``config.json``, the tables); re-running resumes it.
+        progress: one unit per run under ``"bias runs"``.
+        workers: parallel runs (default: ``cfg.workers``); executor, address: see
+            :func:`modelward.core.runner.run_plan`.
+
+    Returns:
+        :class:`BiasOutcome`.
+
+    Example:
+        >>> from modelward.core.config import load_config
+        >>> cfg = load_config("examples/bias_synthetic.toml", BiasConfig)  # doctest: +SKIP
+        >>> run_bias(cfg, "runs/bias").tables["results"][0]["bias"]  # doctest: +SKIP
+    """
+    return run_study(BiasStudy(), cfg, out, workers=workers or cfg.workers, executor=executor, address=address,
+                     progress=progress)
