@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from modelward.core.io import load_metadata
-from modelward.rl.completion import RLProblem
+from modelward.completion.rl import RLProblem
 
 BASE = {"env": "CartPole-v1", "steps": 400, "eval_every": 100, "eval_episodes": 2, "eval_max_steps": 40,
         "max_episode_steps": 60}

@@ -23,6 +23,7 @@ import torch
 from modelward.completion.problem import CompletionProblem, Curve, OnEval, OriginalRun, ProcedureSpec
 from modelward.completion.procedures import ALL_PARTS, paired_seeds, prepare_retraining, stable_seed
 from modelward.core.data import DataConfig, DataSplit, load_data
+from modelward.core.datasets import load_lazy_split
 from modelward.core.init import init_model_
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.parts import default_part_names, parts_table, resolve_part
@@ -35,8 +36,6 @@ from modelward.core.zoo import ModelConfig, build_model
 def _data(cfg_json: str) -> DataSplit:
     cfg = DataConfig.model_validate_json(cfg_json)
     if cfg.lazy:  # ImageNet-sized data: Datasets read on demand (core.datasets), decoded by cfg.workers processes
-        from modelward.core.data import load_lazy_split
-
         return load_lazy_split(cfg)
     return load_data(cfg)
 
