@@ -17,12 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from modelward.assess.config import AssessConfig
+from modelward.assess.profiles import PROFILES
 from modelward.assess.report import write_report
 from modelward.assess.sections.common import TITLES, NotAssessed, SectionResult, load_sections
 from modelward.assess.target import load_target
+from modelward.core.device import resolve_device
 from modelward.core.progress import ProgressSink
 from modelward.core.records import atomic_write_json
 from modelward.core.runner import Execute, RunOutcome, RunSpec
+from modelward.core.seed import seeded
 from modelward.core.study import Study, StudyContext, run_study
 
 __all__ = ["TITLES", "AssessStudy", "execute_section", "load_sections", "plan_sections", "run_assessment"]
@@ -30,10 +33,6 @@ __all__ = ["TITLES", "AssessStudy", "execute_section", "load_sections", "plan_se
 def execute_section(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One section, end to end (module level: executors may run it in another process)."""
     import torch
-
-    from modelward.assess.profiles import PROFILES
-    from modelward.core.device import resolve_device
-    from modelward.core.seed import seeded
 
     cfg = AssessConfig.model_validate_json(spec["config"])
     name = spec["section"]

@@ -22,8 +22,19 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from modelward.core.config import StrictModel
-from modelward.core.device import AmpSetting, autocast
+from modelward.core.data import load_data
+from modelward.core.device import AmpSetting, autocast, resolve_device
+from modelward.core.init import init_model_
+from modelward.core.io import (
+    load_metadata,
+    load_tensors,
+    optimizer_from_tensors,
+    optimizer_to_tensors,
+    save_tensors,
+)
 from modelward.core.modules import eval_mode, model_device
+from modelward.core.seed import seeded
+from modelward.core.zoo import build_model
 
 LossMetric = Literal["error", "cross_entropy"]
 
@@ -174,8 +185,6 @@ class Checkpointing:
     every: int
 
     def save(self, model: nn.Module, opt: torch.optim.Optimizer, order: BatchOrder, state: dict[str, Any]) -> None:
-        from modelward.core.io import optimizer_to_tensors, save_tensors
-
         opt_tensors, skeleton = optimizer_to_tensors(opt)
         order_state = order.state_dict()
         tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
@@ -186,8 +195,6 @@ class Checkpointing:
         save_tensors(self.path, tensors, {"modelward_train": json.dumps(meta)})
 
     def load(self, model: nn.Module, opt: torch.optim.Optimizer, order: BatchOrder) -> dict[str, Any] | None:
-        from modelward.core.io import load_metadata, load_tensors, optimizer_from_tensors
-
         if not Path(self.path).is_file():
             return None
         tensors = load_tensors(self.path)
@@ -348,12 +355,6 @@ def fit_from_config(data_cfg: object, model_cfg: object, train_cfg: TrainConfig,
                     device: str | torch.device = "cpu") -> tuple[nn.Module, TrainResult, object]:
     """Load the data, build and initialise the zoo model, train it with T on `device` (initialised on the CPU
     first, so the initial weights are the same on every device); returns (model on `device`, result, data)."""
-    from modelward.core.data import load_data
-    from modelward.core.device import resolve_device
-    from modelward.core.init import init_model_
-    from modelward.core.seed import seeded
-    from modelward.core.zoo import build_model
-
     data = load_data(data_cfg)  # type: ignore[arg-type]
     with seeded(seed):  # the zoo constructors draw from the global RNG
         model = init_model_(build_model(model_cfg, data.input_shape, data.num_classes), init_scheme, seed)  # type: ignore[arg-type]

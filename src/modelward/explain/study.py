@@ -23,13 +23,26 @@ from modelward.core.checkpoint import load_checkpoint as core_load_checkpoint
 from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.device import DeviceSetting, resolve_device
+from modelward.core.io import save_state_dict, save_tensors
 from modelward.core.progress import ProgressSink
+from modelward.core.records import write_table
 from modelward.core.runner import Execute, RunOutcome, RunSpec
 from modelward.core.study import Study, StudyContext, run_study
-from modelward.core.train import TrainConfig
+from modelward.core.train import TrainConfig, fit_from_config
 from modelward.core.zoo import ModelConfig
 from modelward.errors import ConfigError
-from modelward.explain.interpret import METHODS, Method
+from modelward.explain.influence import ClassQoI
+from modelward.explain.interpret import (
+    METHODS,
+    Method,
+    attribute,
+    compare_models,
+    concentration,
+    top_units,
+    unit_attribution,
+    unit_inversion,
+)
+from modelward.explain.methods import saliency
 
 
 class ModelEntry(StrictModel):
@@ -129,9 +142,6 @@ def _model_for(entry: ModelEntry, out: Path, data: DataSplit, base: Path) -> nn.
 
 def train_entry(entry: ModelEntry, data_cfg: DataConfig, out: Path) -> dict[str, Any]:
     """Train a zoo model for an entry without a checkpoint and save it as OUT/models/<name>.safetensors."""
-    from modelward.core.io import save_state_dict
-    from modelward.core.train import fit_from_config
-
     assert entry.model is not None
     model, result, data = fit_from_config(data_cfg, entry.model, entry.train, entry.seed)
     meta = {"kind": "zoo", "model": entry.model.model_dump(mode="json"), "data": data_cfg.model_dump(mode="json"),
@@ -147,11 +157,7 @@ def _points(cfg: ExplainConfig, data: DataSplit) -> tuple[torch.Tensor, torch.Te
 
 def explain_model(cfg: ExplainConfig, entry: ModelEntry, out: Path, base: Path) -> dict[str, Any]:
     """Input attributions (each method) of the true class for the first test inputs: table + grid."""
-    from modelward.core.device import resolve_device
-    from modelward.core.records import write_table
-    from modelward.explain.influence import ClassQoI
-    from modelward.explain.interpret import attribute, concentration
-    from modelward.explain.plots import attribution_grid
+    from modelward.explain.plots import attribution_grid  # matplotlib on first figure only
 
     data = load_data(cfg.data)
     dev = resolve_device(cfg.device)
@@ -177,7 +183,6 @@ def explain_model(cfg: ExplainConfig, entry: ModelEntry, out: Path, base: Path) 
     write_table(folder, "attributions", rows, title=f"{entry.name}: input attributions of the true class",
                 notes=["sum = Σ attribution (≈ logit(x) − logit(0) for integrated gradients, Eq. 3.3);",
                        "top10_share = share of |attribution| on the 10% most attributed input features."])
-    from modelward.core.io import save_tensors
 
     save_tensors(folder / "attributions.safetensors", {k: v.contiguous() for k, v in maps.items()} | {"x": x})
     attribution_grid(folder / "attributions.png", x, maps, [f"y={int(a)} ŷ={int(b)}" for a, b in zip(y, pred, strict=True)],
@@ -187,10 +192,7 @@ def explain_model(cfg: ExplainConfig, entry: ModelEntry, out: Path, base: Path) 
 
 def units_model(cfg: ExplainConfig, entry: ModelEntry, out: Path, base: Path) -> dict[str, Any]:
     """Top internal units of the slice per class (§3.3), visualised by input attribution and/or inversion."""
-    from modelward.core.device import resolve_device
-    from modelward.core.records import write_table
-    from modelward.explain.interpret import top_units, unit_attribution, unit_inversion
-    from modelward.explain.plots import unit_grid
+    from modelward.explain.plots import unit_grid  # matplotlib on first figure only
 
     data = load_data(cfg.data)
     model = _model_for(entry, out, data, base).to(resolve_device(cfg.device))
@@ -234,18 +236,13 @@ def units_model(cfg: ExplainConfig, entry: ModelEntry, out: Path, base: Path) ->
 
 def compare_all(cfg: ExplainConfig, out: Path, base: Path) -> dict[str, Any]:
     """Pairwise agreement of the models' integrated-gradients attributions on the same inputs, plus a grid."""
-    from modelward.core.device import resolve_device
-    from modelward.core.records import write_table
-    from modelward.explain.interpret import compare_models, concentration
-    from modelward.explain.plots import attribution_grid
+    from modelward.explain.plots import attribution_grid  # matplotlib on first figure only
 
     data = load_data(cfg.data)
     dev = resolve_device(cfg.device)
     models = {e.name: _model_for(e, out, data, base).to(dev) for e in cfg.models}
     x, y = _points(cfg, data)
     attrs, rows = compare_models(models, x, y, "integrated_gradients", cfg.explain.steps, cfg.explain.batch_size)
-    from modelward.explain.influence import ClassQoI
-    from modelward.explain.methods import saliency
 
     qoi = ClassQoI(tuple(int(v) for v in y.tolist()))
     summary = [{"model": n, "ig_top10_share": float(concentration(a).mean()),

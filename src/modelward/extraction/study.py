@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from modelward.core.device import resolve_device
 from modelward.core.progress import ProgressSink
 from modelward.core.runner import Execute, RunOutcome, RunSpec
 from modelward.core.study import Study, StudyContext, run_study, torch_threads
@@ -40,6 +41,7 @@ from modelward.extraction.prepare import (
     prepare,
 )
 from modelward.extraction.report import row, write_report
+from modelward.extraction.victim import HttpVictim, LocalVictim
 
 
 class _Recording:
@@ -73,8 +75,6 @@ class _Recording:
 
 def run_cell(cfg: ExtractionConfig, prep: Prepared, cell: Cell, workdir: Path) -> dict[str, Any]:
     """Run one defense × ε × attack × seed and return its metrics (JSON-serialisable)."""
-    from modelward.extraction.victim import HttpVictim, LocalVictim
-
     t0 = time.perf_counter()
     defense = build_defense(cell.defense, cell.epsilon, prep, cell.seed)
     clean = clean_fn(prep.victim)
@@ -100,7 +100,6 @@ def run_cell(cfg: ExtractionConfig, prep: Prepared, cell: Cell, workdir: Path) -
         else:
             victim = LocalVictim(prep.victim, defense, num_classes=prep.data.num_classes)
             knowledge = knowledge_from_defense(defense, clean)
-        from modelward.core.device import resolve_device
 
         dev = resolve_device(cfg.device)
 
@@ -144,8 +143,7 @@ def _remote_accuracy(victim: Any, prep: Prepared) -> float:
 
 def _serve(cfg: ExtractionConfig, prep: Prepared, cell: Cell, workdir: Path) -> tuple[Any, Any]:
     """Start the guarded HTTP service on 127.0.0.1 for this cell's defense and connect an HTTP victim."""
-    from modelward.extraction.service_process import start_guard_server, write_guard_config
-    from modelward.extraction.victim import HttpVictim
+    from modelward.extraction.service_process import start_guard_server, write_guard_config  # only HTTP cells
 
     if cell.defense.name in ("mad", "adaptive_misinformation"):
         raise ConfigError("victim.serve: MAD and AdaptiveMisinformation need model files on the server; "

@@ -47,8 +47,11 @@ from modelward.errors import ConfigError, ModelwardError
 from modelward.privacy import metrics
 from modelward.privacy.dp import DPConfig, add_dropout, check_advantage, train_dp
 from modelward.privacy.membership import ATTACKS, NEEDS_SHADOWS, AttackData, make_membership_attack
+from modelward.privacy.membership.calibration import calibrated_threshold
+from modelward.privacy.membership.proxies import cached_tops, load_tops, save_tops
 from modelward.privacy.protocol import membership_split
 from modelward.privacy.shadows import ModelTrainer, ShadowPool, logits_of
+from modelward.privacy.slicing import last_linear
 
 
 class SplitConfig(StrictModel):
@@ -225,9 +228,6 @@ def proxy_needs(cfg: AuditConfig) -> list[tuple[int, bool]]:
 
 
 def _train_proxies(cfg: AuditConfig, out: Path, rep: int) -> dict[str, Any]:
-    from modelward.privacy.membership.proxies import cached_tops, save_tops
-    from modelward.privacy.slicing import last_linear
-
     s = _setup(cfg, rep)
     sp = s["split"]
     target = _load_target(cfg, out, rep, s)
@@ -249,7 +249,6 @@ def _attack(cfg: AuditConfig, out: Path, rep: int, spec: MembershipAttackSpec) -
     data = AttackData(target, sp.x_aux, sp.y_aux, s["classes"], s["trainer"], shadows, seed=cfg.seed * 1000 + rep)
     proxies = out / "models" / f"proxies_r{rep}.safetensors"
     if proxies.is_file():  # the proxies run trained them once for every attack of this repetition
-        from modelward.privacy.membership.proxies import load_tops
 
         load_tops(str(proxies), data)
     attack = make_membership_attack(spec.name, **spec.params).fit(data)
@@ -258,8 +257,6 @@ def _attack(cfg: AuditConfig, out: Path, rep: int, spec: MembershipAttackSpec) -
     rows = {}
     thresholds = [(spec.key, attack.threshold)]
     if spec.calibrate:
-        from modelward.privacy.membership.calibration import calibrated_threshold
-
         hold = attack.score(sp.x_aux, sp.y_aux)
         thresholds += [(f"{spec.key}@{a:g}", calibrated_threshold(hold, a)) for a in spec.calibrate]
     for label, thr in thresholds:
@@ -415,7 +412,7 @@ def run_audit(cfg: AuditConfig, out_dir: str | Path, progress: ProgressSink | No
 
 
 def _roc(cfg: AuditConfig, out: Path) -> None:
-    from modelward.privacy.figures import roc_plot
+    from modelward.privacy.figures import roc_plot  # matplotlib on first figure only
 
     curves = {}
     for a in cfg.attacks:

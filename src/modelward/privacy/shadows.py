@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modelward.core.device import resolve_device
+from modelward.core.device import DeviceSetting, resolve_device
 from modelward.core.init import init_model_
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.modules import batched_logits, model_device
@@ -65,7 +65,7 @@ class ModelTrainer:
     init_scheme: str = "glorot_uniform"
     # where the models train (docs/devices.md): initialised on the CPU, trained on the device, handed back on the
     # CPU (the attacks score them there)
-    device: str = "cpu"
+    device: DeviceSetting = "cpu"
 
     def build(self, seed: int) -> nn.Module:
         return init_model_(self.factory(), self.init_scheme, seed)
