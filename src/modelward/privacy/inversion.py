@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modelward.core.modules import eval_mode
+from modelward.core.modules import eval_mode, model_device
 from modelward.errors import ConfigError
 
 Loss = Literal["cross_entropy", "neg_logit", "neg_log_softmax_margin"]
@@ -72,7 +72,7 @@ def invert(model: nn.Module, targets: torch.Tensor | list[int], x0: torch.Tensor
     if step not in ("l2", "sign", "plain"):
         raise ConfigError(f"inversion.step {step!r}: valid choices: l2, sign, plain")
     p = next(model.parameters(), None)
-    dev = p.device if p is not None else torch.device("cpu")
+    dev = model_device(model)
     dtype = p.dtype if p is not None else torch.float32
     j = torch.as_tensor(targets, dtype=torch.long, device=dev).reshape(-1)
     if isinstance(x0, torch.Tensor):
