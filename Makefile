@@ -33,10 +33,12 @@ browser:
 
 test: install browser
 	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -p no:cacheprovider
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/lint-imports --no-cache
 
 # Benchmark-only baselines. torchattacks declares torchvision, which would replace the CPU torch with a CUDA
 # build, so the baselines are installed without their dependencies (they do not need torchvision to run).

@@ -38,7 +38,7 @@ def main() -> None:
             cfg = base.model_copy(update={"early_stop": early})
             out = Path(tmp) / f"early_{early}"
             t0 = time.perf_counter()
-            outcome = run_study(cfg, out, args.workers)
+            outcome = run_study(cfg, out, workers=args.workers)
             times[early] = time.perf_counter() - t0
             tables[early] = _table(out)
             assert not outcome.failed, outcome.failed

@@ -41,7 +41,7 @@ def main() -> None:
     cfg = type(base).model_validate({**base.model_dump(), **update})
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        pool = run_study(cfg, Path(tmp) / "pool", args.workers, executor="process")
+        pool = run_study(cfg, Path(tmp) / "pool", workers=args.workers, executor="process")
         t_pool = time.perf_counter() - t0
 
         from modelward.core.ray_executor import RayExecutor
@@ -50,7 +50,7 @@ def main() -> None:
         ex = RayExecutor(workers=args.workers)
         t_start = time.perf_counter() - t0
         t1 = time.perf_counter()
-        rayed = run_study(cfg, Path(tmp) / "ray", args.workers, executor=ex)
+        rayed = run_study(cfg, Path(tmp) / "ray", workers=args.workers, executor=ex)
         t_runs = time.perf_counter() - t1
         ray.shutdown()
         same = (Path(tmp) / "pool" / "hardness.csv").read_text() == (Path(tmp) / "ray" / "hardness.csv").read_text()

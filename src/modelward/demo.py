@@ -138,7 +138,7 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
     from modelward.core.progress import RichProgress
 
     with RichProgress(console) as progress:
-        outcome = run_study(cfg, study_dir, workers, progress, preset_originals=presets)
+        outcome = run_study(cfg, study_dir, progress, workers=workers, preset_originals=presets)
     for table in rich_tables(cfg, outcome.tables):
         console.print(table)
     summary["completion"] = {"out": str(study_dir), "done": outcome.done, "total": outcome.total,

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from modelward.completion.rl import RLProblem
 from modelward.core.io import load_metadata
-from modelward.rl.completion import RLProblem
 
 BASE = {"env": "CartPole-v1", "steps": 400, "eval_every": 100, "eval_episodes": 2, "eval_max_steps": 40,
         "max_episode_steps": 60}

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from modelward.completion.problem import ProcedureSpec
+from modelward.completion.rl import RLProblem
 from modelward.core.io import load_state_dict
 from modelward.errors import ConfigError, PartError
-from modelward.rl.completion import RLProblem
 from modelward.rl.replay import ReplayBuffer
 
 RL = {"env": "CartPole-v1", "agent": "dqn", "steps": 2_000, "eval_every": 1_000, "eval_episodes": 4,

@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig
+from modelward.core.device import DeviceSetting
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig
 
@@ -93,7 +94,7 @@ class AssessConfig(StrictModel):
     train: TrainConfig = Field(default_factory=TrainConfig)  # recipe for shadow models and completion originals
     profile: Profile = "quick"
     seed: int = 0
-    device: str = "cpu"
+    device: DeviceSetting = "cpu"
     sections: list[SectionName] = Field(default_factory=lambda: list(SECTIONS))
     split: SplitConfig | None = None
     extraction: ExtractionOptions = Field(default_factory=ExtractionOptions)

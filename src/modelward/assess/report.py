@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from modelward.assess.sections.common import load_sections
 from modelward.core.records import atomic_write_json, atomic_write_text
 
 VERDICT_WORDS = {"green": "low risk", "amber": "some risk", "red": "high risk", "info": "for information",
@@ -186,7 +187,6 @@ def _section(out: Path, s: dict[str, Any]) -> str:
 def build_report(out: Path) -> dict[str, Any]:
     """The report as data (what report.json holds)."""
     from modelward.assess.profiles import PROFILES
-    from modelward.assess.run import load_sections
 
     cfg = json.loads((out / "assess.json").read_text())
     target = json.loads((out / "target.json").read_text()) if (out / "target.json").is_file() else {}

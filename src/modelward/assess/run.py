@@ -10,37 +10,31 @@ is recorded as *failed* with its error — the report shows both, it never drops
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import time
 import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from modelward.assess.config import AssessConfig
-from modelward.assess.sections.common import NotAssessed, SectionResult
-from modelward.core.ledger import RunLedger
+from modelward.assess.profiles import PROFILES
+from modelward.assess.report import write_report
+from modelward.assess.sections.common import TITLES, NotAssessed, SectionResult, load_sections
+from modelward.assess.target import load_target
+from modelward.core.device import resolve_device
 from modelward.core.progress import ProgressSink
 from modelward.core.records import atomic_write_json
-from modelward.core.runner import RunOutcome, RunSpec, run_plan
+from modelward.core.runner import Execute, RunOutcome, RunSpec
+from modelward.core.seed import seeded
+from modelward.core.study import Study, StudyContext, run_study
 
-TITLES = {
-    "robustness": "Robustness to evasion attacks",
-    "privacy": "Privacy: membership inference and model inversion",
-    "extraction": "Model extraction (KnockoffNets) and its defenses",
-    "completion": "Model completion (MC-hardness of a split)",
-    "explanations": "Explanations and bias amplification",
-}
-
+__all__ = ["TITLES", "AssessStudy", "execute_section", "load_sections", "plan_sections", "run_assessment"]
 
 def execute_section(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One section, end to end (module level: executors may run it in another process)."""
     import torch
-
-    from modelward.assess.profiles import PROFILES
-    from modelward.assess.target import load_target
-    from modelward.core.device import resolve_device
-    from modelward.core.seed import seeded
 
     cfg = AssessConfig.model_validate_json(spec["config"])
     name = spec["section"]
@@ -83,9 +77,63 @@ def plan_sections(cfg: AssessConfig, out: Path) -> list[RunSpec]:
     return [RunSpec(f"section|{s}", {"section": s, "config": blob, "out": str(out)}) for s in cfg.sections]
 
 
-def run_assessment(cfg: AssessConfig, out: str | Path, *, workers: int = 1, executor: str = "local",
-                   address: str | None = None, progress: ProgressSink | None = None,
-                   retry: bool = False) -> RunOutcome:
+class AssessStudy(Study[AssessConfig, RunOutcome]):
+    """The assessment in the core frame: one run per section, then report.json and report.html.
+
+    Args:
+        retry: also re-run sections recorded as *not assessed* (failed ones are always re-run).
+    """
+
+    name = "assess"
+    config_model = AssessConfig
+    config_file = "assess.json"
+
+    def __init__(self, retry: bool = False) -> None:
+        self.retry = retry
+
+    def check(self, cfg: AssessConfig, out: Path) -> None:
+        resolve_device(cfg.device)  # a device this machine lacks is refused before any work
+
+    def write_config(self, cfg: AssessConfig, out: Path) -> None:
+        from modelward.assess.preflight import preflight
+
+        atomic_write_json(out / self.config_file, cfg.model_dump(mode="json"))  # read back by the report
+        preflight(cfg, out)  # model-file scan, the model and data loaded once, the quality check, target.json
+
+    @contextmanager
+    def session(self, cfg: AssessConfig, ctx: StudyContext) -> Iterator[None]:
+        from modelward.assess.preflight import reopen_sections
+        from modelward.core.entrypoints import TRUST_ENV, code_trusted, trust_code
+
+        # the user trusted this config's entry point; its sections load the model again, possibly in worker
+        # processes that see the config as JSON, where trust_code is never written: they inherit the switch, for
+        # this run only
+        lend = cfg.model is not None and cfg.model.trust_code and not code_trusted()
+        if lend:
+            trust_code()
+        try:
+            reopen_sections(ctx.ledger, ctx.out, cfg.sections, retry=self.retry)
+            yield
+        finally:
+            if lend:
+                os.environ.pop(TRUST_ENV, None)
+
+    def plan(self, cfg: AssessConfig, ctx: StudyContext) -> list[RunSpec]:
+        return plan_sections(cfg, ctx.out)
+
+    def execute(self, cfg: AssessConfig, ctx: StudyContext) -> Execute:
+        return execute_section
+
+    def on_result(self, cfg: AssessConfig, ctx: StudyContext) -> Callable[[str, dict[str, Any]], str]:
+        return lambda rid, r: f"{r['section']}: {r['status']}"
+
+    def summarize(self, cfg: AssessConfig, ctx: StudyContext, outcome: RunOutcome) -> RunOutcome:
+        write_report(ctx.out)
+        return outcome
+
+
+def run_assessment(cfg: AssessConfig, out: str | Path, progress: ProgressSink | None = None, *, workers: int = 1,
+                   executor: str = "local", address: str | None = None, retry: bool = False) -> RunOutcome:
     """Run (or resume) every section of `cfg` in folder `out`, then write report.json and report.html.
 
     Args:
@@ -102,51 +150,5 @@ def run_assessment(cfg: AssessConfig, out: str | Path, *, workers: int = 1, exec
         >>> from modelward.assess import AssessConfig, run_assessment
         >>> run_assessment(AssessConfig(checkpoint="model.safetensors"), "assess-out")  # doctest: +SKIP
     """
-    from modelward.core.device import resolve_device
-
-    resolve_device(cfg.device)  # a device this machine lacks is refused before any work
-    from modelward.core.entrypoints import TRUST_ENV, code_trusted, trust_code
-
-    # the user trusted this config's entry point; its sections load the model again, possibly in worker processes
-    # that see the config as JSON, where trust_code is never written: they inherit the switch, for this run only
-    lend = cfg.model is not None and cfg.model.trust_code and not code_trusted()
-    if lend:
-        trust_code()
-    try:
-        return _run_assessment(cfg, out, workers, executor, address, progress, retry)
-    finally:
-        if lend:
-            os.environ.pop(TRUST_ENV, None)
-
-
-def _run_assessment(cfg: AssessConfig, out: str | Path, workers: int, executor: str, address: str | None,
-                    progress: ProgressSink | None, retry: bool) -> RunOutcome:
-    from modelward.assess.preflight import preflight, reopen_sections
-    from modelward.assess.report import write_report
-
-    out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    ledger = RunLedger(out / "ledger.sqlite")
-    ledger.bind_config(cfg, exclude={"device"})  # the same assessment may resume on another device
-    atomic_write_json(out / "assess.json", cfg.model_dump(mode="json"))
-    preflight(cfg, out)  # model-file scan, the model and data loaded once, the quality check, assess.toml
-    reopen_sections(ledger, out, cfg.sections, retry=retry)
-    outcome = run_plan(ledger, plan_sections(cfg, out), execute_section, workers=workers, executor=executor,
-                       address=address, progress=progress, description="assess",
-                       on_result=lambda rid, r: f"{r['section']}: {r['status']}")
-    write_report(out)
-    return outcome
-
-
-def load_sections(out: Path) -> list[dict[str, Any]]:
-    """The section results recorded in `out`, in the config's order (from the files, not from memory)."""
-    cfg = json.loads((out / "assess.json").read_text())
-    found = []
-    for name in cfg["sections"]:
-        f = out / name / "section.json"
-        if f.is_file():
-            found.append(json.loads(f.read_text()))
-        else:
-            found.append(SectionResult(name, TITLES[name], status="not_assessed", verdict="none",
-                                       reason="it has not run yet (the assessment was interrupted)").to_dict())
-    return found
+    return run_study(AssessStudy(retry), cfg, Path(out).resolve(), workers=workers, executor=executor,
+                     address=address, progress=progress)

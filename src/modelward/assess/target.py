@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from modelward.assess.config import AssessConfig
+from modelward.core.checkpoint import Checkpoint, checkpoint_kind, load_checkpoint, read_checkpoint
 from modelward.core.data import DataConfig, DataSplit, load_data
-from modelward.core.io import check_state, load_state_dict
+from modelward.core.io import check_state
 from modelward.core.zoo import ModelConfig, build_model, model_config_from_metadata
 from modelward.errors import ConfigError, DataError
 
@@ -58,7 +59,7 @@ def _metadata(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
 
         tensors, _ = load_checked_torch_file(path)
         return tensors, {}
-    return load_state_dict(path)
+    return read_checkpoint(path)
 
 
 def _membership(cfg: AssessConfig, data_cfg: DataConfig, meta: dict) -> str | None:
@@ -96,9 +97,9 @@ def load_target(cfg: AssessConfig) -> Target:
     tensors: dict[str, torch.Tensor] = {}
     meta: dict = {}
     if cfg.checkpoint:
-        tensors, meta = _metadata(Path(cfg.checkpoint))
-    if "config" in meta and any(k.startswith("f.") for k in tensors):  # a `modelward robust train` model
-        return _gloro_target(cfg, meta)
+        tensors, meta = _metadata(Path(cfg.checkpoint))  # a pickle is scanned first (read_checkpoint otherwise)
+        if checkpoint_kind(tensors, meta) == "gloro":  # a `modelward robust train` model
+            return _gloro_target(cfg, load_checkpoint(Path(cfg.checkpoint), kinds=("gloro",)))
     data_cfg = cfg.data or (DataConfig.model_validate(meta["data"]) if "data" in meta else DataConfig())
     data = load_data(data_cfg)
     _code_path(cfg)
@@ -130,14 +131,12 @@ def load_target(cfg: AssessConfig) -> Target:
                   _membership(cfg, data_cfg, meta), record)
 
 
-def _gloro_target(cfg: AssessConfig, meta: dict) -> Target:
-    try:
-        from modelward.robustness.experiment import load_model  # after the robustness pipeline's move
-    except ImportError:  # pragma: no cover - older layout
-        from modelward.robustness.gloro.run import load_model  # type: ignore[no-redef]
+def _gloro_target(cfg: AssessConfig, ck: Checkpoint) -> Target:
+    # imported here: only GloRo targets need the robustness area (its import is heavy)
     from modelward.robustness.gloro.layers import build_gloro_model
 
-    net, rcfg = load_model(cfg.checkpoint)  # type: ignore[arg-type]
+    net, rcfg, meta = ck.wrapper, ck.config, ck.meta
+    assert net is not None
     data = load_data(cfg.data or rcfg.data)
     shape, m = tuple(meta["input_shape"]), int(meta["num_classes"])
     if tuple(data.input_shape) != shape or data.num_classes != m:

@@ -22,6 +22,7 @@ from torch import nn
 
 from modelward.bias.amplification import LinearModel
 from modelward.core.config import StrictModel
+from modelward.core.modules import eval_mode, model_device
 from modelward.core.registry import Registry
 from modelward.errors import ConfigError
 
@@ -240,17 +241,14 @@ def penultimate_features(model: nn.Module, x: torch.Tensor, head: str | None = N
     def grab(_m: nn.Module, inp: tuple[torch.Tensor, ...]) -> None:
         feats.append(inp[0].detach().flatten(1).double().cpu())
 
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
     h = lin.register_forward_pre_hook(grab)
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     try:
-        for i in range(0, len(x), batch_size):
-            model(x[i : i + batch_size].to(dev))
+        with eval_mode(model):
+            for i in range(0, len(x), batch_size):
+                model(x[i : i + batch_size].to(dev))
     finally:
         h.remove()
-        for m, mode in modes:
-            m.training = mode
     return torch.cat(feats).numpy()
 
 

@@ -14,9 +14,11 @@ ledger, so an interrupted study resumes where it stopped.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +26,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from modelward.bias.amplification import (
+    GaussianSetting,
     LinearModel,
     asymmetric_gaussian,
     asymmetry,
@@ -33,12 +36,21 @@ from modelward.bias.amplification import (
     theorem_9_1,
     weak_weight_error,
 )
-from modelward.bias.learners import SGDSchedule, fit_learner, fit_sgd
+from modelward.bias.data import binarize, load_arrays
+from modelward.bias.learners import SGDSchedule, fit_learner, fit_sgd, linear_head, penultimate_features
 from modelward.bias.mitigation import BiasAdjust, experts, feature_parity
 from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig
-from modelward.core.train import TrainConfig
-from modelward.core.zoo import ModelConfig
+from modelward.core.device import DeviceSetting, resolve_device
+from modelward.core.init import init_model_
+from modelward.core.progress import ProgressSink
+from modelward.core.records import write_table
+from modelward.core.runner import Execute, RunOutcome, RunSpec
+from modelward.core.seed import seeded
+from modelward.core.stats import summarize
+from modelward.core.study import Study, StudyContext, run_study
+from modelward.core.train import TrainConfig, train
+from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError
 
 Mitigation = Literal["parity", "experts", "l1"]
@@ -126,7 +138,7 @@ class BiasConfig(StrictModel):
     sweep: SweepSpec | None = None
     seed: int = 0
     workers: int = Field(1, ge=1)
-    device: str = "cpu"  # where kind="deep" nets train (docs/devices.md); not part of the study's fingerprint
+    device: DeviceSetting = "cpu"  # where kind="deep" nets train (docs/devices.md); not part of the study's fingerprint
 
     @model_validator(mode="after")
     def _some_work(self) -> BiasConfig:
@@ -156,8 +168,6 @@ def _evaluate(model: LinearModel, x: np.ndarray, y: np.ndarray) -> dict[str, flo
 
 
 def _dataset_arrays(ds: DatasetSpec, split: int, base_seed: int) -> tuple[np.ndarray, np.ndarray]:
-    from modelward.bias.data import binarize, load_arrays
-
     if ds.kind == "synthetic":
         s = ds.synthetic
         setting = asymmetric_gaussian(s.n_weak, s.weak_var, s.strong_var, s.p)
@@ -195,13 +205,6 @@ def _linear_run(ds: DatasetSpec, xtr: np.ndarray, xte: np.ndarray, ytr: np.ndarr
 def _deep_run(ds: DatasetSpec, xtr: np.ndarray, xte: np.ndarray, ytr: np.ndarray, yte: np.ndarray,
               seed: int, device: str = "cpu") -> dict[str, Any]:
     import torch
-
-    from modelward.bias.learners import linear_head, penultimate_features
-    from modelward.core.device import resolve_device
-    from modelward.core.init import init_model_
-    from modelward.core.seed import seeded
-    from modelward.core.train import train
-    from modelward.core.zoo import build_model
 
     xt_tr = torch.as_tensor(xtr, dtype=torch.float32)
     xt_te = torch.as_tensor(xte, dtype=torch.float32)
@@ -248,8 +251,6 @@ def run_dataset_split(ds: DatasetSpec, split: int, base_seed: int = 0, device: s
 def run_theorem_case(p: float, distance: float, samples: int, dims: int, seed: int) -> dict[str, Any]:
     """Theorem 9.1 vs the Monte-Carlo bias of the Bayes-optimal predictor on a diagonal Gaussian with
     Mahalanobis distance D (the mean gap split evenly over `dims` unit-variance features)."""
-    from modelward.bias.amplification import GaussianSetting
-
     gap = distance / math.sqrt(dims)
     setting = GaussianSetting(p, np.zeros(dims), np.full(dims, gap), np.ones(dims))
     x, y = setting.sample(samples, np.random.default_rng(seed))
@@ -279,8 +280,9 @@ def run_sweep_cell(n_weak: int, n_train: int, spec: SweepSpec, seed: int, weak_v
         accs.append(float(np.mean(m.predict(xte) == yte)))
         if n_weak > 0:
             errors.append(weak_weight_error(m.w, opt.w))
+    spread = summarize(biases)  # the house's "over seeds" statistic: the sample SD (0 for a single run)
     return {"n_weak": n_weak, "n_train": n_train, "weak_var": var, "bias": float(np.mean(biases)),
-            "bias_sd": float(np.std(biases)),
+            "bias_sd": spread.sd if spread.n > 1 else 0.0,
             "acc": float(np.mean(accs)), "weak_weight_error": float(np.mean(errors)) if errors else None,
             "runs": spec.runs}
 
@@ -302,8 +304,6 @@ def execute(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str, Any]], 
 
 def plan(cfg: BiasConfig) -> list[Any]:
     """The study's runs as :class:`~modelward.core.runner.RunSpec` (stable ids: resuming re-plans the same)."""
-    from modelward.core.runner import RunSpec
-
     runs: list[RunSpec] = []
     for ds in cfg.datasets:
         d = ds.model_dump(mode="json")
@@ -329,8 +329,6 @@ def plan(cfg: BiasConfig) -> list[Any]:
 def summarize_results(cfg: BiasConfig, results: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Aggregate the ledger's results into the tables: ``results`` (data set × mitigation), ``theorem``,
     ``sweep``."""
-    from modelward.core.stats import summarize
-
     rows: list[dict[str, Any]] = []
     for ds in cfg.datasets:
         rs = [results[k] for k in sorted(results) if k.startswith(f"ds|{ds.name}|")]
@@ -358,8 +356,7 @@ def summarize_results(cfg: BiasConfig, results: dict[str, dict[str, Any]]) -> di
 
 def write_outputs(out: Path, cfg: BiasConfig, tables: dict[str, list[dict[str, Any]]]) -> list[Path]:
     """results.csv/md/json (+ theorem.*, sweep.*) and the plots."""
-    from modelward.core.plots import grouped_bars, line_plot
-    from modelward.core.records import write_table
+    from modelward.core.plots import grouped_bars, line_plot  # matplotlib on first figure only
 
     written: list[Path] = []
     rows = tables["results"]
@@ -417,3 +414,61 @@ def write_outputs(out: Path, cfg: BiasConfig, tables: dict[str, list[dict[str, A
                                  f"Fig. 9.3b: bias vs weak-feature variance ({sv[0]['n_weak']} weak features)",
                                  "weak-feature variance", "bias amplification B", logx=True))
     return written
+
+
+@dataclass
+class BiasOutcome:
+    """What :func:`run_bias` achieved: the ``tables`` (``results``, ``theorem``, ``sweep``, ``sweep_variance``
+    rows), the files ``written``, and the runner's ``done`` / ``total`` / ``failed`` (run id -> error; failed runs
+    restart when the study is run again)."""
+
+    tables: dict[str, list[dict[str, Any]]]
+    written: list[Path]
+    done: int
+    total: int
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class BiasStudy(Study[BiasConfig, BiasOutcome]):
+    """The bias study in the core frame: one run per data set × split, Theorem 9.1 case and sweep cell."""
+
+    name = "bias runs"
+    config_model = BiasConfig
+
+    def check(self, cfg: BiasConfig, out: Path) -> None:
+        resolve_device(cfg.device)  # an unusable device is refused before any run starts
+
+    def plan(self, cfg: BiasConfig, ctx: StudyContext) -> list[RunSpec]:
+        return plan(cfg)
+
+    def execute(self, cfg: BiasConfig, ctx: StudyContext) -> Execute:
+        return functools.partial(execute, device=cfg.device)
+
+    def summarize(self, cfg: BiasConfig, ctx: StudyContext, outcome: RunOutcome) -> BiasOutcome:
+        tables = summarize_results(cfg, ctx.ledger.results())
+        written = write_outputs(ctx.out, cfg, tables)
+        return BiasOutcome(tables, written, outcome.done, outcome.total, outcome.failed)
+
+
+def run_bias(cfg: BiasConfig, out: str | Path, progress: ProgressSink | None = None, *, workers: int | None = None,
+             executor: str = "local", address: str | None = None) -> BiasOutcome:
+    """Run (or resume) the bias study in `out`: B_D(h) and accuracy per data set and mitigation, Theorem 9.1 vs
+    Monte-Carlo, the Fig. 9.3 sweep; writes ``results.*``, ``theorem.*``, ``sweep.*`` and the plots.
+
+    Args:
+        cfg: the study (:class:`BiasConfig`).
+        out: the study folder (``ledger.sqlite``, ``config.json``, the tables); re-running resumes it.
+        progress: one unit per run under ``"bias runs"``.
+        workers: parallel runs (default: ``cfg.workers``); executor, address: see
+            :func:`modelward.core.runner.run_plan`.
+
+    Returns:
+        :class:`BiasOutcome`.
+
+    Example:
+        >>> from modelward.core.config import load_config
+        >>> cfg = load_config("examples/bias_synthetic.toml", BiasConfig)  # doctest: +SKIP
+        >>> run_bias(cfg, "runs/bias").tables["results"][0]["bias"]  # doctest: +SKIP
+    """
+    return run_study(BiasStudy(), cfg, out, workers=workers or cfg.workers, executor=executor, address=address,
+                     progress=progress)

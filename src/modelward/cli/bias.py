@@ -1,12 +1,12 @@
 """``modelward bias CONFIG --out DIR``: bias amplification and its mitigations (seed 002 Ch. 9).
 
-Thin: load the TOML config, run the plan through the shared runner (resumable; re-running continues), write
-``results.csv/md/json`` (B and accuracy per data set and mitigation), ``theorem.*``, ``sweep.*`` and the plots.
+Thin: load the TOML config, call :func:`modelward.bias.study.run_bias` (the shared study frame: resumable,
+re-running continues; it writes ``results.csv/md/json`` — B and accuracy per data set and mitigation —
+``theorem.*``, ``sweep.*`` and the plots) and print the tables.
 """
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -28,37 +28,25 @@ def register(app: typer.Typer) -> None:
         device: DeviceOption = None,
     ) -> None:
         """B_D(h) and accuracy before/after feature parity, experts and ℓ1; Theorem 9.1 vs Monte-Carlo; Fig. 9.3."""
-        from modelward.bias.study import BiasConfig, execute, plan, summarize_results, write_outputs
+        from modelward.bias.study import BiasConfig, run_bias
         from modelward.cli._outdir import check_out_dir
-        from modelward.core.config import dump_config, load_config
-        from modelward.core.device import resolve_device
-        from modelward.core.ledger import RunLedger
+        from modelward.core.config import load_config
         from modelward.core.progress import RichProgress
-        from modelward.core.runner import run_plan
         from modelward.errors import ModelwardError
 
         console = Console()
         cfg = load_config(config, BiasConfig, with_device(set_, device))
-        resolve_device(cfg.device)  # an unusable device is refused before any run starts
         check_out_dir(out)
-        out.mkdir(parents=True, exist_ok=True)
-        ledger = RunLedger(out / "ledger.sqlite")
-        ledger.bind_config(cfg, exclude={"workers", "device"})  # both may change when resuming
-        dump_config(cfg, out / "config.json")
-        runs = plan(cfg)
         with RichProgress(console) as progress:
-            outcome = run_plan(ledger, runs, functools.partial(execute, device=cfg.device),
-                               workers=workers or cfg.workers, progress=progress,
-                               description="bias runs")
-        tables = summarize_results(cfg, ledger.results())
-        written = write_outputs(out, cfg, tables)
+            outcome = run_bias(cfg, out, progress, workers=workers)
+        tables = outcome.tables
         for r in tables["results"]:
             console.print(f"{r['dataset']:>16} {r['mitigation']:>8}  B {r['bias']:+.3f}  acc {r['acc']:.3f}  "
                           f"(p* {r['p']:.3f}, {r['splits']} splits)")
         for t in tables["theorem"]:
             console.print(f"Theorem 9.1 p={t['p']} D={t['D']}: {t['theorem']:.4f} vs MC {t['monte_carlo']:.4f} "
                           f"± {t['se']:.4f}")
-        console.print(f"{outcome.done}/{outcome.total} runs done · wrote {len(written)} files in {out}")
+        console.print(f"{outcome.done}/{outcome.total} runs done · wrote {len(outcome.written)} files in {out}")
         if outcome.failed:
             first = next(iter(outcome.failed.items()))
             raise ModelwardError(f"{len(outcome.failed)} run(s) failed (re-run to retry); first: {first[0]}: "

@@ -39,7 +39,7 @@ def run(
     if recovered:
         console.print(f"[yellow]resuming:[/] {recovered} interrupted run(s) will restart")
     with RichProgress(console) as progress:
-        outcome = run_study(cfg, out, workers or os.cpu_count(), progress, executor=executor, address=address)
+        outcome = run_study(cfg, out, progress, workers=workers or os.cpu_count(), executor=executor, address=address)
     _print_summary(cfg, outcome.tables, out)
     if outcome.failed:
         console.print(f"[red]{len(outcome.failed)} run(s) failed[/] (they restart when you run the command again):")

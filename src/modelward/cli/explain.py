@@ -8,7 +8,6 @@ Runs go through the shared runner: re-running the command resumes.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -30,27 +29,17 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Explain models with internal influence: input attributions and top internal units per class."""
         from modelward.cli._outdir import check_out_dir
-        from modelward.core.config import dump_config, load_config
-        from modelward.core.device import resolve_device
-        from modelward.core.ledger import RunLedger
+        from modelward.core.config import load_config
         from modelward.core.progress import RichProgress
-        from modelward.core.runner import run_plan
         from modelward.errors import ModelwardError
-        from modelward.explain.study import ExplainConfig, config_json, execute, plan
+        from modelward.explain.study import ExplainConfig, run_explain
 
         console = Console()
         cfg = load_config(config, ExplainConfig, with_device(set_, device))
-        resolve_device(cfg.device)  # an unusable device is refused before any run starts
         check_out_dir(out)
-        out.mkdir(parents=True, exist_ok=True)
-        ledger = RunLedger(out / "ledger.sqlite")
-        ledger.bind_config(cfg, exclude={"device"})  # a study may resume on another device (docs/devices.md)
-        dump_config(cfg, out / "config.json")
-        run = functools.partial(execute, config=config_json(cfg), out=str(out.resolve()),
-                                base=str(Path.cwd()))
         with RichProgress(console) as progress:
-            outcome = run_plan(ledger, plan(cfg), run, progress=progress, description="explain runs")
-        for rid, res in sorted(ledger.results().items()):
+            outcome = run_explain(cfg, out, progress, base=Path.cwd())
+        for rid, res in sorted(outcome.results.items()):
             console.print(f"{rid}: {res}")
         console.print(f"{outcome.done}/{outcome.total} runs done · results in {out}")
         if outcome.failed:

@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
 
             model, result, data = fit_from_config(cfg.data, cfg.model, cfg.train, s, on_eval=on_eval,
                                                   device=cfg.device, checkpoint=ckpt)
-        meta = {"model": cfg.model.model_dump(mode="json"), "data": cfg.data.model_dump(mode="json"),
+        meta = {"kind": "zoo", "model": cfg.model.model_dump(mode="json"), "data": cfg.data.model_dump(mode="json"),
                 "input_shape": list(data.input_shape), "num_classes": data.num_classes, "seed": s,
                 "final_test_loss": result.curve[-1][1], "loss": cfg.train.loss}
         # the model's own record: `modelward assess` warns, and gives no verdict, far below it

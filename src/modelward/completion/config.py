@@ -71,7 +71,7 @@ class StudyConfig(StrictModel):
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     retrain: RetrainConfig = Field(default_factory=RetrainConfig)
-    rl: dict[str, Any] | None = None  # validated by the RL problem (modelward.rl.completion)
+    rl: dict[str, Any] | None = None  # validated by the RL problem (modelward.completion.rl)
     # where every run trains and is evaluated ("auto" is resolved by the process that runs it, e.g. a Ray worker
     # with a GPU); not part of the study's fingerprint: a study may resume on another device (docs/devices.md)
     device: DeviceSetting = "cpu"

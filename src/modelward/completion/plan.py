@@ -32,7 +32,7 @@ def _supervised_problem(cfg: StudyConfig) -> CompletionProblem:
 
 def _rl_problem(cfg: StudyConfig) -> CompletionProblem:
     try:
-        from modelward.rl.completion import RLProblem
+        from modelward.completion.rl import RLProblem
     except ImportError as e:  # pragma: no cover - depends on the RL area being installed
         raise ConfigError(f"kind='rl': the RL completion problem is unavailable ({e})") from None
     return RLProblem.from_study(cfg)

@@ -17,6 +17,9 @@ Example (your own model, in process)::
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -33,12 +36,14 @@ from modelward.completion.plan import (
     study_parts,
 )
 from modelward.completion.problem import CompletionProblem, OriginalRun
+from modelward.completion.report import live_estimate, write_report
 from modelward.completion.run import execute_run, original_from_result, record_original, write_curve
-from modelward.core.config import dump_config
 from modelward.core.ledger import RunLedger
 from modelward.core.lock import FolderLock
 from modelward.core.progress import ProgressSink
-from modelward.core.runner import Executor, run_plan
+from modelward.core.runner import Execute, Executor, RunOutcome, RunSpec
+from modelward.core.study import Study, StudyContext
+from modelward.core.study import run_study as run_core_study
 
 
 @dataclass
@@ -60,8 +65,8 @@ def interrupted_runs(out: str | Path) -> int:
     return RunLedger(path).counts()["running"]
 
 
-def run_study(cfg: StudyConfig, out: str | Path, workers: int | None = None, progress: ProgressSink | None = None,
-              *, problem: CompletionProblem | None = None, preset_originals: list[OriginalRun] | None = None,
+def run_study(cfg: StudyConfig, out: str | Path, progress: ProgressSink | None = None, *, workers: int | None = None,
+              problem: CompletionProblem | None = None, preset_originals: list[OriginalRun] | None = None,
               executor: str | Executor = "local", address: str | None = None) -> StudyOutcome:
     """Run (or resume) the study in `out` and write its report (hardness tables and plots).
 
@@ -94,48 +99,81 @@ def run_study(cfg: StudyConfig, out: str | Path, workers: int | None = None, pro
     """
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    workers = workers or (1 if problem is not None else os.cpu_count() or 1)
     with FolderLock(out, "study"):  # one driver per study folder: recovering interrupted runs is then safe
-        return _run_study(cfg, out, workers, progress, problem, preset_originals, executor, address)
+        return run_core_study(CompletionStudy(problem, preset_originals), cfg, out, workers=max(1, workers),
+                              executor=executor, address=address, progress=progress)
 
 
-def _run_study(cfg: StudyConfig, out: Path, workers: int | None, progress: ProgressSink | None,
-               problem: CompletionProblem | None, preset_originals: list[OriginalRun] | None,
-               executor: str | Executor, address: str | None = None) -> StudyOutcome:
-    import os
+class CompletionStudy(Study[StudyConfig, StudyOutcome]):
+    """The MC-hardness study in the core frame: original trainings, then retrainings per part × procedure × seed.
 
-    from modelward.completion.report import live_estimate, write_report
+    Args:
+        problem: the learning problem given by the caller (None: built from the config).
+        preset_originals: original runs trained elsewhere, recorded before the runs start.
+    """
 
-    given = problem
-    problem = problem or make_problem(cfg)
-    runs = plan(cfg, problem)
-    if cfg.device.startswith("cuda"):  # a cluster executor then places each run on a GPU of its own
-        runs = [replace(r, gpus=1.0) for r in runs]
-    ledger = RunLedger(out / "ledger.sqlite")
-    # a study may resume on another device; `legacy`: the fingerprint folders made before the shared runner have
-    # (a config without the fields added since, device and checkpoint_every)
-    legacy_json = cfg.model_dump_json(exclude={"device", "checkpoint_every"} if cfg.checkpoint_every is None
-                                      else {"device"})
-    ledger.bind_config(cfg, exclude={"device"}, legacy=(hashlib.sha256(legacy_json.encode()).hexdigest(),))
-    dump_config(cfg, out / "study.json")
-    for r in runs:
-        ledger.add(r.run_id, r.spec)
-    ledger.recover()  # a preset original interrupted while being recorded is recorded again
-    for run in preset_originals or []:
-        rid = orig_id(run.task, run.seed)
-        if ledger.status(rid) != "done" and ledger.start(rid, "preset"):
-            record_original(out, ledger, run)
-    results = ledger.results()
+    name = "study"
+    config_model = StudyConfig
+    config_file = "study.json"
 
-    def on_result(run_id: str, result: dict[str, Any]) -> str:
-        results[run_id] = result
-        return live_estimate(cfg, problem, results)
+    def __init__(self, problem: CompletionProblem | None = None,
+                 preset_originals: list[OriginalRun] | None = None) -> None:
+        self.given = problem
+        self.preset_originals = preset_originals or []
+        self.problem: CompletionProblem | None = problem
+        self.runs: list[RunSpec] = []
+        self.results: dict[str, dict[str, Any]] = {}
 
-    workers = workers or (1 if given is not None else os.cpu_count() or 1)
-    execute = partial(execute_run, cfg.model_dump_json(), str(out), given)
-    outcome = run_plan(ledger, runs, execute, workers=max(1, workers), executor=executor, progress=progress,
-                       on_result=on_result, description=f"study {cfg.name}", address=address)
-    tables = write_report(out, problem)
-    return StudyOutcome(out, outcome.done, outcome.total, outcome.failed, tables)
+    def label(self, cfg: StudyConfig) -> str:
+        return f"study {cfg.name}"
+
+    def check(self, cfg: StudyConfig, out: Path) -> None:
+        self.problem = self.given or make_problem(cfg)  # a bad data source / model fails before the ledger
+        self.runs = plan(cfg, self.problem)
+        if cfg.device.startswith("cuda"):  # a cluster executor then places each run on a GPU of its own
+            self.runs = [replace(r, gpus=1.0) for r in self.runs]
+
+    def legacy_fingerprints(self, cfg: StudyConfig) -> tuple[str, ...]:
+        # folders made before the shared runner have a config without the fields added since (device and
+        # checkpoint_every)
+        legacy_json = cfg.model_dump_json(exclude={"device", "checkpoint_every"} if cfg.checkpoint_every is None
+                                          else {"device"})
+        return (hashlib.sha256(legacy_json.encode()).hexdigest(),)
+
+    @contextmanager
+    def session(self, cfg: StudyConfig, ctx: StudyContext) -> Iterator[None]:
+        ledger = ctx.ledger
+        for r in self.runs:
+            ledger.add(r.run_id, r.spec)
+        ledger.recover()  # a preset original interrupted while being recorded is recorded again
+        for run in self.preset_originals:
+            rid = orig_id(run.task, run.seed)
+            if ledger.status(rid) != "done" and ledger.start(rid, "preset"):
+                record_original(ctx.out, ledger, run)
+        self.results = ledger.results()
+        yield
+
+    def plan(self, cfg: StudyConfig, ctx: StudyContext) -> list[RunSpec]:
+        return self.runs
+
+    def execute(self, cfg: StudyConfig, ctx: StudyContext) -> Execute:
+        return partial(execute_run, cfg.model_dump_json(), str(ctx.out), self.given)
+
+    def on_result(self, cfg: StudyConfig, ctx: StudyContext) -> Callable[[str, dict[str, Any]], str]:
+        problem = self.problem
+        assert problem is not None
+
+        def on_result(run_id: str, result: dict[str, Any]) -> str:
+            self.results[run_id] = result
+            return live_estimate(cfg, problem, self.results)
+
+        return on_result
+
+    def summarize(self, cfg: StudyConfig, ctx: StudyContext, outcome: RunOutcome) -> StudyOutcome:
+        assert self.problem is not None
+        tables = write_report(ctx.out, self.problem)
+        return StudyOutcome(ctx.out, outcome.done, outcome.total, outcome.failed, tables)
 
 
 # the names this module had before the split (kept for existing imports)

@@ -23,11 +23,13 @@ import torch
 from modelward.completion.problem import CompletionProblem, Curve, OnEval, OriginalRun, ProcedureSpec
 from modelward.completion.procedures import ALL_PARTS, paired_seeds, prepare_retraining, stable_seed
 from modelward.core.data import DataConfig, DataSplit, load_data
+from modelward.core.datasets import load_lazy_split
+from modelward.core.device import resolve_device
 from modelward.core.init import init_model_
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.parts import default_part_names, parts_table, resolve_part
 from modelward.core.seed import seeded
-from modelward.core.train import Checkpointing, TrainConfig, train
+from modelward.core.train import Checkpointing, TrainConfig, evaluate, train
 from modelward.core.zoo import ModelConfig, build_model
 
 
@@ -35,8 +37,6 @@ from modelward.core.zoo import ModelConfig, build_model
 def _data(cfg_json: str) -> DataSplit:
     cfg = DataConfig.model_validate_json(cfg_json)
     if cfg.lazy:  # ImageNet-sized data: Datasets read on demand (core.datasets), decoded by cfg.workers processes
-        from modelward.core.data import load_lazy_split
-
         return load_lazy_split(cfg)
     return load_data(cfg)
 
@@ -111,14 +111,10 @@ class SupervisedProblem(CompletionProblem):
         collects the test loss at every evaluation); with ``checkpoint_every`` the run's state goes to
         `progress_file` every k steps and a restarted run resumes from it (bit-identical on the CPU), then the file
         is removed."""
-        from modelward.core.device import resolve_device
-
         x_fit, y_fit, x_eval, y_eval = self.splits()
         model.to(resolve_device(self.device))
         hook = on_eval
         if test_curve is not None and self.threshold_split != "test":
-            from modelward.core.train import evaluate
-
             d = self.data
 
             def hook(step: int, loss: float) -> None:  # the test split reports alongside the validation curve

@@ -22,6 +22,7 @@ import torch
 from pydantic import Field, model_validator
 
 from modelward.core.config import StrictModel
+from modelward.core.registry import lazy_exports
 from modelward.errors import DataError
 
 Source = Literal[
@@ -464,7 +465,7 @@ def load_data(cfg: DataConfig | None = None) -> DataSplit:
     cfg = cfg or DataConfig()
     if cfg.lazy:
         raise DataError(f"{cfg.path}: data.lazy = true: this command needs the data in memory; "
-                        "use modelward.core.data.load_lazy (or set data.lazy = false for data that fits)")
+                        "use modelward.core.datasets.load_lazy (or set data.lazy = false for data that fits)")
     if cfg.source in ("digits", "breast_cancer", "wine", "iris"):
         return _sklearn(cfg)
     return {
@@ -477,84 +478,7 @@ def load_data(cfg: DataConfig | None = None) -> DataSplit:
     }[cfg.source](cfg)
 
 
-# -- lazy (out-of-memory) loading ----------------------------------------------------------------------------
-def _split_indices(targets: np.ndarray, cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
-    idx = np.arange(len(targets))
-    if cfg.max_samples is not None and len(idx) > cfg.max_samples:
-        idx = np.sort(np.random.default_rng(cfg.seed).permutation(len(idx))[: cfg.max_samples])
-    tr, te, _, _ = _split(idx, np.asarray(targets)[idx], cfg)
-    return np.sort(tr), np.sort(te)
-
-
-def load_lazy_split(cfg: DataConfig) -> DataSplit:
-    """:func:`load_lazy` in the shape of a :class:`DataSplit`: ``x_train``/``x_test`` are ``Dataset`` objects that
-    yield (input, label) pairs and ``y_train``/``y_test`` are None — what :func:`modelward.core.train.train` takes."""
-    ls = load_lazy(cfg)
-    return DataSplit(ls.name, ls.train, None, ls.test, None, ls.num_classes, ls.class_names,  # type: ignore[arg-type]
-                     shape=ls.input_shape)
-
-
-def load_lazy(cfg: DataConfig):  # noqa: ANN201 - returns core.datasets.LazySplit (imported lazily)
-    """Open the data set described by `cfg` without decoding it: a :class:`~modelward.core.datasets.LazySplit`.
-
-    Image folders are decoded one file at a time (Pillow) with torch transforms (resize to ``image_size``, crop to
-    ``crop_size``, optional ``augment`` and ``mean``/``std``); ``imagenet`` uses ``train/`` and ``val/`` as train and
-    test; uncompressed ``.npz`` and IDX files are memory-mapped. Sources that are small anyway are loaded with
-    :func:`load_data` and wrapped, so every source works here.
-    """
-    from torch.utils.data import Subset, TensorDataset
-
-    from modelward.core import datasets as ds
-
-    if not cfg.lazy:
-        split = load_data(cfg)
-        return ds.LazySplit(split.name, TensorDataset(split.x_train, split.y_train),
-                            TensorDataset(split.x_test, split.y_test), split.num_classes, split.class_names,
-                            split.input_shape)
-    if cfg.source in ("image_folder", "imagenet"):
-        side = cfg.crop_size or cfg.image_size
-        train_t: list = []
-        test_t: list = []
-        if cfg.augment and side:
-            train_t.append(ds.RandomResizedCrop(side))
-            train_t.append(ds.RandomHorizontalFlip())
-        elif cfg.image_size:
-            train_t.append(ds.Resize(cfg.image_size))
-            if cfg.crop_size:
-                train_t.append(ds.CenterCrop(cfg.crop_size))
-        if cfg.image_size:
-            test_t.append(ds.Resize(cfg.image_size))
-        if cfg.crop_size:
-            test_t.append(ds.CenterCrop(cfg.crop_size))
-        if not cfg.crop_size and cfg.image_size:  # a square output, so that examples can be batched
-            square = ds.CenterCrop(cfg.image_size)
-            test_t.append(square)
-            if not cfg.augment:
-                train_t.append(square)
-        if cfg.mean is not None and cfg.std is not None:
-            norm = ds.Normalize(cfg.mean, cfg.std)
-            train_t.append(norm)
-            test_t.append(norm)
-        train_tf, test_tf = ds.Compose(train_t), ds.Compose(test_t)
-        root = _need_file(cfg.path, "image folder")
-        if cfg.source == "imagenet":
-            train, test = ds.imagenet_folders(root, train_tf, test_tf, cfg.channels)
-            classes = train.classes
-        else:
-            full_train = ds.ImageFolderDataset(root, cfg.channels, train_tf)
-            full_test = ds.ImageFolderDataset(root, cfg.channels, test_tf, classes=full_train.classes)
-            tr, te = _split_indices(full_train.targets, cfg)
-            train, test = Subset(full_train, tr.tolist()), Subset(full_test, te.tolist())
-            classes = full_train.classes
-        shape = tuple(test[0][0].shape)
-        return ds.LazySplit(root.name, train, test, len(classes), tuple(classes), shape)
-    # memory-mapped arrays
-    path = _need_file(cfg.path, f"{cfg.source} file")
-    x, y = ds.memmap_arrays(path, cfg.labels_path)
-    labels = np.asarray(y, dtype=np.int64)
-    if labels.ndim != 1 or (labels.size and labels.min() < 0):
-        raise DataError(f"{path}: labels must be a 1-D array of non-negative integers for lazy loading")
-    tr, te = _split_indices(labels, cfg)
-    train, test = ds.ArrayDataset(x, labels, tr), ds.ArrayDataset(x, labels, te)
-    n_cls = int(labels.max()) + 1
-    return ds.LazySplit(path.name, train, test, n_cls, tuple(str(i) for i in range(n_cls)), tuple(train[0][0].shape))
+# the lazy loaders live in core.datasets (which imports this module); re-exported here by name only, so that
+# ``from modelward.core.data import load_lazy`` keeps working without an import circle
+__getattr__, __dir__ = lazy_exports(__name__, {"load_lazy": "modelward.core.datasets:load_lazy",
+                                               "load_lazy_split": "modelward.core.datasets:load_lazy_split"})

@@ -33,8 +33,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
+from modelward.core.data import _IDX_DTYPES, DataConfig, DataSplit, _need_file, _split, load_data
 from modelward.errors import DataError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -282,8 +283,6 @@ def _npy_memmap_at(path: Path, f) -> np.ndarray:  # noqa: ANN001 - an open binar
 
 
 def _idx_memmap(path: Path) -> np.ndarray:
-    from modelward.core.data import _IDX_DTYPES
-
     if path.suffix == ".gz":
         raise DataError(f"{path}: a gzipped IDX file cannot be memory-mapped; gunzip it first")
     with path.open("rb") as f:
@@ -385,3 +384,82 @@ def make_loader(dataset: Dataset, batch_size: int, seed: int | None = 0, workers
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=workers,
                       generator=gen, pin_memory=pin_memory, persistent_workers=workers > 0,
                       prefetch_factor=2 if workers > 0 else None)
+
+
+# -- lazy (out-of-memory) loading ----------------------------------------------------------------------------
+def _split_indices(targets: np.ndarray, cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
+    idx = np.arange(len(targets))
+    if cfg.max_samples is not None and len(idx) > cfg.max_samples:
+        idx = np.sort(np.random.default_rng(cfg.seed).permutation(len(idx))[: cfg.max_samples])
+    tr, te, _, _ = _split(idx, np.asarray(targets)[idx], cfg)
+    return np.sort(tr), np.sort(te)
+
+
+def load_lazy_split(cfg: DataConfig) -> DataSplit:
+    """:func:`load_lazy` in the shape of a :class:`DataSplit`: ``x_train``/``x_test`` are ``Dataset`` objects that
+    yield (input, label) pairs and ``y_train``/``y_test`` are None — what :func:`modelward.core.train.train` takes."""
+    ls = load_lazy(cfg)
+    return DataSplit(ls.name, ls.train, None, ls.test, None, ls.num_classes, ls.class_names,  # type: ignore[arg-type]
+                     shape=ls.input_shape)
+
+
+def load_lazy(cfg: DataConfig) -> LazySplit:
+    """Open the data set described by `cfg` without decoding it: a :class:`LazySplit`.
+
+    Image folders are decoded one file at a time (Pillow) with torch transforms (resize to ``image_size``, crop to
+    ``crop_size``, optional ``augment`` and ``mean``/``std``); ``imagenet`` uses ``train/`` and ``val/`` as train and
+    test; uncompressed ``.npz`` and IDX files are memory-mapped. Sources that are small anyway are loaded with
+    :func:`load_data` and wrapped, so every source works here.
+    """
+    if not cfg.lazy:
+        split = load_data(cfg)
+        return LazySplit(split.name, TensorDataset(split.x_train, split.y_train),
+                            TensorDataset(split.x_test, split.y_test), split.num_classes, split.class_names,
+                            split.input_shape)
+    if cfg.source in ("image_folder", "imagenet"):
+        side = cfg.crop_size or cfg.image_size
+        train_t: list = []
+        test_t: list = []
+        if cfg.augment and side:
+            train_t.append(RandomResizedCrop(side))
+            train_t.append(RandomHorizontalFlip())
+        elif cfg.image_size:
+            train_t.append(Resize(cfg.image_size))
+            if cfg.crop_size:
+                train_t.append(CenterCrop(cfg.crop_size))
+        if cfg.image_size:
+            test_t.append(Resize(cfg.image_size))
+        if cfg.crop_size:
+            test_t.append(CenterCrop(cfg.crop_size))
+        if not cfg.crop_size and cfg.image_size:  # a square output, so that examples can be batched
+            square = CenterCrop(cfg.image_size)
+            test_t.append(square)
+            if not cfg.augment:
+                train_t.append(square)
+        if cfg.mean is not None and cfg.std is not None:
+            norm = Normalize(cfg.mean, cfg.std)
+            train_t.append(norm)
+            test_t.append(norm)
+        train_tf, test_tf = Compose(train_t), Compose(test_t)
+        root = _need_file(cfg.path, "image folder")
+        if cfg.source == "imagenet":
+            train, test = imagenet_folders(root, train_tf, test_tf, cfg.channels)
+            classes = train.classes
+        else:
+            full_train = ImageFolderDataset(root, cfg.channels, train_tf)
+            full_test = ImageFolderDataset(root, cfg.channels, test_tf, classes=full_train.classes)
+            tr, te = _split_indices(full_train.targets, cfg)
+            train, test = Subset(full_train, tr.tolist()), Subset(full_test, te.tolist())
+            classes = full_train.classes
+        shape = tuple(test[0][0].shape)
+        return LazySplit(root.name, train, test, len(classes), tuple(classes), shape)
+    # memory-mapped arrays
+    path = _need_file(cfg.path, f"{cfg.source} file")
+    x, y = memmap_arrays(path, cfg.labels_path)
+    labels = np.asarray(y, dtype=np.int64)
+    if labels.ndim != 1 or (labels.size and labels.min() < 0):
+        raise DataError(f"{path}: labels must be a 1-D array of non-negative integers for lazy loading")
+    tr, te = _split_indices(labels, cfg)
+    train, test = ArrayDataset(x, labels, tr), ArrayDataset(x, labels, te)
+    n_cls = int(labels.max()) + 1
+    return LazySplit(path.name, train, test, n_cls, tuple(str(i) for i in range(n_cls)), tuple(train[0][0].shape))

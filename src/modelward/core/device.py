@@ -14,9 +14,11 @@ from typing import Annotated, Literal
 
 import torch
 from pydantic import AfterValidator
-from torch import nn
 
+from modelward.core.modules import model_device  # re-exported: callers import it from here too
 from modelward.errors import ConfigError
+
+__all__ = ["AmpSetting", "DeviceSetting", "autocast", "check_device_spec", "model_device", "resolve_device"]
 
 VALID = '"auto", "cpu", "cuda", "cuda:N", "mps"'
 
@@ -82,15 +84,6 @@ DeviceSetting = Annotated[str, AfterValidator(check_device_spec)]
 
 # mixed precision of training loops: "bf16" runs forward passes and losses under torch.autocast(bfloat16)
 AmpSetting = Literal["none", "bf16"]
-
-
-def model_device(model: nn.Module) -> torch.device:
-    """The device of a model's first parameter (or buffer); the CPU for a model with neither."""
-    for t in model.parameters():
-        return t.device
-    for t in model.buffers():
-        return t.device
-    return torch.device("cpu")
 
 
 @contextlib.contextmanager

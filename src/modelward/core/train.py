@@ -22,7 +22,19 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from modelward.core.config import StrictModel
-from modelward.core.device import AmpSetting, autocast
+from modelward.core.data import load_data
+from modelward.core.device import AmpSetting, autocast, resolve_device
+from modelward.core.init import init_model_
+from modelward.core.io import (
+    load_metadata,
+    load_tensors,
+    optimizer_from_tensors,
+    optimizer_to_tensors,
+    save_tensors,
+)
+from modelward.core.modules import eval_mode, model_device
+from modelward.core.seed import seeded
+from modelward.core.zoo import build_model
 
 LossMetric = Literal["error", "cross_entropy"]
 
@@ -81,12 +93,6 @@ class TrainResult:
     train_loss: list[tuple[int, float]] = field(default_factory=list)
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    from modelward.core.device import model_device
-
-    return model_device(model)
-
-
 def _eval_batches(x: torch.Tensor | Dataset, y: torch.Tensor | None, batch_size: int,
                   workers: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     if isinstance(x, torch.Tensor):
@@ -108,21 +114,18 @@ def evaluate(model: nn.Module, x: torch.Tensor | Dataset, y: torch.Tensor | None
 
     Batches go to the model's device; the loss is accumulated there and read once.
     """
-    modes = [(m, m.training) for m in model.modules()]  # restore per module: some BN layers stay frozen
-    model.eval()
-    device = _model_device(model)
+    device = model_device(model)
     total = torch.zeros((), dtype=torch.float64, device=device)
     n = 0
-    for xb, yb in _eval_batches(x, y, batch_size, workers):
-        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-        logits = model(xb)
-        if metric == "error":
-            total += (logits.argmax(1) != yb).sum()
-        else:
-            total += F.cross_entropy(logits.float(), yb, reduction="sum").double()
-        n += len(yb)
-    for m, mode in modes:
-        m.training = mode
+    with eval_mode(model):  # restored per module: some BN layers stay frozen
+        for xb, yb in _eval_batches(x, y, batch_size, workers):
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            logits = model(xb)
+            if metric == "error":
+                total += (logits.argmax(1) != yb).sum()
+            else:
+                total += F.cross_entropy(logits.float(), yb, reduction="sum").double()
+            n += len(yb)
     return float(total.item()) / max(n, 1)
 
 
@@ -182,8 +185,6 @@ class Checkpointing:
     every: int
 
     def save(self, model: nn.Module, opt: torch.optim.Optimizer, order: BatchOrder, state: dict[str, Any]) -> None:
-        from modelward.core.io import optimizer_to_tensors, save_tensors
-
         opt_tensors, skeleton = optimizer_to_tensors(opt)
         order_state = order.state_dict()
         tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
@@ -194,13 +195,11 @@ class Checkpointing:
         save_tensors(self.path, tensors, {"modelward_train": json.dumps(meta)})
 
     def load(self, model: nn.Module, opt: torch.optim.Optimizer, order: BatchOrder) -> dict[str, Any] | None:
-        from modelward.core.io import load_metadata, load_tensors, optimizer_from_tensors
-
         if not Path(self.path).is_file():
             return None
         tensors = load_tensors(self.path)
         meta = json.loads(load_metadata(self.path)["modelward_train"])
-        device = _model_device(model)
+        device = model_device(model)
         model.load_state_dict({k[6:]: v.to(device) for k, v in tensors.items() if k.startswith("model.")})
         optimizer_from_tensors(opt, {k: v.to(device) for k, v in tensors.items() if k.startswith("opt.")},
                                meta.pop("optimizer"))
@@ -297,7 +296,7 @@ def train(
     if trainable is not None:
         _freeze_foreign_norms(model, names)
 
-    device = _model_device(model)
+    device = model_device(model)
     batches = BatchOrder(len(x_train), cfg.batch_size, seed)
     resumed = checkpoint.load(model, opt, batches) if checkpoint is not None else None
     if resumed is not None:
@@ -358,12 +357,6 @@ def fit_from_config(data_cfg: object, model_cfg: object, train_cfg: TrainConfig,
     """Load the data, build and initialise the zoo model, train it with T on `device` (initialised on the CPU
     first, so the initial weights are the same on every device); returns (model on `device`, result, data).
     With `checkpoint`, the run saves its state every ``checkpoint.every`` steps and resumes from that file."""
-    from modelward.core.data import load_data
-    from modelward.core.device import resolve_device
-    from modelward.core.init import init_model_
-    from modelward.core.seed import seeded
-    from modelward.core.zoo import build_model
-
     data = load_data(data_cfg)  # type: ignore[arg-type]
     with seeded(seed):  # the zoo constructors draw from the global RNG
         model = init_model_(build_model(model_cfg, data.input_shape, data.num_classes), init_scheme, seed)  # type: ignore[arg-type]

@@ -16,19 +16,22 @@ from typing import Literal
 import torch
 from torch import nn
 
+from modelward.core.modules import eval_mode, model_device
 from modelward.errors import ConfigError
 from modelward.explain.influence import (
     ChannelQoI,
+    ClassQoI,
     DistributionOfInterest,
+    GaussianDoI,
     InternalInfluence,
     LinearDoI,
     PointDoI,
     QuantityOfInterest,
     Slice,
     UnitQoI,
-    model_device,
     resolve_module,
 )
+from modelward.explain.methods import METHODS as REGISTRY
 
 Method = Literal["saliency", "integrated_gradients", "smoothgrad", "gradient_x_input"]
 METHODS: tuple[str, ...] = ("saliency", "integrated_gradients", "smoothgrad", "gradient_x_input")
@@ -116,8 +119,6 @@ def attribute(model: nn.Module, x: torch.Tensor, qoi: QuantityOfInterest | int |
         >>> attribute(net, x, 2, "integrated_gradients", steps=16).shape == x.shape
         True
     """
-    from modelward.explain.methods import METHODS as REGISTRY
-
     params: dict[str, object] = {"layer": None if slice is None else slice.from_layer, "batch_size": batch_size}
     if method == "smoothgrad":
         params |= {"std": std, "samples": samples, "seed": seed}
@@ -125,8 +126,6 @@ def attribute(model: nn.Module, x: torch.Tensor, qoi: QuantityOfInterest | int |
         params |= {"steps": steps, "baseline": baseline}
     if slice is not None and slice.to_layer is not None:
         # a QoI read at an internal layer (feature localisation) needs the full slice object
-        from modelward.explain.influence import GaussianDoI
-
         doi = {"saliency": PointDoI(), "gradient_x_input": PointDoI(), "smoothgrad": GaussianDoI(std, samples, seed),
                "integrated_gradients": LinearDoI(baseline, steps)}
         if method not in doi:
@@ -235,13 +234,8 @@ def unit_inversion(model: nn.Module, layer: str, units: list[int], input_shape: 
     dtype = next(model.parameters()).dtype
     idx = torch.as_tensor(units, device=dev)
     x = torch.full((len(units), *input_shape), float(x0), device=dev, dtype=dtype)
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
+    with eval_mode(model):
         return _ascent(lambda v: wrapped(v).gather(1, idx[:, None])[:, 0], x, steps, step_size, box)
-    finally:
-        for m, mode in modes:
-            m.training = mode
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -281,8 +275,6 @@ def compare_models(models: dict[str, nn.Module], x: torch.Tensor, target: torch.
         raise ConfigError("compare_models: need at least one model")
     qoi: QuantityOfInterest | int
     if isinstance(target, torch.Tensor):
-        from modelward.explain.influence import ClassQoI
-
         qoi = ClassQoI(tuple(int(t) for t in target.tolist()))
     else:
         qoi = target

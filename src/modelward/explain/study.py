@@ -9,7 +9,9 @@ net: its underlying logit model ``f`` is explained), or are trained here from ``
 
 from __future__ import annotations
 
+import functools
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +19,30 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from modelward.core.checkpoint import load_checkpoint as core_load_checkpoint
 from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig, DataSplit, load_data
-from modelward.core.train import TrainConfig
+from modelward.core.device import DeviceSetting, resolve_device
+from modelward.core.io import save_state_dict, save_tensors
+from modelward.core.progress import ProgressSink
+from modelward.core.records import write_table
+from modelward.core.runner import Execute, RunOutcome, RunSpec
+from modelward.core.study import Study, StudyContext, run_study
+from modelward.core.train import TrainConfig, fit_from_config
 from modelward.core.zoo import ModelConfig
-from modelward.errors import ConfigError, DataError
-from modelward.explain.interpret import METHODS, Method
+from modelward.errors import ConfigError
+from modelward.explain.influence import ClassQoI
+from modelward.explain.interpret import (
+    METHODS,
+    Method,
+    attribute,
+    compare_models,
+    concentration,
+    top_units,
+    unit_attribution,
+    unit_inversion,
+)
+from modelward.explain.methods import saliency
 
 
 class ModelEntry(StrictModel):
@@ -74,7 +94,7 @@ class ExplainConfig(StrictModel):
     models: list[ModelEntry]
     explain: ExplainSettings = ExplainSettings()
     seed: int = 0
-    device: str = "cpu"
+    device: DeviceSetting = "cpu"
 
     @model_validator(mode="after")
     def _names(self) -> ExplainConfig:
@@ -89,31 +109,10 @@ class ExplainConfig(StrictModel):
 # ------------------------------------------------------------------------------------------------------------
 def load_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     """A model from a ``modelward train`` or ``modelward robust train`` checkpoint (safetensors; the architecture
-    comes from its metadata). GloRo/robust checkpoints give their logit model ``f``."""
-    from modelward.core.io import check_state, load_state_dict
-    from modelward.core.zoo import build_model, model_config_from_metadata
-
-    p = Path(path)
-    if p.is_dir():
-        p = p / "model.safetensors"
-    tensors, meta = load_state_dict(p)
-    if "config" in meta:  # modelward robust train
-        from modelward.robustness.experiment import load_model
-
-        net, _ = load_model(p)
-        return net.f, meta
-    if "model" not in meta:
-        raise DataError(f"{p}: no architecture in its metadata (write it with 'modelward train' or "
-                        "'modelward robust train')")
-    mcfg = model_config_from_metadata(meta["model"], str(p))
-    model = build_model(mcfg, tuple(meta["input_shape"]), int(meta["num_classes"]))
-    check_state(model, tensors, p)
-    try:
-        model.load_state_dict(tensors)
-    except RuntimeError as e:
-        raise DataError(f"{p}: weights do not match the embedded architecture ({e})") from None
-    model.eval()
-    return model, meta
+    comes from its metadata, read by :func:`modelward.core.checkpoint.load_checkpoint`). GloRo/robust checkpoints
+    give their logit model ``f``."""
+    ck = core_load_checkpoint(path)
+    return ck.model, ck.meta
 
 
 def default_layer(model: nn.Module) -> str:
@@ -143,12 +142,9 @@ def _model_for(entry: ModelEntry, out: Path, data: DataSplit, base: Path) -> nn.
 
 def train_entry(entry: ModelEntry, data_cfg: DataConfig, out: Path) -> dict[str, Any]:
     """Train a zoo model for an entry without a checkpoint and save it as OUT/models/<name>.safetensors."""
-    from modelward.core.io import save_state_dict
-    from modelward.core.train import fit_from_config
-
     assert entry.model is not None
     model, result, data = fit_from_config(data_cfg, entry.model, entry.train, entry.seed)
-    meta = {"model": entry.model.model_dump(mode="json"), "data": data_cfg.model_dump(mode="json"),
+    meta = {"kind": "zoo", "model": entry.model.model_dump(mode="json"), "data": data_cfg.model_dump(mode="json"),
             "input_shape": list(data.input_shape), "num_classes": data.num_classes, "seed": entry.seed}
     save_state_dict(out / "models" / f"{entry.name}.safetensors", model.state_dict(), meta)
     return {"test_error": result.curve[-1][1], "steps": result.steps_run}
@@ -161,11 +157,7 @@ def _points(cfg: ExplainConfig, data: DataSplit) -> tuple[torch.Tensor, torch.Te
 
 def explain_model(cfg: ExplainConfig, entry: ModelEntry, out: Path, base: Path) -> dict[str, Any]:
     """Input attributions (each method) of the true class for the first test inputs: table + grid."""
-    from modelward.core.device import resolve_device
-    from modelward.core.records import write_table
-    from modelward.explain.influence import ClassQoI
-    from modelward.explain.interpret import attribute, concentration
-    from modelward.explain.plots import attribution_grid
+    from modelward.explain.plots import attribution_grid  # matplotlib on first figure only
 
     data = load_data(cfg.data)
     dev = resolve_device(cfg.device)
@@ -191,7 +183,6 @@ def explain_model(cfg: ExplainConfig, entry: ModelEntry, out: Path, base: Path) 
     write_table(folder, "attributions", rows, title=f"{entry.name}: input attributions of the true class",
                 notes=["sum = Σ attribution (≈ logit(x) − logit(0) for integrated gradients, Eq. 3.3);",
                        "top10_share = share of |attribution| on the 10% most attributed input features."])
-    from modelward.core.io import save_tensors
 
     save_tensors(folder / "attributions.safetensors", {k: v.contiguous() for k, v in maps.items()} | {"x": x})
     attribution_grid(folder / "attributions.png", x, maps, [f"y={int(a)} ŷ={int(b)}" for a, b in zip(y, pred, strict=True)],
@@ -201,10 +192,7 @@ def explain_model(cfg: ExplainConfig, entry: ModelEntry, out: Path, base: Path) 
 
 def units_model(cfg: ExplainConfig, entry: ModelEntry, out: Path, base: Path) -> dict[str, Any]:
     """Top internal units of the slice per class (§3.3), visualised by input attribution and/or inversion."""
-    from modelward.core.device import resolve_device
-    from modelward.core.records import write_table
-    from modelward.explain.interpret import top_units, unit_attribution, unit_inversion
-    from modelward.explain.plots import unit_grid
+    from modelward.explain.plots import unit_grid  # matplotlib on first figure only
 
     data = load_data(cfg.data)
     model = _model_for(entry, out, data, base).to(resolve_device(cfg.device))
@@ -248,18 +236,13 @@ def units_model(cfg: ExplainConfig, entry: ModelEntry, out: Path, base: Path) ->
 
 def compare_all(cfg: ExplainConfig, out: Path, base: Path) -> dict[str, Any]:
     """Pairwise agreement of the models' integrated-gradients attributions on the same inputs, plus a grid."""
-    from modelward.core.device import resolve_device
-    from modelward.core.records import write_table
-    from modelward.explain.interpret import compare_models, concentration
-    from modelward.explain.plots import attribution_grid
+    from modelward.explain.plots import attribution_grid  # matplotlib on first figure only
 
     data = load_data(cfg.data)
     dev = resolve_device(cfg.device)
     models = {e.name: _model_for(e, out, data, base).to(dev) for e in cfg.models}
     x, y = _points(cfg, data)
     attrs, rows = compare_models(models, x, y, "integrated_gradients", cfg.explain.steps, cfg.explain.batch_size)
-    from modelward.explain.influence import ClassQoI
-    from modelward.explain.methods import saliency
 
     qoi = ClassQoI(tuple(int(v) for v in y.tolist()))
     summary = [{"model": n, "ig_top10_share": float(concentration(a).mean()),
@@ -278,9 +261,7 @@ def compare_all(cfg: ExplainConfig, out: Path, base: Path) -> dict[str, Any]:
     return {"pairs": len(rows), "models": len(summary)}
 
 
-def plan(cfg: ExplainConfig) -> list[Any]:
-    from modelward.core.runner import RunSpec
-
+def plan(cfg: ExplainConfig) -> list[RunSpec]:
     runs = []
     for e in cfg.models:
         deps: tuple[str, ...] = ()
@@ -313,3 +294,67 @@ def execute(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str, Any]], 
 
 def config_json(cfg: ExplainConfig) -> dict[str, Any]:
     return json.loads(json.dumps(cfg.model_dump(mode="json"), sort_keys=True))
+
+
+@dataclass
+class ExplainOutcome:
+    """What :func:`run_explain` achieved: each run's recorded ``results`` (run id -> result), and the runner's
+    ``done`` / ``total`` / ``failed`` (run id -> error; failed runs restart when the study is run again)."""
+
+    results: dict[str, dict[str, Any]]
+    done: int
+    total: int
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class ExplainStudy(Study[ExplainConfig, ExplainOutcome]):
+    """The explanation study in the core frame: per model, training (if needed), attributions and top units; then
+    the comparison across models.
+
+    Args:
+        base: the folder relative checkpoint paths of the config are resolved against.
+    """
+
+    name = "explain runs"
+    config_model = ExplainConfig
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+
+    def check(self, cfg: ExplainConfig, out: Path) -> None:
+        resolve_device(cfg.device)  # an unusable device is refused before any run starts
+
+    def plan(self, cfg: ExplainConfig, ctx: StudyContext) -> list[RunSpec]:
+        return plan(cfg)
+
+    def execute(self, cfg: ExplainConfig, ctx: StudyContext) -> Execute:
+        return functools.partial(execute, config=config_json(cfg), out=str(ctx.out.resolve()), base=str(self.base))
+
+    def summarize(self, cfg: ExplainConfig, ctx: StudyContext, outcome: RunOutcome) -> ExplainOutcome:
+        return ExplainOutcome(ctx.ledger.results(), outcome.done, outcome.total, outcome.failed)
+
+
+def run_explain(cfg: ExplainConfig, out: str | Path, progress: ProgressSink | None = None, *, workers: int = 1,
+                executor: str = "local", address: str | None = None, base: str | Path | None = None
+                ) -> ExplainOutcome:
+    """Run (or resume) the explanation study in `out`: input attributions of the true class per model
+    (``<model>/attributions.*``), the most influential internal units per class (``<model>/top_units.*``) and
+    the comparison across models (``compare.*``), by internal influence (seed 002 Ch. 3).
+
+    Args:
+        cfg: the study (:class:`ExplainConfig`).
+        out: the study folder (``ledger.sqlite``, ``config.json``, ``models/``, the tables); re-running resumes it.
+        progress: one unit per run under ``"explain runs"``.
+        workers, executor, address: where runs execute (:func:`modelward.core.runner.run_plan`).
+        base: the folder relative checkpoint paths are resolved against (default: the current directory).
+
+    Returns:
+        :class:`ExplainOutcome`.
+
+    Example:
+        >>> from modelward.core.config import load_config
+        >>> cfg = load_config("examples/explain_digits.toml", ExplainConfig)  # doctest: +SKIP
+        >>> run_explain(cfg, "runs/explain").done  # doctest: +SKIP
+    """
+    study = ExplainStudy(Path(base) if base is not None else Path.cwd())
+    return run_study(study, cfg, out, workers=workers, executor=executor, address=address, progress=progress)

@@ -16,17 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from modelward.core.config import dump_config
-from modelward.core.ledger import RunLedger
+from modelward.core.device import resolve_device
 from modelward.core.progress import ProgressSink
-from modelward.core.runner import run_plan
+from modelward.core.runner import Execute, RunOutcome, RunSpec
+from modelward.core.study import Study, StudyContext, run_study, torch_threads
 from modelward.errors import ConfigError
 from modelward.extraction.attacks import ATTACK_STRATEGIES, knowledge_from_defense, make_extraction_attack
 from modelward.extraction.config import Cell, ExtractionConfig, cell_from_spec, cells, plan
@@ -40,6 +41,7 @@ from modelward.extraction.prepare import (
     prepare,
 )
 from modelward.extraction.report import row, write_report
+from modelward.extraction.victim import HttpVictim, LocalVictim
 
 
 class _Recording:
@@ -73,8 +75,6 @@ class _Recording:
 
 def run_cell(cfg: ExtractionConfig, prep: Prepared, cell: Cell, workdir: Path) -> dict[str, Any]:
     """Run one defense × ε × attack × seed and return its metrics (JSON-serialisable)."""
-    from modelward.extraction.victim import HttpVictim, LocalVictim
-
     t0 = time.perf_counter()
     defense = cell_defense(cell.defense, cell.epsilon, prep, cell.seed)
     clean = clean_fn(prep.victim)
@@ -100,7 +100,6 @@ def run_cell(cfg: ExtractionConfig, prep: Prepared, cell: Cell, workdir: Path) -
         else:
             victim = LocalVictim(prep.victim, defense, num_classes=prep.data.num_classes)
             knowledge = knowledge_from_defense(defense, clean)
-        from modelward.core.device import resolve_device
 
         dev = resolve_device(cfg.device)
 
@@ -182,6 +181,56 @@ def execute_cell(cfg_json: str, out_dir: str, run_id: str, spec: dict[str, Any],
                     Path(out_dir))
 
 
+class ExtractionStudy(Study[ExtractionConfig, dict[str, Any]]):
+    """The extraction evaluation in the core frame: one run per cell (attack × defence × budget × seed)."""
+
+    name = "extraction"
+    config_model = ExtractionConfig
+    fail_fast = True
+
+    def __init__(self) -> None:
+        self.prep: Prepared | None = None
+        self.done_before = 0
+
+    def legacy_fingerprints(self, cfg: ExtractionConfig) -> tuple[str, ...]:
+        legacy = json.dumps(cfg.model_dump(mode="json", exclude={"threads", "device"}), sort_keys=True, default=str)
+        return (hashlib.sha256(legacy.encode()).hexdigest()[:16],)
+
+    @contextmanager
+    def session(self, cfg: ExtractionConfig, ctx: StudyContext) -> Iterator[None]:
+        with torch_threads(cfg.threads):
+            ids = {c.run_id for c in cells(cfg)}
+            self.done_before = sum(1 for r in ctx.ledger.results() if r in ids)
+            cfg_json = cfg.model_dump_json()
+            self.prep = _PREPARED[cfg_json] = prepare(cfg, ctx.progress)
+            try:
+                yield
+            finally:
+                _PREPARED.pop(cfg_json, None)
+
+    def plan(self, cfg: ExtractionConfig, ctx: StudyContext) -> list[RunSpec]:
+        return plan(cfg)
+
+    def execute(self, cfg: ExtractionConfig, ctx: StudyContext) -> Execute:
+        return partial(execute_cell, cfg.model_dump_json(), str(ctx.out))
+
+    def on_result(self, cfg: ExtractionConfig, ctx: StudyContext) -> Callable[[str, dict[str, Any]], str]:
+        return lambda rid, res: f"{rid}: acc {res['accuracy']:.3f}"
+
+    def summarize(self, cfg: ExtractionConfig, ctx: StudyContext, outcome: RunOutcome) -> dict[str, Any]:
+        assert self.prep is not None
+        all_cells = cells(cfg)
+        by_id = {c.run_id: c for c in all_cells}
+        results = ctx.ledger.results()
+        order = {c.run_id: i for i, c in enumerate(all_cells)}
+        rows = [row(by_id[r], res) for r, res in sorted(results.items(), key=lambda kv: order.get(kv[0], -1))
+                if r in by_id]
+        curves = centroid_curves(cfg, self.prep) if cfg.centroid_epsilons else {}
+        summary = write_report(cfg, rows, self.prep, curves, ctx.out)
+        return {**summary, "victim_cached": self.prep.cached, "pool": len(self.prep.transfer),
+                "already_done": self.done_before}
+
+
 def run_evaluation(cfg: ExtractionConfig, out: str | Path, progress: ProgressSink | None = None, *,
                    workers: int = 1, executor: str = "local", address: str | None = None) -> dict[str, Any]:
     """Run every pending cell through the ledger and write the report files.
@@ -202,32 +251,5 @@ def run_evaluation(cfg: ExtractionConfig, out: str | Path, progress: ProgressSin
         >>> cfg = load_config("examples/extraction_digits.toml", ExtractionConfig)  # doctest: +SKIP
         >>> run_evaluation(cfg, "runs/extraction")["cells"]  # doctest: +SKIP
     """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    prev_threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
-        ledger = RunLedger(out / "ledger.sqlite")
-        legacy = json.dumps(cfg.model_dump(mode="json", exclude={"threads", "device"}), sort_keys=True, default=str)
-        ledger.bind_config(cfg, exclude={"threads", "device"}, legacy=(hashlib.sha256(legacy.encode()).hexdigest()[:16],))
-        dump_config(cfg, out / "config.json")
-        all_cells = cells(cfg)
-        by_id = {c.run_id: c for c in all_cells}
-        done_before = sum(1 for r in ledger.results() if r in by_id)
-        cfg_json = cfg.model_dump_json()
-        prep = _PREPARED[cfg_json] = prepare(cfg, progress)
-        try:
-            run_plan(ledger, plan(cfg), partial(execute_cell, cfg_json, str(out)), progress=progress,
-                     on_result=lambda rid, res: f"{rid}: acc {res['accuracy']:.3f}", description="extraction",
-                     fail_fast=True, workers=workers, executor=executor, address=address)
-        finally:
-            _PREPARED.pop(cfg_json, None)
-        results = ledger.results()
-        order = {c.run_id: i for i, c in enumerate(all_cells)}
-        rows = [row(by_id[r], res) for r, res in sorted(results.items(), key=lambda kv: order.get(kv[0], -1))
-                if r in by_id]
-        curves = centroid_curves(cfg, prep) if cfg.centroid_epsilons else {}
-        summary = write_report(cfg, rows, prep, curves, out)
-    finally:
-        torch.set_num_threads(prev_threads)
-    return {**summary, "victim_cached": prep.cached, "pool": len(prep.transfer), "already_done": done_before}
+    return run_study(ExtractionStudy(), cfg, out, workers=workers, executor=executor, address=address,
+                     progress=progress)

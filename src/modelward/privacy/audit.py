@@ -24,6 +24,8 @@ score arrays.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -32,23 +34,26 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from modelward.core.config import AlgorithmSpec, StrictModel, dump_config
+from modelward.core.config import AlgorithmSpec, StrictModel
 from modelward.core.data import DataConfig, load_data
 from modelward.core.device import DeviceSetting
 from modelward.core.io import load_state_dict, save_state_dict
-from modelward.core.ledger import RunLedger
 from modelward.core.progress import ProgressSink
 from modelward.core.records import atomic_write_json, write_table
-from modelward.core.runner import RunSpec, run_plan
+from modelward.core.runner import Execute, RunOutcome, RunSpec
 from modelward.core.stats import summarize
+from modelward.core.study import Study, StudyContext, run_study
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, ModelwardError
 from modelward.privacy import metrics
 from modelward.privacy.dp import DPConfig, add_dropout, check_advantage, train_dp
 from modelward.privacy.membership import ATTACKS, NEEDS_SHADOWS, AttackData, make_membership_attack
+from modelward.privacy.membership.calibration import calibrated_threshold
+from modelward.privacy.membership.proxies import cached_tops, load_tops, save_tops
 from modelward.privacy.protocol import membership_split
 from modelward.privacy.shadows import ModelTrainer, ShadowPool, logits_of
+from modelward.privacy.slicing import last_linear
 
 
 class SplitConfig(StrictModel):
@@ -225,9 +230,6 @@ def proxy_needs(cfg: AuditConfig) -> list[tuple[int, bool]]:
 
 
 def _train_proxies(cfg: AuditConfig, out: Path, rep: int) -> dict[str, Any]:
-    from modelward.privacy.membership.proxies import cached_tops, save_tops
-    from modelward.privacy.slicing import last_linear
-
     s = _setup(cfg, rep)
     sp = s["split"]
     target = _load_target(cfg, out, rep, s)
@@ -249,7 +251,6 @@ def _attack(cfg: AuditConfig, out: Path, rep: int, spec: MembershipAttackSpec) -
     data = AttackData(target, sp.x_aux, sp.y_aux, s["classes"], s["trainer"], shadows, seed=cfg.seed * 1000 + rep)
     proxies = out / "models" / f"proxies_r{rep}.safetensors"
     if proxies.is_file():  # the proxies run trained them once for every attack of this repetition
-        from modelward.privacy.membership.proxies import load_tops
 
         load_tops(str(proxies), data)
     attack = make_membership_attack(spec.name, **spec.params).fit(data)
@@ -258,8 +259,6 @@ def _attack(cfg: AuditConfig, out: Path, rep: int, spec: MembershipAttackSpec) -
     rows = {}
     thresholds = [(spec.key, attack.threshold)]
     if spec.calibrate:
-        from modelward.privacy.membership.calibration import calibrated_threshold
-
         hold = attack.score(sp.x_aux, sp.y_aux)
         thresholds += [(f"{spec.key}@{a:g}", calibrated_threshold(hold, a)) for a in spec.calibrate]
     for label, thr in thresholds:
@@ -362,13 +361,61 @@ def target_rows(cfg: AuditConfig, results: dict[str, dict[str, Any]], attack_row
     return rows
 
 
-def run_audit(cfg: AuditConfig, out_dir: str | Path, *, workers: int = 1, executor: str = "local",
-              progress: ProgressSink | None = None) -> list[dict]:
+class AuditStudy(Study[AuditConfig, list[dict]]):
+    """The membership-inference audit in the core frame: target and shadow trainings, then every attack."""
+
+    name = "privacy audit"
+    config_model = AuditConfig
+
+    def check(self, cfg: AuditConfig, out: Path) -> None:
+        _pooled(cfg)  # fail early on a bad data source
+
+    @contextmanager
+    def session(self, cfg: AuditConfig, ctx: StudyContext) -> Iterator[None]:
+        (ctx.out / "models").mkdir(exist_ok=True)
+        yield
+
+    def plan(self, cfg: AuditConfig, ctx: StudyContext) -> list[RunSpec]:
+        return plan_runs(cfg)
+
+    def execute(self, cfg: AuditConfig, ctx: StudyContext) -> Execute:
+        return partial(execute_run, out=str(ctx.out.resolve()))
+
+    def summarize(self, cfg: AuditConfig, ctx: StudyContext, outcome: RunOutcome) -> list[dict]:
+        if outcome.failed:
+            first = next(iter(outcome.failed.items()))
+            raise ModelwardError(f"{len(outcome.failed)} of {outcome.total} runs failed (re-run to retry); first: "
+                                 f"{first[0]}: {first[1].strip().splitlines()[-1]}")
+        results = ctx.ledger.results()
+        rows, runs = aggregate(cfg, results)
+        targets = target_rows(cfg, results, rows)
+        notes = [f"data: {cfg.data.source}; {cfg.repetitions} random {cfg.split.train:g}/{cfg.split.test:g}/"
+                 f"{1 - cfg.split.train - cfg.split.test:g} splits (members / non-members / hold-out); "
+                 f"defense: {cfg.defense.kind}",
+                 "accuracy on the balanced evaluation set; advantage = 2(accuracy − ½); precision := ½ when no point is "
+                 "predicted a member; `@α` rows: threshold at the α-percentile of hold-out scores (App. C)",
+                 "score arrays: scores/<attack>_r<rep>.scores.npy / .members.npy / .scores.csv",
+                 "epsilon_lb: best Clopper–Pearson ε lower bound over thresholds (95 %, δ = 0; TF Privacy's method, "
+                 "maximised over thresholds after the fact)"]
+        if targets and "epsilon" in targets[0]:
+            t0 = targets[0]
+            notes.append(f"DP-SGD: ε = {t0['epsilon']:.3g} at δ = {t0['delta']:.3g} ({t0['accountant']} accountant); "
+                         f"advantage bound (ε, δ): {t0['bound_eps_delta']:.3f}; Yeom e^ε − 1: {t0['bound_yeom']:.3f}")
+        write_table(ctx.out, "results", rows, COLUMNS, title=f"{cfg.name}: membership inference", notes=notes)
+        write_table(ctx.out, "targets", targets, title=f"{cfg.name}: target models")
+        atomic_write_json(ctx.out / "runs.json", runs)
+        _write_risk(cfg, ctx.out, results)
+        _roc(cfg, ctx.out)
+        return rows
+
+
+def run_audit(cfg: AuditConfig, out_dir: str | Path, progress: ProgressSink | None = None, *, workers: int = 1,
+              executor: str = "local", address: str | None = None) -> list[dict]:
     """Run (or resume) the audit in ``out_dir``; write the tables, score arrays and ``roc.png``.
 
     Args:
         cfg: :class:`AuditConfig`; out_dir: the study folder (its ``ledger.sqlite`` makes a re-run resume).
-        workers / executor: passed to :func:`modelward.core.runner.run_plan`.
+        workers / executor / address: passed to :func:`modelward.core.runner.run_plan`.
         progress: one unit per run.
     Returns:
         one row per attack label with means over repetitions.
@@ -377,41 +424,8 @@ def run_audit(cfg: AuditConfig, out_dir: str | Path, *, workers: int = 1, execut
         >>> rows = run_audit(AuditConfig(), "privacy-out")  # doctest: +SKIP
         >>> len(rows)  # one row per attack label  # doctest: +SKIP
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "models").mkdir(exist_ok=True)
-    _pooled(cfg)  # fail early on a bad data source
-    ledger = RunLedger(out / "ledger.sqlite")
-    ledger.bind_config(cfg, exclude={"device"})  # an audit may resume on another device
-    dump_config(cfg, out / "config.json")
-    plan = plan_runs(cfg)
-    outcome = run_plan(ledger, plan, partial(execute_run, out=str(out.resolve())), workers=workers, executor=executor, progress=progress,
-                       description="privacy audit")
-    if outcome.failed:
-        first = next(iter(outcome.failed.items()))
-        raise ModelwardError(f"{len(outcome.failed)} of {len(plan)} runs failed (re-run to retry); first: "
-                             f"{first[0]}: {first[1].strip().splitlines()[-1]}")
-    results = ledger.results()
-    rows, runs = aggregate(cfg, results)
-    targets = target_rows(cfg, results, rows)
-    notes = [f"data: {cfg.data.source}; {cfg.repetitions} random {cfg.split.train:g}/{cfg.split.test:g}/"
-             f"{1 - cfg.split.train - cfg.split.test:g} splits (members / non-members / hold-out); "
-             f"defense: {cfg.defense.kind}",
-             "accuracy on the balanced evaluation set; advantage = 2(accuracy − ½); precision := ½ when no point is "
-             "predicted a member; `@α` rows: threshold at the α-percentile of hold-out scores (App. C)",
-             "score arrays: scores/<attack>_r<rep>.scores.npy / .members.npy / .scores.csv",
-             "epsilon_lb: best Clopper–Pearson ε lower bound over thresholds (95 %, δ = 0; TF Privacy's method, "
-             "maximised over thresholds after the fact)"]
-    if targets and "epsilon" in targets[0]:
-        t0 = targets[0]
-        notes.append(f"DP-SGD: ε = {t0['epsilon']:.3g} at δ = {t0['delta']:.3g} ({t0['accountant']} accountant); "
-                     f"advantage bound (ε, δ): {t0['bound_eps_delta']:.3f}; Yeom e^ε − 1: {t0['bound_yeom']:.3f}")
-    write_table(out, "results", rows, COLUMNS, title=f"{cfg.name}: membership inference", notes=notes)
-    write_table(out, "targets", targets, title=f"{cfg.name}: target models")
-    atomic_write_json(out / "runs.json", runs)
-    _write_risk(cfg, out, results)
-    _roc(cfg, out)
-    return rows
+    return run_study(AuditStudy(), cfg, out_dir, workers=workers, executor=executor, address=address,
+                     progress=progress)
 
 
 def _write_risk(cfg: AuditConfig, out: Path, results: dict[str, dict[str, Any]]) -> None:
@@ -437,7 +451,7 @@ def _write_risk(cfg: AuditConfig, out: Path, results: dict[str, dict[str, Any]])
 
 
 def _roc(cfg: AuditConfig, out: Path) -> None:
-    from modelward.privacy.figures import roc_plot
+    from modelward.privacy.figures import roc_plot  # matplotlib on first figure only
 
     curves = {}
     for a in cfg.attacks:

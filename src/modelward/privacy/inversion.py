@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modelward.core.modules import eval_mode, model_device
 from modelward.errors import ConfigError
 
 Loss = Literal["cross_entropy", "neg_logit", "neg_log_softmax_margin"]
@@ -71,7 +72,7 @@ def invert(model: nn.Module, targets: torch.Tensor | list[int], x0: torch.Tensor
     if step not in ("l2", "sign", "plain"):
         raise ConfigError(f"inversion.step {step!r}: valid choices: l2, sign, plain")
     p = next(model.parameters(), None)
-    dev = p.device if p is not None else torch.device("cpu")
+    dev = model_device(model)
     dtype = p.dtype if p is not None else torch.float32
     j = torch.as_tensor(targets, dtype=torch.long, device=dev).reshape(-1)
     if isinstance(x0, torch.Tensor):
@@ -87,12 +88,7 @@ def invert(model: nn.Module, targets: torch.Tensor | list[int], x0: torch.Tensor
         x = torch.full((len(j), *input_shape), float(x0), device=dev, dtype=dtype)
     if box is not None:
         x = x.clamp(*box)
-    modes = [(m, m.training) for m in model.modules()]
-    grads = [(q, q.requires_grad) for q in model.parameters()]
-    model.eval()
-    for q, _ in grads:
-        q.requires_grad_(False)
-    try:
+    with eval_mode(model, frozen_params=True):
         for _ in range(steps):
             x = x.detach().requires_grad_(True)
             with torch.enable_grad():
@@ -112,11 +108,6 @@ def invert(model: nn.Module, targets: torch.Tensor | list[int], x0: torch.Tensor
             logits = model(x)
             final = _loss(logits, j, loss)
             conf = F.softmax(logits, 1).gather(1, j[:, None])[:, 0]
-    finally:
-        for m, mode in modes:
-            m.training = mode
-        for q, r in grads:
-            q.requires_grad_(r)
     return InversionResult(x.detach(), j, final.detach(), conf.detach())
 
 

@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modelward.core.device import resolve_device
+from modelward.core.device import DeviceSetting, resolve_device
 from modelward.core.init import init_model_
 from modelward.core.io import load_state_dict, save_state_dict
+from modelward.core.modules import batched_logits, model_device
 from modelward.core.train import TrainConfig, batch_order, make_optimizer, train
 from modelward.errors import DataError
 
@@ -64,7 +65,7 @@ class ModelTrainer:
     init_scheme: str = "glorot_uniform"
     # where the models train (docs/devices.md): initialised on the CPU, trained on the device, handed back on the
     # CPU (the attacks score them there)
-    device: str = "cpu"
+    device: DeviceSetting = "cpu"
 
     def build(self, seed: int) -> nn.Module:
         return init_model_(self.factory(), self.init_scheme, seed)
@@ -88,7 +89,7 @@ def train_loop(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor, index_
     """The reference: K separate plain training loops (same math as :func:`train_stacked`)."""
     out = []
     for m, ix, s in zip(models, index_sets, seeds, strict=True):
-        dev = next(m.parameters()).device  # the data of model k goes to its device
+        dev = model_device(m)  # the data of model k goes to its device
         xi, yi = x[torch.as_tensor(ix)].to(dev), y[torch.as_tensor(ix)].to(dev)
         opt = make_optimizer(list(m.parameters()), cfg)
         order = batch_order(len(xi), cfg.batch_size, s)
@@ -237,19 +238,7 @@ class ShadowPool:
         return cls(models, tensors["x_pool"], tensors["y_pool"], tensors["masks"].numpy().astype(bool))
 
 
-def model_device(model: nn.Module) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
-
-
 @torch.no_grad()
 def logits_of(model: nn.Module, x: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:
     """Eval-mode logits on the model's device, returned on the CPU (the attacks' numpy side)."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    dev = model_device(model)
-    out = (torch.cat([model(x[i:i + batch_size].to(dev)).cpu() for i in range(0, len(x), batch_size)])
-           if len(x) else torch.zeros(0))
-    for m, mode in modes:
-        m.training = mode
-    return out
+    return batched_logits(model, x, batch_size)

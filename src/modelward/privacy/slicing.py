@@ -1,7 +1,8 @@
 """Slicing a network f = g ∘ h at a named layer (seed 002 §8.3.1, Def. 3.2) without rewriting the model.
 
 ``h`` is read with a forward hook on the layer (its output, or its *input* for ``side="input"``); ``g`` is run by
-replacing that tensor with a given ``z`` through the same hook. This works for any ``nn.Module`` whose computation
+replacing that tensor with a given ``z`` through the same hook (:mod:`modelward.core.slicing`: ``capture`` and
+``replace``; ``side`` is its ``anchor``). This works for any ``nn.Module`` whose computation
 after the slice depends on the input only through the sliced tensor (chains such as MLPs, small CNNs, GloRo's
 ``nn.Sequential``); a skip connection around the slice would leak the dummy input into ``g`` and is not supported.
 The default slice of the membership attacks is the *input of the last* ``nn.Linear`` (the penultimate features,
@@ -11,14 +12,14 @@ on which the top layer is linear, so Alg. 8.1 applies directly).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Literal
 
 import torch
 from torch import nn
 
 from modelward.core.init import init_module_
+from modelward.core.modules import eval_mode, model_device
+from modelward.core.slicing import Cut, capture, replace
 from modelward.errors import ConfigError
 
 Side = Literal["input", "output"]
@@ -46,15 +47,9 @@ def get_layer(model: nn.Module, name: str) -> nn.Module:
     return mods[name]
 
 
-@contextmanager
-def _eval(model: nn.Module) -> Iterator[None]:
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
+def _cut(layer: str, side: Side) -> Cut:
+    """The core cut of a membership slice: ``side="input"`` is the ``"in"`` anchor, ``"output"`` the ``"out"`` one."""
+    return Cut(layer, "in" if side == "input" else "out", field="layer")
 
 
 @torch.no_grad()
@@ -62,25 +57,13 @@ def features(model: nn.Module, layer: str, x: torch.Tensor, side: Side = "input"
              batch_size: int = 1024) -> torch.Tensor:
     """h(x): the tensor entering (``side="input"``) or leaving the layer, flattened per example."""
     mod = get_layer(model, layer)
+    cut = _cut(layer, side)
     out: list[torch.Tensor] = []
-    cache: dict[str, torch.Tensor] = {}
-
-    def hook_in(_m: nn.Module, args: tuple) -> None:
-        cache["z"] = args[0]
-
-    def hook_out(_m: nn.Module, _args: tuple, result: torch.Tensor) -> None:
-        cache["z"] = result
-
-    h = mod.register_forward_pre_hook(hook_in) if side == "input" else mod.register_forward_hook(hook_out)
-    try:
-        with _eval(model):
-            p = next(model.parameters(), None)
-            dev = p.device if p is not None else x.device
-            for i in range(0, len(x), batch_size):
-                model(x[i:i + batch_size].to(dev))
-                out.append(cache["z"].detach().reshape(len(x[i:i + batch_size]), -1).cpu().clone())
-    finally:
-        h.remove()
+    with eval_mode(model):
+        dev = model_device(model)
+        for i in range(0, len(x), batch_size):
+            z = capture(model, cut, x[i:i + batch_size].to(dev), mod)
+            out.append(z.detach().reshape(len(x[i:i + batch_size]), -1).cpu().clone())
     return torch.cat(out) if out else torch.zeros(0)
 
 
@@ -109,38 +92,17 @@ class Top(nn.Module):
 
     @classmethod
     def of(cls, model: nn.Module, layer: str, x_example: torch.Tensor, side: Side = "input") -> Top:
-        with torch.no_grad(), _eval(model):
-            mod = get_layer(model, layer)
-            seen: dict[str, tuple[int, ...]] = {}
-
-            def pre(_m: nn.Module, a: tuple) -> None:
-                seen["s"] = tuple(a[0].shape[1:])
-
-            def post(_m: nn.Module, _a: tuple, r: torch.Tensor) -> None:
-                seen["s"] = tuple(r.shape[1:])
-
-            h = mod.register_forward_pre_hook(pre) if side == "input" else mod.register_forward_hook(post)
-            try:
-                model(x_example[:1])
-            finally:
-                h.remove()
-        return cls(model, layer, tuple(x_example.shape[1:]), seen["s"], side)
+        with torch.no_grad(), eval_mode(model):
+            z = capture(model, _cut(layer, side), x_example[:1], get_layer(model, layer))
+        return cls(model, layer, tuple(x_example.shape[1:]), tuple(z.shape[1:]), side)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        p = next(self.model.parameters(), None)
-        if p is not None and z.device != p.device:  # features live on the CPU; the model may not
-            return self.forward(z.to(p.device)).to(z.device)
+        dev = model_device(self.model)
+        if z.device != dev:  # features live on the CPU; the model may not
+            return self.forward(z.to(dev)).to(z.device)
         zz = z.reshape(len(z), *self.z_shape)
-        mod = get_layer(self.model, self.layer)
-        if self.side == "input":
-            h = mod.register_forward_pre_hook(lambda _m, a: (zz, *a[1:]))
-        else:
-            h = mod.register_forward_hook(lambda _m, _a, _r: zz)
-        try:
-            dummy = torch.zeros((len(z), *self.input_shape), dtype=z.dtype, device=z.device)
-            return self.model(dummy)
-        finally:
-            h.remove()
+        dummy = torch.zeros((len(z), *self.input_shape), dtype=z.dtype, device=z.device)
+        return replace(self.model, _cut(self.layer, self.side), zz, dummy, get_layer(self.model, self.layer))
 
     def after_params(self) -> list[tuple[str, nn.Parameter]]:
         """Parameters of g: those of the sliced layer (input side) / of later layers, in registration order."""

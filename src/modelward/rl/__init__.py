@@ -1,1 +1,1 @@
-"""Reinforcement learning: environments, agents and their completion-hardness problems."""
+"""Reinforcement learning: environments and agents (their completion problem is modelward.completion.rl)."""

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from modelward.core.config import StrictModel
-from modelward.core.device import model_device
+from modelward.core.modules import eval_mode, model_device
 from modelward.errors import ConfigError
 from modelward.rl.checkpoint import RLCheckpoint
 from modelward.rl.envs import EnvSpec, env_seeds, make_vector_env
@@ -282,13 +282,8 @@ def q_policy(net: QNetwork, n_actions: int, epsilon: float, seed: int) -> ActFn:
     rng = np.random.default_rng(seed)
 
     def act(obs: np.ndarray, live: list[int]) -> np.ndarray:
-        was = net.training
-        net.eval()  # noisy layers: the mean weights
-        try:
-            with torch.no_grad():
-                greedy = net(torch.as_tensor(obs).to(model_device(net))).argmax(1).cpu().numpy()
-        finally:
-            net.train(was)
+        with eval_mode(net), torch.no_grad():  # noisy layers: the mean weights
+            greedy = net(torch.as_tensor(obs).to(model_device(net))).argmax(1).cpu().numpy()
         explore = rng.random(len(obs)) < epsilon
         return np.where(explore, rng.integers(0, n_actions, size=len(obs)), greedy)
 

@@ -23,8 +23,9 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from modelward.core.config import AlgorithmSpec, StrictModel
-from modelward.core.data import DataConfig, DataSplit
+from modelward.core.checkpoint import Checkpoint, checkpoint_path, read_checkpoint
+from modelward.core.config import AlgorithmSpec, StrictModel, validate
+from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.device import DeviceSetting, resolve_device
 from modelward.core.io import load_state_dict, optimizer_from_tensors, optimizer_to_tensors, save_state_dict
 from modelward.core.progress import ProgressSink, as_sink
@@ -32,11 +33,13 @@ from modelward.core.records import atomic_write_json, write_table
 from modelward.core.seed import seeded
 from modelward.core.train import TrainConfig
 from modelward.errors import ConfigError, DataError
+from modelward.robustness.attacks import attack_params, threat_model
 from modelward.robustness.gloro.certify import certify
 from modelward.robustness.gloro.layers import Activation, Init, build_gloro_model
 from modelward.robustness.gloro.net import AffinityGloroNet, GloroNet, RtkGloroNet
 from modelward.robustness.gloro.train import GloroTrainConfig, train_gloro
-from modelward.robustness.training import AdversarialConfig
+from modelward.robustness.metrics import prepare_params, robust_accuracy
+from modelward.robustness.training import AdversarialConfig, pgd_adversarial_training, trades_training
 
 Mode = Literal["standard", "pgd", "trades", "gloro", "rtk", "affinity"]
 GLORO_MODES = ("gloro", "rtk", "affinity")
@@ -151,8 +154,6 @@ def _train_robust(cfg: RobustConfig, data: DataSplit, out: Path, sink: ProgressS
     net = build_net(model, data.input_shape, t, t.epsilon, cfg.seed)
     history: list[dict[str, float]] = []
     if t.mode in ("pgd", "trades"):
-        from modelward.robustness.training import pgd_adversarial_training, trades_training
-
         per_epoch = max(1, len(data.x_train) // t.batch_size)
         steps = t.epochs * per_epoch
         tc = TrainConfig(optimizer="adam", lr=t.lr, weight_decay=0.0, batch_size=t.batch_size, steps=steps,
@@ -203,21 +204,29 @@ def save_model(path: Path, outcome: TrainOutcome, cfg: RobustConfig, input_shape
     """Weights of the underlying model + power iterates; the metadata carries what is needed to rebuild it."""
     tensors = {f"f.{k}": v for k, v in outcome.model.state_dict().items()}
     tensors |= {f"iterates.{k}": v for k, v in outcome.net.sub.state_dict().items()}
-    save_state_dict(path, tensors, {"config": cfg.model_dump(mode="json", exclude={"device"}), "input_shape": list(input_shape),
-                                    "num_classes": num_classes})
+    save_state_dict(path, tensors, {"kind": "gloro", "config": cfg.model_dump(mode="json", exclude={"device"}),
+                                    "input_shape": list(input_shape), "num_classes": num_classes})
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GloroNet, RobustConfig]:
     """Rebuild a trained model (as a GloRo net of its training mode) from a file or run directory, on
-    `device`."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "model.safetensors"
-    tensors, meta = load_state_dict(p)
+    `device` (read by :func:`modelward.core.checkpoint.load_checkpoint`, kind ``"gloro"``)."""
+    p = checkpoint_path(path)
+    tensors, meta = read_checkpoint(p)
     if "config" not in meta:
         raise DataError(f"{p}: not a 'modelward robust train' model (no config in its metadata)")
-    from modelward.core.config import validate
+    ck = load_gloro_checkpoint(p, tensors, meta, resolve_device(device))
+    assert isinstance(ck.wrapper, GloroNet)
+    return ck.wrapper, ck.config
 
+
+def load_gloro_checkpoint(p: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any],
+                          device: torch.device) -> Checkpoint:
+    """The ``"gloro"`` checkpoint kind (:data:`modelward.core.checkpoint.CHECKPOINT_KINDS`): the embedded
+    config rebuilds the architecture and the GloRo net; ``f.*`` are the model's weights, ``iterates.*`` the power
+    iterates. The checkpoint's model is the logit model ``f``; its wrapper is the GloRo net (eval mode)."""
+    if "config" not in meta:
+        raise DataError(f"{p}: not a 'modelward robust train' model (no config in its metadata)")
     cfg = validate(RobustConfig, meta["config"], f"{p} (embedded config)")
     shape, m = tuple(meta["input_shape"]), int(meta["num_classes"])
     model = build_gloro_model(cfg.model.arch, shape, m, cfg.model.activation, cfg.model.init, cfg.seed)
@@ -227,9 +236,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Gl
         net.sub.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("iterates.")})
     except RuntimeError as e:
         raise DataError(f"{p}: weights do not match the embedded architecture ({e})") from None
-    net.to(resolve_device(device))
+    net.to(device)
     net.eval()
-    return net, cfg
+    return Checkpoint("gloro", net.f, meta, p, cfg, net)
 
 
 def eval_points(cfg: RobustConfig, data: DataSplit) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,9 +263,6 @@ def certify_table(net: GloroNet, x: torch.Tensor, y: torch.Tensor, epsilons: lis
 def check_attacks(attacks: list[AlgorithmSpec], norm: str) -> list[dict[str, Any]]:
     """Validate every attack before any runs (names, parameters, threat model against the sweep's ``norm``);
     returns each one's parameters for the sweep. ConfigError names the attack (``evaluate.attacks[i]``)."""
-    from modelward.robustness.attacks import attack_params
-    from modelward.robustness.metrics import prepare_params
-
     out = []
     for i, spec in enumerate(attacks):
         try:
@@ -277,9 +283,6 @@ def attack_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epsilons: l
     :func:`modelward.robustness.metrics.robust_accuracy`). Every attack is checked before the first one runs;
     minimum-norm ℓ2 attacks (C&W, L-BFGS) count a point as broken at ε when ‖δ‖₂ ≤ ε (``threat`` column).
     One progress unit per (attack, ε) under the key ``"attacks"``."""
-    from modelward.robustness.attacks import threat_model
-    from modelward.robustness.metrics import robust_accuracy
-
     checked = check_attacks(attacks, norm)
     sink = as_sink(progress)
     sink.start("attacks", len(epsilons) * len(attacks), "attacks")
@@ -305,8 +308,6 @@ def train_experiment(cfg: RobustConfig, out: str | Path, progress: ProgressSink 
 
     Returns the metrics dict.
     """
-    from modelward.core.data import load_data
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     data = data or load_data(cfg.data)
@@ -325,7 +326,7 @@ def certify_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: tor
                        attacks: bool = True, progress: ProgressSink | None = None) -> list[dict[str, Any]]:
     """Clean accuracy, VRA and rejection per ε (plus robust accuracy under ``cfg.evaluate.attacks`` when
     `attacks`); writes ``certify.{csv,md,json,png}`` and ``lipschitz.json``. Returns the rows."""
-    from modelward.core.plots import line_plot
+    from modelward.core.plots import line_plot  # matplotlib on first figure only
 
     out = Path(out)
     eps = cfg.evaluate.epsilons
@@ -352,7 +353,7 @@ def attack_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: torc
                       progress: ProgressSink | None = None) -> list[dict[str, Any]]:
     """Robust accuracy per ε for each attack of ``cfg.evaluate.attacks``; writes ``attack.{csv,md,json,png}``.
     Returns the rows."""
-    from modelward.core.plots import line_plot
+    from modelward.core.plots import line_plot  # matplotlib on first figure only
 
     out = Path(out)
     eps = cfg.evaluate.epsilons
@@ -366,4 +367,4 @@ def attack_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: torc
 
 __all__ = ["GloroModelConfig", "RobustConfig", "RobustEvalConfig", "RobustTrainConfig", "attack_experiment",
            "attack_table", "build_net", "certify_experiment", "certify_table", "check_attacks", "check_shapes",
-           "eval_points", "load_model", "save_model", "train_experiment", "train_robust"]
+           "eval_points", "load_gloro_checkpoint", "load_model", "save_model", "train_experiment", "train_robust"]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -29,13 +31,14 @@ from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.device import DeviceSetting, resolve_device
 from modelward.core.io import load_state_dict, save_state_dict
-from modelward.core.ledger import RunLedger
 from modelward.core.plots import grouped_bars
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.records import write_table
-from modelward.core.runner import RunSpec, run_plan
+from modelward.core.runner import Execute, RunOutcome, RunSpec
 from modelward.core.seed import seeded
 from modelward.core.stats import summarize
+from modelward.core.study import Study, StudyContext, torch_threads
+from modelward.core.study import run_study as run_core_study
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError
@@ -244,6 +247,43 @@ def execute_run(cfg_json: str, out_dir: str, progress: ProgressSink | None, run_
             "width": models[name].width, **m.__dict__, "adv_train_batches_acc": adv_acc}
 
 
+class PlasticityStudy(Study[PlasticityConfig, list[dict[str, Any]]]):
+    """The plasticity study in the core frame: one run per model × seed × phase, then the report."""
+
+    name = "plasticity"
+    config_model = PlasticityConfig
+    config_file = None  # the folder's config is the ledger's fingerprint (as before the shared frame)
+    fail_fast = True
+
+    def legacy_fingerprints(self, cfg: PlasticityConfig) -> tuple[str, ...]:
+        # folders from before the fingerprint was hashed recorded the config's JSON itself
+        return (json.dumps(cfg.model_dump(mode="json", exclude={"device"}), sort_keys=True),)
+
+    @contextmanager
+    def session(self, cfg: PlasticityConfig, ctx: StudyContext) -> Iterator[None]:
+        (ctx.out / "checkpoints").mkdir(parents=True, exist_ok=True)
+        cfg_json = cfg.model_dump_json()
+        with torch_threads(cfg.threads):
+            try:
+                _setup(cfg_json)  # config errors (data vs architecture) before any run starts
+                yield
+            finally:
+                _SETUP.pop(cfg_json, None)
+
+    def plan(self, cfg: PlasticityConfig, ctx: StudyContext) -> list[RunSpec]:
+        return plan(cfg)
+
+    def execute(self, cfg: PlasticityConfig, ctx: StudyContext) -> Execute:
+        # a progress sink (rich bars) cannot travel to other processes: per-step progress only in process
+        return partial(execute_run, cfg.model_dump_json(), str(ctx.out), ctx.progress if ctx.in_process else None)
+
+    def summarize(self, cfg: PlasticityConfig, ctx: StudyContext, outcome: RunOutcome) -> list[dict[str, Any]]:
+        results = ctx.ledger.results()
+        rows = [results[rid] for rid, _ in run_ids(cfg) if rid in results]
+        write_report(cfg, rows, ctx.out)
+        return rows
+
+
 def run_study(cfg: PlasticityConfig, out: str | Path, progress: ProgressSink | None = None, *, workers: int = 1,
               executor: str = "local", address: str | None = None) -> list[dict[str, Any]]:
     """Run (or resume) every model × seed × phase and write the report; returns the result rows (one per run).
@@ -255,29 +295,12 @@ def run_study(cfg: PlasticityConfig, out: str | Path, progress: ProgressSink | N
             latter only when runs execute in this process).
         workers, executor, address: where runs execute (:func:`modelward.core.runner.run_plan`; ``"ray"`` for a
             cluster).
+
+    Returns:
+        One result row per run (:func:`modelward.core.study.run_study` over :class:`PlasticityStudy`).
     """
-    out = Path(out)
-    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-    ledger = RunLedger(out / "ledger.sqlite")
-    ledger.bind_config(cfg, exclude={"threads", "device"},  # both may change when resuming
-                       legacy=(json.dumps(cfg.model_dump(mode="json", exclude={"device"}), sort_keys=True),))
-    prev_threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    cfg_json = cfg.model_dump_json()
-    try:
-        _setup(cfg_json)  # config errors (data vs architecture) before any run starts
-        in_process = executor == "sequential" or (executor == "local" and workers <= 1)
-        # a progress sink (rich bars) cannot travel to other processes: per-step progress only in process
-        run_plan(ledger, plan(cfg), partial(execute_run, cfg_json, str(out), progress if in_process else None),
-                 progress=progress, description="plasticity", fail_fast=True, workers=workers, executor=executor,
-                 address=address)
-    finally:
-        _SETUP.pop(cfg_json, None)
-        torch.set_num_threads(prev_threads)
-    results = ledger.results()
-    rows = [results[rid] for rid, _ in run_ids(cfg) if rid in results]
-    write_report(cfg, rows, out)
-    return rows
+    return run_core_study(PlasticityStudy(), cfg, out, workers=workers, executor=executor, address=address,
+                          progress=progress)
 
 
 METRICS = [("train_clean", "Train accuracy"), ("test_clean", "Test accuracy"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -80,3 +81,26 @@ def traffic_light(value: float, green: float, amber: float, higher_is_better: bo
 
 def pct(v: float) -> str:
     return f"{100 * v:.1f} %"
+
+
+TITLES = {
+    "robustness": "Robustness to evasion attacks",
+    "privacy": "Privacy: membership inference and model inversion",
+    "extraction": "Model extraction (KnockoffNets) and its defenses",
+    "completion": "Model completion (MC-hardness of a split)",
+    "explanations": "Explanations and bias amplification",
+}
+
+
+def load_sections(out: Path) -> list[dict[str, Any]]:
+    """The section results recorded in `out`, in the config's order (from the files, not from memory)."""
+    cfg = json.loads((out / "assess.json").read_text())
+    found = []
+    for name in cfg["sections"]:
+        f = out / name / "section.json"
+        if f.is_file():
+            found.append(json.loads(f.read_text()))
+        else:
+            found.append(SectionResult(name, TITLES[name], status="not_assessed", verdict="none",
+                                       reason="it has not run yet (the assessment was interrupted)").to_dict())
+    return found

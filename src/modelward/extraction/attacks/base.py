@@ -29,7 +29,7 @@ from pydantic import Field
 from torch import nn
 
 from modelward.core.config import StrictModel
-from modelward.core.device import model_device
+from modelward.core.modules import eval_mode, model_device
 from modelward.core.seed import seeded
 from modelward.errors import ModelwardError
 
@@ -186,12 +186,10 @@ def query_in_batches(victim: VictimLike, x: torch.Tensor, batch_size: int) -> to
 
 @torch.no_grad()
 def accuracy_and_fidelity(model: nn.Module, ev: EvalSet, batch_size: int = 1024) -> tuple[float, float]:
-    was = model.training
-    model.eval()
     dev = model_device(model)  # evaluated where the model is; predictions come back to the CPU
-    pred = torch.cat([model(ev.x[i : i + batch_size].to(dev)).argmax(1).cpu()
-                      for i in range(0, len(ev.x), batch_size)])
-    model.train(was)
+    with eval_mode(model):
+        pred = torch.cat([model(ev.x[i : i + batch_size].to(dev)).argmax(1).cpu()
+                          for i in range(0, len(ev.x), batch_size)])
     return (pred == ev.y).float().mean().item(), (pred == ev.victim_labels).float().mean().item()
 
 

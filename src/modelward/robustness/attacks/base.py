@@ -13,8 +13,7 @@ Contract of every :class:`EvasionAttack` (torchattacks-like):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modelward.core.device import model_device
+from modelward.core.modules import eval_mode, model_device
 from modelward.errors import ConfigError
 
 Norm = Literal["linf", "l2", "l0", "none"]
@@ -53,21 +52,13 @@ class AttackResult:
         return float(self.success.float().mean().item()) if len(self.success) else 0.0
 
 
-@contextmanager
-def attack_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Eval mode and frozen parameters for the attack; both restored on exit (even on error)."""
-    modes = {m: m.training for m in model.modules()}
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    model.eval()
-    for p, _ in flags:
-        p.requires_grad_(False)
-    try:
-        yield model
-    finally:
-        for m, t in modes.items():
-            m.train(t)
-        for p, f in flags:
-            p.requires_grad_(f)
+def attack_mode(model: nn.Module) -> AbstractContextManager[nn.Module]:
+    """Eval mode and frozen parameters for the attack; both restored per module / parameter on exit (even on error).
+
+    The same as :func:`modelward.core.modules.eval_mode` with ``frozen_params=True``, kept under this name for the
+    attacks and their callers.
+    """
+    return eval_mode(model, frozen_params=True)
 
 
 @torch.no_grad()

@@ -17,6 +17,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from modelward.core.modules import eval_mode, model_device
 from modelward.robustness.gloro.net import GloroNet
 
 
@@ -86,40 +87,43 @@ def certify(net: GloroNet, x: torch.Tensor, y: torch.Tensor | None = None, epsil
         raise ConfigError(f"certify: expected a GloroNet, got {type(net).__name__}; wrap the model first: "
                           "GloroNet(model, input_shape, epsilon=...) (an nn.Sequential of layers the bound covers), "
                           "or train one with `modelward robust train` (examples/robust_gloro.toml)")
-    was_training = net.training
-    net.eval()
-    if not net.frozen:
-        net.freeze()
-    old_eps = net.epsilon
-    if epsilon is not None:
-        net.epsilon = float(epsilon)
-    try:
-        K = net.frozen_K
-        dev = K.device  # the model's device (freeze puts K there); batches go there, results come back
-        preds, certs, sizes, ranks_y = [], [], [], []
-        for i in range(0, len(x), batch_size):
-            logits = net.f(x[i : i + batch_size].to(dev, non_blocking=True))
-            mk = net.top_k_margins(logits, K)
-            ok = mk > 0
-            ks = torch.arange(1, mk.shape[1] + 1, device=dev).expand_as(mk)
-            kstar = torch.where(ok, ks, torch.zeros_like(ks)).max(1).values
-            preds.append(logits.argmax(1))
-            certs.append(ok.any(1))
-            sizes.append(kstar)
-            if y is not None:
-                rank = logits.argsort(1, descending=True).argsort(1)
-                ranks_y.append(rank.gather(1, y[i : i + batch_size, None].to(dev)).squeeze(1))
-        pred, cert, size = torch.cat(preds), torch.cat(certs), torch.cat(sizes)
-        if y is None:
-            correct = torch.zeros_like(cert)
-            robust = torch.zeros_like(cert)
-        else:
-            correct = pred == y.to(dev)
-            robust = cert & (torch.cat(ranks_y) < size)
-        return Certification(net.epsilon, pred, cert, size, correct, robust)
-    finally:
-        net.epsilon = old_eps
-        net.train(was_training)
+    with eval_mode(net):
+        if not net.frozen:
+            net.freeze()
+        old_eps = net.epsilon
+        if epsilon is not None:
+            net.epsilon = float(epsilon)
+        try:
+            return _certify_batches(net, x, y, batch_size)
+        finally:
+            net.epsilon = old_eps
+
+
+def _certify_batches(net: GloroNet, x: torch.Tensor, y: torch.Tensor | None, batch_size: int) -> Certification:
+    """The certification pass of :func:`certify` (the net already in eval mode, ε set)."""
+    K = net.frozen_K
+    dev = K.device  # the model's device (freeze puts K there); batches go there, results come back
+    preds, certs, sizes, ranks_y = [], [], [], []
+    for i in range(0, len(x), batch_size):
+        logits = net.f(x[i : i + batch_size].to(dev, non_blocking=True))
+        mk = net.top_k_margins(logits, K)
+        ok = mk > 0
+        ks = torch.arange(1, mk.shape[1] + 1, device=dev).expand_as(mk)
+        kstar = torch.where(ok, ks, torch.zeros_like(ks)).max(1).values
+        preds.append(logits.argmax(1))
+        certs.append(ok.any(1))
+        sizes.append(kstar)
+        if y is not None:
+            rank = logits.argsort(1, descending=True).argsort(1)
+            ranks_y.append(rank.gather(1, y[i : i + batch_size, None].to(dev)).squeeze(1))
+    pred, cert, size = torch.cat(preds), torch.cat(certs), torch.cat(sizes)
+    if y is None:
+        correct = torch.zeros_like(cert)
+        robust = torch.zeros_like(cert)
+    else:
+        correct = pred == y.to(dev)
+        robust = cert & (torch.cat(ranks_y) < size)
+    return Certification(net.epsilon, pred, cert, size, correct, robust)
 
 
 @torch.no_grad()
@@ -144,9 +148,7 @@ def certified_radius(net: GloroNet, x: torch.Tensor, batch_size: int = 1024) -> 
         >>> certified_radius(net, torch.rand(5, 4)).shape
         torch.Size([5])
     """
-    was_training = net.training
-    net.eval()
-    try:
+    with eval_mode(net):
         K = net.lipschitz_constant()
         radii = []
         for i in range(0, len(x), batch_size):
@@ -156,8 +158,6 @@ def certified_radius(net: GloroNet, x: torch.Tensor, batch_size: int = 1024) -> 
             r[torch.arange(len(f)), j] = float("inf")
             radii.append(r.min(1).values)
         return torch.cat(radii) if radii else torch.zeros(0)
-    finally:
-        net.train(was_training)
 
 
 def certified_mask(net: GloroNet, x: torch.Tensor, epsilon: float | None = None) -> torch.Tensor:
@@ -173,7 +173,7 @@ def empirical_lipschitz(model: nn.Module, x: torch.Tensor, kind: Literal["margin
     with Adam to maximise the ratio (Eq. 6.12 for ``kind="margin"``). Every evaluated pair is a valid lower bound.
     """
     g = torch.Generator().manual_seed(seed)  # drawn on the CPU (the same pairs on every device), then moved
-    dev = next(iter(model.parameters())).device
+    dev = model_device(model)
     x = x.to(dev)
     n = len(x)
     a = x[torch.randint(n, (n_pairs,), generator=g).to(dev)]
@@ -182,15 +182,11 @@ def empirical_lipschitz(model: nn.Module, x: torch.Tensor, kind: Literal["margin
     b[:half] = a[:half] + 0.05 * torch.randn(a[:half].shape, generator=g).to(dev, a.dtype)
     x1 = a.clone().requires_grad_(True)
     x2 = b.clone().requires_grad_(True)
-    was_training = model.training
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    with torch.no_grad():
-        j = model(x1).argmax(1)
     best = 0.0
     opt = torch.optim.Adam([x1, x2], lr=lr)
-    try:
+    with eval_mode(model, frozen_params=True):
+        with torch.no_grad():
+            j = model(x1).argmax(1)
         for _ in range(steps + 1):
             f1, f2 = model(x1), model(x2)
             dist = (x1 - x2).flatten(1).norm(dim=1).clamp_min(1e-6)
@@ -205,8 +201,4 @@ def empirical_lipschitz(model: nn.Module, x: torch.Tensor, kind: Literal["margin
             opt.zero_grad()
             (-ratio.sum()).backward()
             opt.step()
-    finally:
-        for p in model.parameters():
-            p.requires_grad_(True)
-        model.train(was_training)
     return best

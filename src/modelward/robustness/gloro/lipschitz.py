@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modelward.core.modules import eval_mode, model_device
 from modelward.errors import ModelwardError
 from modelward.robustness.gloro.layers import InvertibleDownsampling, MinMax, Residual
 
@@ -94,7 +95,7 @@ class _PowerBound(_Bound):
         self.in_shape = tuple(in_shape)
         g = torch.Generator().manual_seed(seed)
         # drawn on the CPU (the same start on every device), then put where the layer's weights are
-        u = torch.randn((1, *in_shape), generator=g).to(_device_of(module))
+        u = torch.randn((1, *in_shape), generator=g).to(model_device(module))
         self.register_buffer("u", u / u.norm())
 
     @property
@@ -399,7 +400,7 @@ def _leaf_bound(name: str, m: nn.Module, shape: tuple[int, ...], seed: int) -> _
 def _build(prefix: str, modules: list[tuple[str, nn.Module]], shape: tuple[int, ...], seed: int
            ) -> tuple[SequenceBound, tuple[int, ...]]:
     parts: list[_Bound] = []
-    x = torch.zeros((1, *shape), device=_device_of(*(m for _, m in modules)))
+    x = torch.zeros((1, *shape), device=model_device(nn.ModuleList(m for _, m in modules)))
     for name, m in modules:
         full = f"{prefix}{name}"
         if isinstance(m, nn.Sequential):
@@ -416,21 +417,9 @@ def _build(prefix: str, modules: list[tuple[str, nn.Module]], shape: tuple[int, 
     return SequenceBound(prefix.rstrip("."), parts), tuple(x.shape[1:])
 
 
-def _device_of(*modules: nn.Module) -> torch.device:
-    """Where the first parameter/buffer of `modules` lives (the CPU for parameter-free layers)."""
-    for m in modules:
-        for t in (*m.parameters(), *m.buffers()):
-            return t.device
-    return torch.device("cpu")
-
-
 def _forward_shape(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    was = m.training
-    m.eval()
-    try:
+    with eval_mode(m):
         return m(x)
-    finally:
-        m.train(was)
 
 
 class LipschitzBound(nn.Module):
@@ -439,7 +428,7 @@ class LipschitzBound(nn.Module):
     def __init__(self, layers: list[tuple[str, nn.Module]], input_shape: tuple[int, ...], seed: int = 0) -> None:
         super().__init__()
         self.seq, self.output_shape = _build("", layers, tuple(input_shape), seed)
-        self.to(_device_of(*(m for _, m in layers)))  # constants of parameter-free layers follow the model
+        self.to(model_device(nn.ModuleList(m for _, m in layers)))  # constants of parameter-free layers follow the model
 
     def forward(self, n_iter: int = 0) -> torch.Tensor:
         """Differentiable bound from the stored iterates after ``n_iter`` further power iterations per layer."""
