@@ -38,6 +38,7 @@ from scipy.stats import betabinom
 from torch import Tensor, nn
 
 from modelward.core.device import model_device
+from modelward.core.modules import eval_mode
 from modelward.errors import DataError
 
 FORMAT = "modelward.fingerprint/1"
@@ -173,10 +174,8 @@ def boundary_points(model: nn.Module, x: Tensor, *, kappa: float = 2.0, steps: i
     Returns:
         (points, the owner's top-1 at each point).
     """
-    from modelward.robustness.attacks.base import attack_mode
-
     dev = model_device(model)
-    with attack_mode(model):
+    with eval_mode(model, frozen_params=True):  # weights stay as they are; only the inputs move
         xp = x.detach().to(dev).clone().requires_grad_(True)
         with torch.no_grad():
             top2 = model(xp).topk(2, 1).indices
