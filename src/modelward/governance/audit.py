@@ -214,6 +214,21 @@ class AuditLog:
         with self.lock:
             return int(self.db.execute(q, args).fetchone()[0])
 
+    def rows(self, ops: tuple[str, ...], caller: str | None = None, since: float | None = None) -> int:
+        """Rows (the ``batch`` of allowed records) of operations `ops` by `caller` since `since` (a UNIX time): the
+        row budgets of :mod:`.flow_policy`, counted from the log, so neither a new session nor a restart resets
+        them."""
+        q = f"SELECT COALESCE(SUM(batch), 0) FROM audit WHERE decision = 'allow' AND op IN ({','.join('?' * len(ops))})"
+        args: list[Any] = [*ops]
+        if caller is not None:
+            q += " AND caller = ?"
+            args.append(caller)
+        if since is not None:
+            q += " AND ts >= ?"
+            args.append(since)
+        with self.lock:
+            return int(self.db.execute(q, args).fetchone()[0])
+
     def last_seq(self, session: str, caller: str, ops: tuple[str, ...]) -> int:
         """The last sequence number `caller` used in `session` for a sequenced operation (restored after a restart;
         only operations that passed the sequence check are counted, so a bogus number never sticks)."""
