@@ -25,10 +25,11 @@ Example:
     >>> mon = IntegrityMonitor(IntegrityConfig(warmup_steps=2))
     >>> for _ in range(3):
     ...     mon.record(mon.check_input("h", torch.randn(64, 8)))
-    >>> mon.check_input("h", 300 * torch.randn(64, 8))
-    Traceback (most recent call last):
-    ...
-    modelward.governance.integrity.IntegrityError: incoming h: root-mean-square 3e+02 is 3e+02x its running average ...
+    >>> try:
+    ...     mon.check_input("h", 300 * torch.randn(64, 8))
+    ... except IntegrityError as e:
+    ...     print(str(e)[:28])
+    incoming h: root-mean-square
 """
 
 from __future__ import annotations
