@@ -290,3 +290,41 @@ def as_labels(answer: dict[str, torch.Tensor]) -> torch.Tensor:
     if "topk" in answer:
         return answer["topk"][:, 0]
     return answer["probs"].argmax(1)
+
+
+def keep_outputs(folder: str | Path, session: str, token: str, logits: torch.Tensor,
+                 index: torch.Tensor | None = None) -> Path:
+    """The owner keeps a prediction's outputs (``result_receiver = "owner"``): ``predictions/<session>-<token>.csv``
+    in its own folder (columns index, prediction, logit_0 …; the driver's ``predictions.csv`` format).
+
+    Example:
+        >>> import tempfile
+        >>> keep_outputs(tempfile.mkdtemp(), "s1", "ab12", torch.zeros(2, 3)).name
+        's1-ab12.csv'
+    """
+    from modelward.core.records import write_csv
+
+    index = torch.arange(len(logits)) if index is None else index
+    cols = ["index", "prediction", *[f"logit_{k}" for k in range(logits.shape[1])]]
+    rows = [dict(zip(cols, [int(i), int(p), *[f"{v:.6g}" for v in row]], strict=True))
+            for i, p, row in zip(index.tolist(), logits.argmax(1).tolist(), logits.tolist(), strict=True)]
+    safe = "".join(c for c in session if c.isalnum() or c in "-_")[:64] or "session"
+    return write_csv(Path(folder) / "predictions" / f"{safe}-{token}.csv", rows, cols)
+
+
+def role_warnings(name: str, prev: str | None, driver: str | None, is_first: bool) -> list[str]:
+    """Start-up warnings for a party whose configuration gives one key two roles: the **data role** (sending this
+    party activations, hence choosing its inputs) and the **control role** (the driver: fetching results,
+    committing, restoring). Whoever holds both can query this party's part on inputs of its choice *and* collect
+    the answers; separate identities (``driver = "operator"`` with its own certificate) keep them apart.
+
+    Example:
+        >>> role_warnings("bob", prev="alice", driver="alice", is_first=False)[0][:47]
+        "party bob: 'alice' holds both the data role (it"
+    """
+    if is_first or prev is None or prev != driver:
+        return []
+    return [f"party {name}: {prev!r} holds both the data role (it sends this party activations) and the control "
+            f"role (it is the driver: fetch, commit, restore); one key can then query this party's layers on "
+            f"inputs of its choice and collect the answers. Give the driver its own identity (driver = "
+            f"\"operator\" with its own certificate, [peers.operator]); docs/governance.md, 'Roles'"]
