@@ -40,14 +40,15 @@ def _mw(*args, cwd, timeout=300):
 def quickstart(tmp_path_factory):
     """Both parties started from the shipped examples, run from an unrelated folder; state under `root`."""
     root = tmp_path_factory.mktemp("quick")
-    r = _mw("party", "certs", "--out", root / "certs", "--parties", "alice,bob", cwd=root)
+    r = _mw("party", "certs", "--out", root / "certs", "--parties", "alice,bob,operator", cwd=root)
     assert r.returncode == 0, r.stderr
     sets = {}
     for p, other in (("alice", "bob"), ("bob", "alice")):
         sets[p] = [f"checkpoint_dir={root / p / 'ckpt'}", f"audit_db={root / p / 'audit.db'}",
                    f"address_file={root / p / 'address'}", f"tls.ca={root / 'certs/ca.pem'}",
                    f"tls.cert={root / f'certs/{p}.pem'}", f"tls.key={root / f'certs/{p}.key'}",
-                   f"peers.{other}.cert={root / f'certs/{other}.pem'}", "init.test_seed=0", "threads=1"]
+                   f"peers.{other}.cert={root / f'certs/{other}.pem'}",
+                   f"peers.operator.cert={root / 'certs/operator.pem'}", "init.test_seed=0", "threads=1"]
     spawned = {p: spawn_party(EX / f"party_{p}.toml", root / f"{p}.log", sets[p]) for p in sets}
     procs = {p: wait_ready(proc, EX / f"party_{p}.toml", root / f"{p}.log", off) for p, (proc, off) in spawned.items()}
     yield root, procs
@@ -60,8 +61,9 @@ def _split_sets(root, steps=STEPS):
         out += ["--set", f"parties.{i}.address_file={root / p / 'address'}",
                 "--set", f"parties.{i}.cert={root / f'certs/{p}.pem'}"]
     return out + ["--set", f"out_dir={root / 'driver'}", "--set", f"tls.ca={root / 'certs/ca.pem'}",
-                  "--set", f"tls.cert={root / 'certs/alice.pem'}", "--set", f"tls.key={root / 'certs/alice.key'}",
-                  "--set", f"train.steps={steps}", "--set", "train.eval_every=3", "--set", "timeout_s=30"]
+                  "--set", f"tls.cert={root / 'certs/operator.pem'}",
+                  "--set", f"tls.key={root / 'certs/operator.key'}", "--set", f"train.steps={steps}",
+                  "--set", "train.eval_every=3", "--set", "timeout_s=30"]
 
 
 def test_quick_start_trains_like_monolithic_predicts_and_verifies(quickstart):

@@ -328,3 +328,24 @@ def role_warnings(name: str, prev: str | None, driver: str | None, is_first: boo
             f"role (it is the driver: fetch, commit, restore); one key can then query this party's layers on "
             f"inputs of its choice and collect the answers. Give the driver its own identity (driver = "
             f"\"operator\" with its own certificate, [peers.operator]); docs/governance.md, 'Roles'"]
+
+
+def request_fields(op: str, meta: dict, tensors: dict[str, torch.Tensor]) -> tuple[str, int, str]:
+    """``(split, distinct indices, metric)`` of a data message, as :func:`admit` reads them: a prediction on inputs
+    the caller sends is on the ``"inputs"`` split; an evaluation's split defaults to ``"train"`` (as the party reads
+    it, so a caller that leaves it out is checked against the training split); ``distinct`` is -1 when the message
+    carries no index vector.
+
+    Example:
+        >>> request_fields("eval", {"split": "test"}, {"idx": torch.tensor([3, 3, 3])})
+        ('test', 1, 'error')
+    """
+    split = ""
+    if op == "predict":
+        split = "inputs" if "x" in tensors else str(meta.get("split", "test"))[:16]
+    elif op == "eval":
+        split = str(meta.get("split", "train"))[:16]
+    idx = tensors.get("idx")
+    distinct = distinct_count(idx) if idx is not None and idx.dim() == 1 and not idx.is_floating_point() else -1
+    metric = str(meta.get("metric", "error"))[:32] if op == "eval" else "error"
+    return split, distinct, metric

@@ -201,3 +201,44 @@ def update_norm(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
         return 0.0
     diffs = torch._foreach_sub([a.detach() for a, _ in pairs], [b.detach() for _, b in pairs])
     return float(torch.stack(torch._foreach_norm(diffs)).norm())
+
+
+class StepIntegrity:
+    """The party's side of the checks, one step at a time: :meth:`incoming` before the step computes anything,
+    :meth:`after_update` once its tentative update is applied (the party rolls the step back on IntegrityError);
+    a step's values join the statistics only when every check passed.
+
+    Args:
+        cfg: :class:`IntegrityConfig` (None: the defaults).
+
+    Example:
+        >>> si = StepIntegrity(IntegrityConfig(warmup_steps=1))
+        >>> si.incoming("h", torch.ones(4, 3))
+        >>> si.after_update([torch.zeros(3)], [torch.ones(3)], loss=0.7)
+        >>> sorted(si.monitor.stats)
+        ['in:h:max', 'in:h:rms', 'loss', 'update']
+    """
+
+    def __init__(self, cfg: IntegrityConfig | None = None) -> None:
+        self.monitor = IntegrityMonitor(cfg)
+        self._pending = Sample()
+
+    @property
+    def enabled(self) -> bool:
+        return self.monitor.cfg.enabled
+
+    def incoming(self, name: str, t: torch.Tensor) -> None:
+        """Check an incoming tensor of the step about to run (IntegrityError: refuse it, nothing computed)."""
+        self._pending = self.monitor.check_input(name, t)
+
+    def after_update(self, before: list[torch.Tensor], after: list[torch.Tensor], loss: float | None = None) -> None:
+        """Check the tentative update (and the loss, for the label holder); record the step if it passed."""
+        sample, self._pending = self._pending, Sample()
+        sample = sample.merge(self.monitor.check_update(update_norm(before, after)))
+        if loss is not None:
+            sample = sample.merge(self.monitor.check_loss(loss))
+        self.monitor.record(sample)
+
+    def forget(self) -> None:
+        """Drop the values of a step that did not run to its update (refused or failed elsewhere)."""
+        self._pending = Sample()
