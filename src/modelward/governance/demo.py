@@ -79,8 +79,9 @@ def prepare_local_split(root: Path, model: nn.Module, data: DataSplit, parties: 
     root.mkdir(parents=True, exist_ok=True)
     plan = make_plan(model, parties, cuts)
     mcfg = infer_model_config(model)
-    make_certs(root / "certs", parties, if_exists="reuse")  # a resumed demo keeps its certificates
     driver = driver or parties[0]
+    # a driver of its own (the control role, e.g. "operator") gets its own key; a resumed demo keeps its certificates
+    make_certs(root / "certs", [*parties, *([driver] if driver not in parties else [])], if_exists="reuse")
     pol = policy or {"allow_peers": sorted({driver, *parties[:-1]}), "training": True, "inference": True}
     configs: dict[str, Path] = {}
     for i, p in enumerate(parties):
