@@ -37,10 +37,10 @@ from modelward.core.init import init_model_
 from modelward.core.process import keep_freed_memory
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
-from modelward.governance.config import load_party_config
 from modelward.governance.demo import prepare_local_split
 from modelward.governance.driver import SplitDriver, hosted_connect
-from modelward.governance.server import hosted_party
+from modelward.governance.party.config import load_party_config
+from modelward.governance.transport.server import hosted_party
 
 
 def _cpu(pid: int) -> float:
@@ -68,8 +68,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     # as in `party serve` and `split train`: this process runs the monolithic baseline and, hosted, alice's party
-    # (the baseline measured unaffected by it: fastest of 6 runs 13.31 / 13.74 / 15.22 ms/step without,
-    # 13.34 / 13.70 / 15.24 with, in three alternations)
+    # (the baseline is unaffected by it: docs/benchmarks/governance.md)
     keep_freed_memory()
 
     data = load_data(DataConfig(source="digits"))

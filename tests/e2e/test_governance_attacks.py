@@ -16,12 +16,13 @@ from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import IdentityError
 from modelward.governance.audit import verify
-from modelward.governance.certs import make_certs
-from modelward.governance.client import ConsentDenied, GrpcPartyClient, NumericError
-from modelward.governance.config import TLSConfig
 from modelward.governance.demo import prepare_local_split
 from modelward.governance.driver import SplitDriver
-from modelward.governance.launch import start_party
+from modelward.governance.party.config import TLSConfig
+from modelward.governance.protocol import ConsentDenied, NumericError
+from modelward.governance.transport.client import GrpcPartyClient
+from modelward.governance.transport.launch import start_party
+from modelward.governance.trust.certs import make_certs
 from modelward.governance.wire import Message
 
 MODEL = ModelConfig(arch="cnn", channels=[4, 8], fc=16)

@@ -21,13 +21,13 @@ from modelward.core.io import load_tensors
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.governance.audit import verify_against
-from modelward.governance.checkpoints import Checkpoints
-from modelward.governance.client import StepRolledBack
-from modelward.governance.config import load_party_config
 from modelward.governance.demo import prepare_local_split
 from modelward.governance.driver import SplitDriver, hosted_connect, load_split_config
-from modelward.governance.launch import spawn_party, start_party
-from modelward.governance.server import hosted_party
+from modelward.governance.party.checkpoints import Checkpoints
+from modelward.governance.party.config import load_party_config
+from modelward.governance.protocol import StepRolledBack
+from modelward.governance.transport.launch import spawn_party, start_party
+from modelward.governance.transport.server import hosted_party
 
 STEPS = 6
 

@@ -16,7 +16,7 @@ from modelward.core.init import init_model_
 from modelward.core.io import load_tensors
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
-from modelward.governance.launch import spawn_party, stop_parties, wait_ready
+from modelward.governance.transport.launch import spawn_party, stop_parties, wait_ready
 
 EX = Path(__file__).resolve().parents[2] / "examples"
 STEPS = 6

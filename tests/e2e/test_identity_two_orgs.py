@@ -14,11 +14,11 @@ from modelward.cli.party import app as party_app
 from modelward.core.data import DataConfig, load_data
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import IdentityError
-from modelward.governance.client import GrpcPartyClient
-from modelward.governance.config import TLSConfig
 from modelward.governance.demo import prepare_local_split
-from modelward.governance.identity import cert_fingerprint
-from modelward.governance.launch import start_party
+from modelward.governance.party.config import TLSConfig
+from modelward.governance.transport.client import GrpcPartyClient
+from modelward.governance.transport.launch import start_party
+from modelward.governance.trust.identity import cert_fingerprint
 from modelward.governance.wire import Message
 
 runner = CliRunner()
@@ -83,7 +83,7 @@ def test_a_handshake_with_an_unknown_ca_is_refused_and_audited(tmp_path):
 
     import grpc
 
-    from modelward.governance.certs import make_certs
+    from modelward.governance.trust.certs import make_certs
 
     data = load_data(DataConfig(source="breast_cancer"))
     model = build_model(ModelConfig(arch="mlp", hidden=[8]), data.input_shape, data.num_classes)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from modelward.cli.split import app as split_app
-from modelward.governance.leakage_parties import read_recording
+from modelward.governance.leakage.parties import read_recording
 
 EX = Path(__file__).resolve().parents[2] / "examples"
 runner = CliRunner()

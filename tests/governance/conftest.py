@@ -8,11 +8,11 @@ import pytest
 from modelward.core.data import DataConfig, load_data
 from modelward.core.init import init_model_
 from modelward.core.zoo import ModelConfig, build_model
-from modelward.governance.client import InProcessClient
-from modelward.governance.config import load_party_config
 from modelward.governance.demo import prepare_local_split
 from modelward.governance.driver import PartyRef, SplitConfig, SplitDriver
-from modelward.governance.party import Party
+from modelward.governance.party.config import load_party_config
+from modelward.governance.party.machine import Party
+from modelward.governance.transport.client import InProcessClient
 
 
 class Chain:
@@ -34,8 +34,7 @@ class Chain:
         self.parties[n].close()
         for p in self.parties.values():  # the neighbour reconnects, as after a real restart
             if p.cfg.next == n:
-                p.next_client = None
-                p.link_seq.clear()
+                p.reconnect()
         return self.start(n, overrides)
 
     def client(self, party: str, caller: str) -> InProcessClient:

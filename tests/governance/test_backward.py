@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from modelward.core.zoo import ModelConfig, build_model
-from modelward.governance.backward import input_gradient
+from modelward.governance.party.backward import input_gradient
 from modelward.governance.plan import model_layers, segment_of
 
 

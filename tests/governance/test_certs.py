@@ -5,9 +5,9 @@ import pytest
 from cryptography import x509
 
 from modelward.errors import ConfigError
-from modelward.governance import certs as certs_mod
-from modelward.governance.certs import ca_init, ca_sign, keygen, make_certs, write_new_file
-from modelward.governance.identity import cert_fingerprint, public_key_fingerprint
+from modelward.governance.trust import certs as certs_mod
+from modelward.governance.trust.certs import ca_init, ca_sign, keygen, make_certs, write_new_file
+from modelward.governance.trust.identity import cert_fingerprint, public_key_fingerprint
 
 
 def _cn(path):

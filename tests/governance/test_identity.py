@@ -5,8 +5,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from modelward.errors import ConfigError, IdentityError, ModelwardError
-from modelward.governance.certs import make_certs
-from modelward.governance.identity import (
+from modelward.governance.trust.certs import make_certs
+from modelward.governance.trust.identity import (
     cert_fingerprint,
     identify_peer,
     normalize_fingerprint,

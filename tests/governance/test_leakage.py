@@ -7,9 +7,13 @@ from modelward.core.data import DataConfig, load_data
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig
 from modelward.errors import ConfigError, DataError
-from modelward.governance.label_protection import LabelProtectionConfig, marvell_variances, protect_gradient
-from modelward.governance.leakage import LeakageMeter, auc, batch_leakage, pairwise_auc
-from modelward.governance.leakage_audit import simulate_split
+from modelward.governance.leakage.attacks import LeakageMeter, auc, batch_leakage, pairwise_auc
+from modelward.governance.leakage.study import simulate_split
+from modelward.governance.party.label_protection import (
+    LabelProtectionConfig,
+    marvell_variances,
+    protect_gradient,
+)
 
 
 def _binary_grads(n=200, d=32, frac_pos=0.2, seed=0):
@@ -120,7 +124,7 @@ def test_party_config_validates_label_protection_at_load():
     from pathlib import Path
 
     from modelward.errors import ConfigError
-    from modelward.governance.config import load_party_config
+    from modelward.governance.party.config import load_party_config
 
     bob = Path(__file__).resolve().parents[2] / "examples" / "party_bob.toml"
     cfg = load_party_config(bob, ["label_protection.method=marvell", "label_protection.scale=4"])

@@ -11,7 +11,7 @@ import torch
 
 from modelward.core.io import load_tensors
 from modelward.core.train import TrainConfig, batch_order, train
-from modelward.governance.client import ConsentDenied, NumericError, PartyError, StepRolledBack
+from modelward.governance.protocol import ConsentDenied, NumericError, PartyError, StepRolledBack
 from modelward.governance.wire import Message, WireError
 
 TC = TrainConfig(steps=5, eval_every=2, batch_size=16, eval_batch_size=128, lr=0.05)
@@ -176,7 +176,7 @@ def test_a_failed_background_write_is_reported_before_the_next_step_computes(mak
 
 def test_private_init_differs_per_start_and_test_seed_is_refused_off_loopback(make_chain, tmp_path):
     from modelward.errors import ConfigError
-    from modelward.governance.config import check_test_only, load_party_config
+    from modelward.governance.party.config import check_test_only, load_party_config
 
     a = make_chain(own_init=False)
     b = make_chain(own_init=False)
@@ -192,7 +192,7 @@ def test_port_in_use_is_a_config_error_not_a_traceback(make_chain):
     import socket
 
     from modelward.errors import ConfigError
-    from modelward.governance.server import PartyServer
+    from modelward.governance.transport.server import PartyServer
 
     c = make_chain()
     with socket.socket() as s:
@@ -228,8 +228,8 @@ def test_label_protection_hook_perturbs_only_the_returned_gradient(make_chain):
     assert plain.digests()["bob"] == protected.digests()["bob"]
     assert plain.digests()["alice"] != protected.digests()["alice"]  # alice learned from a perturbed gradient
     from modelward.errors import ConfigError
-    from modelward.governance.config import load_party_config
-    from modelward.governance.party import Party
+    from modelward.governance.party.config import load_party_config
+    from modelward.governance.party.machine import Party
 
     with pytest.raises(ConfigError, match="label_protection"):
         Party(load_party_config(protected.split.party_configs["bob"], ["label_protection.method=bogus"]))
@@ -345,10 +345,10 @@ def test_the_first_party_updates_before_it_answers_and_the_others_after(make_cha
     drv = _open(c)
     threads: dict[str, str] = {}
     for n, p in c.parties.items():
-        def late(*args, _n=n, _f=p._late_update):
+        def late(*args, _n=n, _f=p.tentative.late_update):
             threads[_n] = threading.current_thread().name
             return _f(*args)
-        p._late_update = late
+        p.tentative.late_update = late
     drv.train_step(0, torch.arange(16))
     assert threads["alice"] == threading.current_thread().name
     assert threads["carol"].startswith("update-carol") and threads["bob"].startswith("update-bob")
@@ -367,28 +367,28 @@ def test_the_late_update_runs_at_idle_priority_and_falls_back_when_starved(make_
     for key, c in (("idle", idle), ("normal", normal)):
         bob = c.parties["bob"]
 
-        def late(*args, _f=bob._late_update, _key=key):
+        def late(*args, _f=bob.tentative.late_update, _key=key):
             policies[_key].append(os.sched_getscheduler(0))
             return _f(*args)
 
-        bob._late_update = late
+        bob.tentative.late_update = late
         drv = _open(c)
         drv.train_step(0, torch.arange(16))
     assert policies == {"idle": [os.SCHED_IDLE], "normal": [os.SCHED_OTHER]}
     assert idle.digests() == normal.digests()
 
     bob = idle.parties["bob"]
-    update = bob._update
+    update = bob.tentative.update
 
     def starved(*args):  # waits instead of computing, as a thread no CPU is given to would
         time.sleep(0.15)
         return update(*args)
 
-    bob._update = starved
+    bob.tentative.update = starved
     drv = _open(idle)
     drv.train_step(1, torch.arange(16))
     assert bob._status()["update_priority"].startswith("normal (the late part of step 1 took")
-    bob._update = update
+    bob.tentative.update = update
     drv.train_step(2, torch.arange(16))
     assert policies["idle"][-1] == os.SCHED_OTHER
 
@@ -452,7 +452,7 @@ def test_a_shutdown_while_the_late_update_runs_waits_for_it_before_rolling_back(
     held back until the rollback starts (at most 1 s): the stop must wait for it instead."""
     import threading
 
-    from modelward.governance.server import _shut_down
+    from modelward.governance.transport.server import _shut_down
 
     c = make_chain()
     drv = _open(c)
@@ -460,7 +460,7 @@ def test_a_shutdown_while_the_late_update_runs_waits_for_it_before_rolling_back(
     bob = c.parties["bob"]
     before = {k: v.clone() for k, v in bob._state_tensors()[0].items()}
     rolling_back, order = threading.Event(), []
-    late, rollback = bob._late_update, bob._rollback
+    late, rollback = bob.tentative.late_update, bob.tentative.rollback
 
     def late_update(*args):
         rolling_back.wait(1.0)
@@ -472,7 +472,7 @@ def test_a_shutdown_while_the_late_update_runs_waits_for_it_before_rolling_back(
         order.append("rollback")
         rollback(*args)
 
-    bob._late_update, bob._rollback = late_update, rollback_
+    bob.tentative.late_update, bob.tentative.rollback = late_update, rollback_
     drv.train_step(1, torch.arange(16), lazy=True)  # answered; bob's update is still to come
     _shut_down(bob)
     assert order == ["update", "rollback"]
@@ -505,8 +505,9 @@ def test_the_session_opens_on_all_parties_at_once_and_reports_the_first_error_in
     fail, the error raised is the first one in chain order, after every answer is in."""
     import threading
 
-    from modelward.governance.client import InProcessClient, PartyUnavailable
     from modelward.governance.driver import PartyRef, SplitConfig, SplitDriver
+    from modelward.governance.protocol import PartyUnavailable
+    from modelward.governance.transport.client import InProcessClient
 
     c = make_chain(names=("alice", "bob", "carol"), cuts=("conv1", "conv2"))
     inside = threading.Barrier(3, timeout=10)  # every open must be in flight before any of them is answered

@@ -7,8 +7,8 @@ import grpc
 import pytest
 
 from modelward.errors import IdentityError
-from modelward.governance.certs import ca_init, ca_sign, keygen, make_certs
-from modelward.governance.identity import (
+from modelward.governance.trust.certs import ca_init, ca_sign, keygen, make_certs
+from modelward.governance.trust.identity import (
     cert_fingerprint,
     identify_peer,
     peer_pem_from_auth_context,
@@ -101,7 +101,7 @@ def test_tls_refusal_monitor_forwards_stderr_and_records_each_handshake_failure(
     import time
     from types import SimpleNamespace
 
-    from modelward.governance.server import TLSRefusalMonitor
+    from modelward.governance.transport.server import TLSRefusalMonitor
 
     recorded = []
     party = SimpleNamespace(audit=SimpleNamespace(refusal=lambda *a, **k: recorded.append(a)),

@@ -24,7 +24,7 @@ def certs(
 
     Organisations on separate hosts use `party keygen` (and `party ca init` / `party ca sign`) instead.
     """
-    from modelward.governance.certs import make_certs
+    from modelward.governance.trust.certs import make_certs
 
     names = [p.strip() for p in parties.split(",") if p.strip()]
     paths = make_certs(out, names, [h.strip() for h in hosts.split(",") if h.strip()], days,
@@ -52,8 +52,8 @@ def keygen(
     force: Annotated[bool, typer.Option("--force", help="replace an existing key (peers must re-pin)")] = False,
 ) -> None:
     """Make this party's own private key on this host, a self-signed certificate (for cross-pinning) and a CSR."""
-    from modelward.governance.certs import keygen as run
-    from modelward.governance.identity import cert_fingerprint, public_key_fingerprint
+    from modelward.governance.trust.certs import keygen as run
+    from modelward.governance.trust.identity import cert_fingerprint, public_key_fingerprint
 
     paths = run(name, out, [h.strip() for h in hosts.split(",") if h.strip()], days, force)
     cert = paths["cert"].read_bytes()
@@ -77,7 +77,7 @@ def ca_init(
     force: Annotated[bool, typer.Option("--force", help="replace an existing CA in --out")] = False,
 ) -> None:
     """Create a CA with a unique subject name (refuses to replace an existing one without --force)."""
-    from modelward.governance.certs import ca_init as run
+    from modelward.governance.trust.certs import ca_init as run
 
     paths = run(out, name, days, force)
     console.print(f"CA {_show(paths['cert'])} ({_subject(paths['cert'])}); key {_show(paths['key'])} (mode 0600)")
@@ -93,8 +93,8 @@ def ca_sign(
     force: Annotated[bool, typer.Option("--force", help="replace an existing certificate file")] = False,
 ) -> None:
     """Sign a CSR: a leaf certificate for server and client use named after the CSR's party name."""
-    from modelward.governance.certs import ca_sign as run
-    from modelward.governance.identity import cert_fingerprint
+    from modelward.governance.trust.certs import ca_sign as run
+    from modelward.governance.trust.identity import cert_fingerprint
 
     path = run(ca, csr, out, days, force)
     print(f"certificate {_show(path)}")
@@ -106,8 +106,8 @@ def fingerprint(
     cert: Annotated[Path, typer.Argument(help="a certificate (PEM), e.g. bob.pem")],
 ) -> None:
     """Print what peers pin for this certificate: its sha256 fingerprint and its public key's."""
-    from modelward.governance.certs import read_pem
-    from modelward.governance.identity import cert_fingerprint, public_key_fingerprint
+    from modelward.governance.trust.certs import read_pem
+    from modelward.governance.trust.identity import cert_fingerprint, public_key_fingerprint
 
     data = read_pem(cert, "certificate")
     print(cert_fingerprint(data))
@@ -120,8 +120,8 @@ def serve(
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
 ) -> None:
     """Serve this party's segment over gRPC with mutual TLS until SIGTERM / Ctrl-C."""
-    from modelward.governance.config import load_party_config
-    from modelward.governance.server import serve as run
+    from modelward.governance.party.config import load_party_config
+    from modelward.governance.transport.server import serve as run
 
     cfg = load_party_config(config, set_)
     run(cfg, log=lambda s: print(s, flush=True))

@@ -29,27 +29,16 @@ def train(
     from contextlib import nullcontext
 
     from modelward.core.process import keep_freed_memory
-    from modelward.core.progress import make_progress
-    from modelward.governance.config import load_party_config
+    from modelward.core.progress import RichProgress
     from modelward.governance.driver import load_split_config, run_training
-    from modelward.governance.server import hosted_party
+    from modelward.governance.party.config import load_party_config
+    from modelward.governance.transport.server import hosted_party
 
     cfg = load_split_config(config, set_)
     keep_freed_memory()  # this process handles a batch and its messages per step, like a party server
     hosted = hosted_party(load_party_config(host)) if host is not None else nullcontext()
-    with hosted as party, make_progress(console) as progress:
-        task = progress.add_task("split train", total=cfg.train.steps, info="connecting")
-        state = {"L": float("nan")}
-
-        def on_step(step, loss, links):
-            ctl = sum(s.sent + s.received for s in links.values())  # the driver's links: no tensors
-            progress.update(task, completed=step, info=f"loss {loss:.3f}  L {state['L']:.3f}  driver {ctl / 2**10:.0f} KiB")
-
-        def on_eval(step, val):
-            state["L"] = val
-            progress.update(task, completed=step)
-
-        res = run_training(cfg, on_step, on_eval, host=party)
+    with hosted as party, RichProgress(console) as progress:
+        res = run_training(cfg, progress, host=party)
     console.print(f"trained {res.steps_run} steps in {res.seconds:.1f}s (resumed {res.resumes}×); test "
                   f"{cfg.train.loss} {res.curve[-1][1]:.4f}")
     for link, s in res.links.items():
@@ -73,9 +62,9 @@ def predict(
 
     from modelward.core.records import write_csv
     from modelward.errors import ConfigError
-    from modelward.governance.config import load_party_config
     from modelward.governance.driver import SplitDriver, hosted_connect, load_split_config
-    from modelward.governance.server import hosted_party
+    from modelward.governance.party.config import load_party_config
+    from modelward.governance.transport.server import hosted_party
 
     if split not in ("train", "test"):
         raise ConfigError(f"--split {split!r}: valid choices: train, test")
@@ -110,7 +99,7 @@ def audit_leakage(
     from modelward.core.progress import RichProgress
     from modelward.core.records import markdown_table
     from modelward.errors import ConfigError
-    from modelward.governance.leakage_audit import load_audit_config, run_audit
+    from modelward.governance.leakage.study import load_audit_config, run_audit
 
     if transport not in ("inprocess", "parties"):
         raise ConfigError(f"--transport {transport!r}: valid choices: inprocess, parties")

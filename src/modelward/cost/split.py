@@ -33,11 +33,11 @@ from modelward.core.io import save_tensors
 from modelward.core.train import TrainConfig, make_optimizer
 from modelward.core.zoo import ModelConfig
 from modelward.cost.result import BackendResult
-from modelward.governance.certs import make_certs
-from modelward.governance.config import TLSConfig
 from modelward.governance.driver import PartyRef, SplitConfig, SplitDriver
-from modelward.governance.launch import start_parties, stop_parties
+from modelward.governance.party.config import TLSConfig
 from modelward.governance.plan import make_plan, model_layers, segment_of
+from modelward.governance.transport.launch import start_parties, stop_parties
+from modelward.governance.trust.certs import make_certs
 
 PARTIES = ("alice", "bob")
 

@@ -7,6 +7,11 @@ runs the driver's own party inside its process: ``run_training(cfg, host=party)`
 ``verify_audit_log`` are the tamper-evident audit trail; ``Policy`` / ``ConsentChecker`` decide per-pass
 consent; ``make_certs`` / ``keygen`` create the mutual-TLS identities; ``run_split_demo`` does it all on one
 machine; ``protect_gradient`` is label protection, ``run_leakage_audit`` measures label leakage.
+
+The package in layers, bottom up: ``wire``, ``plan``, ``audit`` and ``trust/`` (certificates, identities);
+``consent`` and ``protocol`` (operations, errors, the client interface); ``party/`` (gate, state machine,
+tentative step, holding); ``transport/`` (gRPC server and client, in-process client, launcher); ``driver/``
+(config, coordinator, training loop); ``demo``; ``leakage/`` (attacks, study, real-process audit).
 """
 
 from modelward.core.registry import lazy_exports
@@ -14,17 +19,18 @@ from modelward.core.registry import lazy_exports
 _G = "modelward.governance"
 _EXPORTS = {
     "make_plan": f"{_G}.plan:make_plan", "SplitPlan": f"{_G}.plan:SplitPlan",
-    "PartyConfig": f"{_G}.config:PartyConfig", "load_party_config": f"{_G}.config:load_party_config",
-    "serve_party": f"{_G}.server:serve",
-    "SplitConfig": f"{_G}.driver:SplitConfig", "load_split_config": f"{_G}.driver:load_split_config",
-    "run_training": f"{_G}.driver:run_training", "hosted_party": f"{_G}.server:hosted_party",
+    "PartyConfig": f"{_G}.party.config:PartyConfig", "load_party_config": f"{_G}.party.config:load_party_config",
+    "Party": f"{_G}.party.machine:Party", "serve_party": f"{_G}.transport.server:serve",
+    "SplitConfig": f"{_G}.driver.config:SplitConfig", "load_split_config": f"{_G}.driver.config:load_split_config",
+    "SplitDriver": f"{_G}.driver.training:SplitDriver",
+    "run_training": f"{_G}.driver.training:run_training", "hosted_party": f"{_G}.transport.server:hosted_party",
     "AuditLog": f"{_G}.audit:AuditLog", "verify_audit_log": f"{_G}.audit:verify",
     "Policy": f"{_G}.consent:Policy", "ConsentChecker": f"{_G}.consent:ConsentChecker",
-    "make_certs": f"{_G}.certs:make_certs", "keygen": f"{_G}.certs:keygen",
+    "make_certs": f"{_G}.trust.certs:make_certs", "keygen": f"{_G}.trust.certs:keygen",
     "run_split_demo": f"{_G}.demo:run_split_demo",
-    "protect_gradient": f"{_G}.label_protection:protect_gradient",
-    "LeakageAuditConfig": f"{_G}.leakage_audit:LeakageAuditConfig",
-    "run_leakage_audit": f"{_G}.leakage_audit:run_audit",
+    "protect_gradient": f"{_G}.party.label_protection:protect_gradient",
+    "LeakageAuditConfig": f"{_G}.leakage.study:LeakageAuditConfig",
+    "run_leakage_audit": f"{_G}.leakage.study:run_audit",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

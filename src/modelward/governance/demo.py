@@ -19,14 +19,14 @@ from torch import nn
 from modelward.core.config import to_toml
 from modelward.core.data import DataSplit
 from modelward.core.io import load_tensors, save_tensors
-from modelward.core.progress import make_progress
+from modelward.core.progress import RichProgress
 from modelward.core.train import TrainConfig
 from modelward.governance.audit import AuditError, verify
-from modelward.governance.certs import make_certs
-from modelward.governance.config import TLSConfig
 from modelward.governance.driver import PartyRef, SplitConfig, SplitDriver
-from modelward.governance.launch import PartyProcess, start_parties, stop_parties
+from modelward.governance.party.config import TLSConfig
 from modelward.governance.plan import infer_model_config, make_plan, model_layers, segment_of
+from modelward.governance.transport.launch import PartyProcess, start_parties, stop_parties
+from modelward.governance.trust.certs import make_certs
 
 
 @dataclass
@@ -159,19 +159,8 @@ def run_split_demo(out_dir: Path, model: nn.Module, data: DataSplit, train_cfg: 
     try:
         split.start()
         scfg = split.split_config(train_cfg, seed)
-        with SplitDriver(scfg) as drv, make_progress(console) as progress:
-            task = progress.add_task("split training", total=train_cfg.steps, info="")
-            last_eval = {"L": float("nan")}
-
-            def on_step(step, loss, links):
-                ctl = sum(s.sent + s.received for s in links.values())  # the driver's links: no tensors
-                progress.update(task, completed=step,
-                                info=f"loss {loss:.3f}  L {last_eval['L']:.3f}  driver {ctl / 2**10:.0f} KiB")
-
-            def on_eval(step, val):
-                last_eval["L"] = val
-
-            res = drv.train(on_step, on_eval, out_dir / "driver")
+        with SplitDriver(scfg) as drv, RichProgress(console) as progress:
+            res = drv.train(progress, out_dir / "driver")
             exports = drv.checkpoint_all(export=True)
     finally:
         split.stop()

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from modelward.governance.label_protection import LabelProtectionConfig, protect_gradient
+from modelward.governance.party.label_protection import LabelProtectionConfig, protect_gradient
 
 __all__ = ["LabelProtectionConfig", "auc", "batch_leakage", "cosine_scores", "norm_scores", "pairwise_auc",
            "protect_gradient", "LeakageMeter"]

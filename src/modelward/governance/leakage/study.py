@@ -1,10 +1,10 @@
 """Label-leakage audit: train a model split between Alice and Bob, attack the labels from what Alice receives.
 
-For every protection method and noise scale (``governance.label_protection``), and every seed, the model is
+For every protection method and noise scale (``governance.party.label_protection``), and every seed, the model is
 split at ``cut`` with ``governance.plan`` and trained in process exactly as the parties do it: Alice runs her
 segment, Bob computes the loss from his labels and the gradient ``dL/dh`` of Alice's activation, perturbs it with
 ``protect_gradient`` and returns it; each side steps its own optimizer. At every step the norm and direction
-attacks (``governance.leakage``) score the labels from the gradient Alice actually received. The result is the
+attacks (``governance.leakage.attacks``) score the labels from the gradient Alice actually received. The result is the
 trade-off between test accuracy and label-recovery AUC.
 
 Example:
@@ -32,8 +32,8 @@ from modelward.core.stats import summarize
 from modelward.core.train import TrainConfig, batch_order, evaluate, make_optimizer
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, ModelwardError
-from modelward.governance.label_protection import LabelProtectionConfig, Method, protect_gradient
-from modelward.governance.leakage import LeakageMeter
+from modelward.governance.leakage.attacks import LeakageMeter
+from modelward.governance.party.label_protection import LabelProtectionConfig, Method, protect_gradient
 from modelward.governance.plan import make_plan, model_layers, segment_of
 
 COLUMNS = ["method", "scale", "seeds", "test_accuracy", "test_accuracy_sd", "norm_auc", "norm_auc_sd",
@@ -157,13 +157,14 @@ Transport = Literal["inprocess", "parties"]
 def execute_run(run_id: str, spec: dict, deps: dict, root: str | None = None) -> dict:
     """One (method, scale, seed) run of the sweep (module level: the runner may call it in a worker process).
 
-    ``spec["transport"] == "parties"`` runs it over real party processes (``governance.leakage_parties``) in
+    ``spec["transport"] == "parties"`` runs it over real party processes (``governance.leakage.parties``) in
     ``root/<run id>``; otherwise in process (:func:`simulate_split`).
     """
     cfg = LeakageAuditConfig.model_validate(spec["config"])
     t0 = time.perf_counter()
     if spec.get("transport", "inprocess") == "parties":
-        from modelward.governance.leakage_parties import audit_over_parties
+        # (here, not at the top: only this transport needs gRPC, the party servers and the driver)
+        from modelward.governance.leakage.parties import audit_over_parties
 
         folder = Path(root or ".") / run_id.replace("|", "_")
         res = audit_over_parties(cfg, folder, spec["method"], spec["scale"], spec["seed"], spec["positive"])

@@ -51,8 +51,8 @@ class Checkpoints:
         self.dir = Path(folder)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keep = keep
-        # one long-lived writer: starting a thread per checkpoint costs the step ~0.5 ms (its start-up contends for
-        # the GIL with the step that commits)
+        # one long-lived writer: starting a thread per checkpoint costs the step that commits (its start-up
+        # contends for the GIL with it; figures in docs/benchmarks/governance.md)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoints-{self.dir.name}")
         self._pending: Future[None] | None = None
         self._error: str | None = None

@@ -1,8 +1,9 @@
 """gRPC transport of a party: mutual TLS, the caller identified by its pinned certificate fingerprint.
 
-One generic bytes-in/bytes-out method (framing in :mod:`modelward.governance.wire`). The TLS handshake admits
+One generic bytes-in/bytes-out method (framing in :mod:`modelward.governance.wire`; the admission checks in
+:mod:`modelward.governance.party.gate`). The TLS handshake admits
 certificates from the configured CA(s); *who* the caller is then follows only from the pinned fingerprints
-(:func:`modelward.governance.identity.identify_peer` on the ``x509_pem_cert`` of the auth context), before any
+(:func:`modelward.governance.trust.identity.identify_peer` on the ``x509_pem_cert`` of the auth context), before any
 byte of the request body is decoded. An unpinned certificate — whatever its common name or CA — is refused and
 audited (rate-limited).
 """
@@ -21,12 +22,15 @@ from pathlib import Path
 
 import grpc
 
+from modelward.core.lock import FolderLock
 from modelward.core.process import keep_freed_memory
 from modelward.errors import ConfigError, IdentityError, ModelwardError
-from modelward.governance.certs import read_pem
-from modelward.governance.client import SERVICE, code_of
-from modelward.governance.config import PartyConfig, check_test_only
-from modelward.governance.party import Party
+from modelward.governance.party.config import PartyConfig, check_test_only, pins
+from modelward.governance.party.machine import Connect, Party
+from modelward.governance.protocol import PartyClient
+from modelward.governance.transport.client import SERVICE, GrpcPartyClient, code_of
+from modelward.governance.trust.certs import read_pem
+from modelward.governance.trust.identity import cert_fingerprint, identify_peer, normalize_pins
 
 
 class PartyServer:
@@ -56,8 +60,6 @@ class PartyServer:
                               "(another party server?) or not local; set `port` (0 = any free port) or `host`")
 
     def identify(self, pem: bytes) -> str:
-        from modelward.governance.identity import identify_peer
-
         name = self._names.get(pem)
         if name is None:
             name = identify_peer(pem, self.party.pins)
@@ -71,8 +73,6 @@ class PartyServer:
         try:
             caller = self.identify(pem)
         except IdentityError as e:
-            from modelward.governance.identity import cert_fingerprint
-
             try:
                 who = "unpinned " + cert_fingerprint(pem)[:23]
             except IdentityError:
@@ -218,21 +218,34 @@ def _write_address(path: Path, text: str) -> None:
 def _lock(cfg: PartyConfig):
     """The party's state folder is used by one server at a time (a second `party serve` is refused, naming the
     holder; a lock left by a killed server on this host is taken over)."""
-    from modelward.core.lock import FolderLock
-
     return FolderLock(cfg.checkpoint_dir, what="party")
 
 
 def _shut_down(party: Party) -> None:
     """A clean stop: an uncommitted step rolled back, a checkpoint of the current step, the audit log closed."""
-    with party.lock:
-        party._settle()  # a late update still running would otherwise apply itself after the rollback below
-        if party.prepared is not None:  # never committed: the driver will abort or restore it anyway
-            party._rollback(party.prepared)
-            party.prepared = None
-        if party.step not in party.checkpoints():
-            party._save_checkpoint()
+    party.rest()
     party.close()
+
+
+def grpc_link(cfg: PartyConfig) -> Connect:
+    """How a party served here reaches its next neighbour: gRPC + mutual TLS with the party's certificate, the
+    neighbour pinned by its fingerprint.
+
+    Args:
+        cfg: the party's configuration.
+
+    Returns:
+        ``connect(name, address) -> PartyClient`` for :class:`~modelward.governance.party.machine.Party`.
+
+    Example:
+        >>> party = Party(cfg, connect=grpc_link(cfg))  # doctest: +SKIP
+    """
+    peer_pins = normalize_pins(pins(cfg), f"party {cfg.name}: peers")
+
+    def connect(name: str, address: str) -> PartyClient:
+        return GrpcPartyClient(name, address, cfg.tls, peer_pins[name], cfg.max_message_mb, cfg.timeout_s)
+
+    return connect
 
 
 @contextmanager
@@ -250,42 +263,44 @@ def hosted_party(cfg: PartyConfig) -> Iterator[Party]:
         checkpoint saved, audit log closed).
 
     Example:
-        >>> from modelward.governance.config import load_party_config
+        >>> from modelward.governance.party.config import load_party_config
         >>> with hosted_party(load_party_config("parties/alice.toml")) as alice:  # doctest: +SKIP
         ...     run_training(load_split_config("split.toml"), host=alice)
     """
     check_test_only(cfg)
     Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     with _lock(cfg):
-        party = Party(cfg)
+        party = Party(cfg, connect=grpc_link(cfg))
         try:
             yield party
         finally:
             _shut_down(party)
 
 
-def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None, audit_tls: bool = True) -> None:
+def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None, audit_tls: bool = True,
+          party_type: type[Party] = Party) -> None:
     """Run a party until SIGTERM/SIGINT (or `stop_event`); shut down gracefully, saving a checkpoint.
 
     Args:
-        cfg: the party's :class:`~modelward.governance.config.PartyConfig`.
+        cfg: the party's :class:`~modelward.governance.party.config.PartyConfig`.
         log: where status lines go (default ``print``).
         stop_event: set it to stop the server from another thread.
         audit_tls: record refused TLS handshakes in the audit log (:class:`TLSRefusalMonitor`; it takes over
             this process's standard error, so pass False when several servers share one process).
+        party_type: the :class:`Party` class to serve (a subclass adds to it, e.g. the leakage audit's recorder).
 
     Returns:
         None, once the server has stopped.
 
     Example:
-        >>> from modelward.governance.config import load_party_config
+        >>> from modelward.governance.party.config import load_party_config
         >>> serve(load_party_config("parties/alice.toml"))  # blocks until SIGTERM  # doctest: +SKIP
     """
     check_test_only(cfg)
     Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     keep_freed_memory()  # a message buffer per step: reuse freed memory rather than page-fault it back in
     with _lock(cfg):
-        party = Party(cfg)
+        party = party_type(cfg, connect=grpc_link(cfg))
         try:
             server = PartyServer(party)
         except BaseException:

@@ -1,168 +1,41 @@
-"""Driver: split training and inference over running party servers (seed 000 §1, steps 1–5).
+"""The coordinator of a split: the two-phase commit over the parties (seed 000 §1, steps 1–5).
 
 The driver is the coordinator, not a relay: it sends batch *indices* to the first party, which starts the step
-along the chain peer to peer (see :mod:`modelward.governance.party`), and gets back only the loss. After every
-party prepared step s it sends ``commit(s)`` to all of them; after a refusal or a failure anywhere, ``abort(s)``
-(two-phase commit: no party applies a step that another one refused). Evaluations return metric sums, predictions
-are fetched from the label holder. The driver never receives an activation or a gradient. Data order,
-learning-rate schedule and optimizer are exactly those of :func:`modelward.core.train.train`, so split training
-reproduces monolithic training when the parties start from the same parameters.
+along the chain peer to peer (see :mod:`modelward.governance.party.machine`), and gets back only the loss. After
+every party prepared step s it sends ``commit(s)`` to all of them; after a refusal or a failure anywhere,
+``abort(s)`` (two-phase commit: no party applies a step that another one refused). Evaluations return metric sums,
+predictions are fetched from the label holder. The driver never receives an activation or a gradient.
 
-Crash safety: when a party disappears mid-step, the driver waits for it to come back, aborts what is prepared,
-restores *every* party to the latest checkpoint step they all hold, rewinds the seeded batch order to that step
-and continues: no step is lost or applied twice.
+Crash safety: when a party disappears mid-step, the driver waits for it to come back, aborts what is prepared and
+restores *every* party to the latest checkpoint step they all hold (:meth:`Coordinator.resume_point`); the
+training loop (:mod:`.training`) rewinds the seeded batch order to that step and continues: no step is lost or
+applied twice.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any
 
 import torch
-from pydantic import Field, model_validator
 
-from modelward.core.config import StrictModel, dump_config, load_config
-from modelward.core.records import write_csv
-from modelward.core.train import TrainConfig, batch_order
 from modelward.errors import ConfigError, ModelwardError
-from modelward.governance.certs import check_name
-from modelward.governance.client import (  # noqa: F401 - re-exported
-    ConsentDenied,
-    GrpcPartyClient,
+from modelward.governance.driver.config import PartyRef, SplitConfig
+from modelward.governance.party.machine import Party
+from modelward.governance.protocol import (
     LinkStats,
-    NumericError,
     PartyClient,
     PartyError,
     PartyUnavailable,
     StepRolledBack,
 )
-from modelward.governance.config import TLSConfig, _resolve
-from modelward.governance.wire import Message, WireError  # noqa: F401 - re-exported
-
-if TYPE_CHECKING:
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    from modelward.governance.party import Party
-
-
-class PartyRef(StrictModel):
-    name: str
-    address: str | None = None  # host:port
-    address_file: str | None = None  # or the file the party writes its address to (port 0, same host)
-    fingerprint: str | None = None  # pin the party's certificate ("sha256:…"), or
-    cert: str | None = None  # its certificate file (pinned by fingerprint)
-
-    @model_validator(mode="after")
-    def _one(self) -> PartyRef:
-        if (self.address is None) == (self.address_file is None):
-            raise ValueError(f"party {self.name}: give exactly one of address (host:port) or address_file")
-        if self.fingerprint is not None and self.cert is not None:
-            raise ValueError(f"party {self.name}: give fingerprint or cert, not both")
-        return self
-
-    def resolved_address(self) -> str:
-        if self.address is not None:
-            return self.address
-        p = Path(self.address_file)
-        if not p.is_file():
-            raise ConfigError(f"party {self.name}: address_file {p} does not exist; start the party first "
-                              f"(`modelward party serve …` writes it when it listens)")
-        return p.read_text().strip()
-
-    def pin(self) -> str | None:
-        if self.cert is not None:
-            from modelward.governance.certs import read_pem
-            from modelward.governance.identity import cert_fingerprint
-
-            return cert_fingerprint(read_pem(self.cert, f"parties.{self.name}.cert"))
-        return self.fingerprint
-
-
-class SplitConfig(StrictModel):
-    """``SPLIT.toml``: the parties in chain order, the driver's identity, and the training procedure.
-
-    Args:
-        parties: at least 2 distinct parties in chain order (``name`` with ``address`` or ``address_file``,
-            optionally a pinned ``fingerprint`` or ``cert``).
-        tls: the driver's CA, client certificate and key (the identity the parties know as their ``driver``).
-        train: the training procedure; seed: the data order.
-        out_dir: where curves, steps and the session id go; session: the session id (default: a fresh one kept
-            in ``out_dir/session.json`` so reruns resume).
-        timeout_s: per request; retry_s: how long to wait for a crashed party; max_message_mb: message size limit.
-
-    Returns:
-        A strict config for :func:`run_training`.
-
-    Example:
-        >>> cfg = SplitConfig(parties=[{"name": "alice", "address": "127.0.0.1:5001"},
-        ...                            {"name": "bob", "address": "127.0.0.1:5002"}],
-        ...                   tls={"ca": "ca.pem", "cert": "driver.pem", "key": "driver.key"})
-        >>> [p.name for p in cfg.parties], cfg.timeout_s
-        (['alice', 'bob'], 60.0)
-    """
-
-    parties: list[PartyRef]
-    tls: TLSConfig  # the driver's client certificate (the identity the parties know as their `driver`)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    seed: int = 0  # data order (batch_order), as in core.train.train(seed=...)
-    out_dir: str = "runs/split"
-    session: str | None = None  # default: a fresh id, kept in out_dir/session.json so reruns resume
-    timeout_s: float = Field(60.0, gt=0)  # per request
-    retry_s: float = Field(120.0, ge=0)  # how long to wait for a crashed party to come back
-    max_message_mb: float = Field(64.0, gt=0)
-
-    @model_validator(mode="after")
-    def _chain(self) -> SplitConfig:
-        if len(self.parties) < 2:
-            raise ValueError("parties: a split needs at least 2 parties ([[parties]] name/address, in chain order)")
-        names = [check_name(p.name) for p in self.parties]
-        if len(set(names)) != len(names):
-            raise ValueError(f"parties: names must be distinct, got {names}")
-        return self
-
-
-def load_split_config(path: str | Path, overrides: list[str] | None = None) -> SplitConfig:
-    """Read a ``modelward split train`` file (TOML) with ``--set`` style `overrides`; TLS paths are resolved
-    relative to the file.
-
-    Args:
-        path: the TOML file.
-        overrides: ``key=value`` strings applied before validation.
-
-    Returns:
-        The validated :class:`SplitConfig`; a bad field raises ConfigError naming it.
-
-    Example:
-        >>> cfg = load_split_config("split.toml", ["train.steps=50"])  # doctest: +SKIP
-    """
-    cfg = load_config(path, SplitConfig, overrides)
-    base = Path(path).resolve().parent
-    cfg.tls = TLSConfig(ca=_resolve(base, cfg.tls.ca), cert=_resolve(base, cfg.tls.cert),
-                        key=_resolve(base, cfg.tls.key))
-    cfg.out_dir = _resolve(base, cfg.out_dir)
-    for p in cfg.parties:
-        p.address_file = _resolve(base, p.address_file)
-        p.cert = _resolve(base, p.cert)
-    return cfg
-
-
-@dataclass
-class SplitTrainResult:
-    curve: list[tuple[int, float]]
-    steps_run: int
-    seconds: float
-    links: dict[str, dict[str, float]]
-    resumes: int
-    audit_heads: dict[str, list]
-    train_loss: list[tuple[int, float]] = field(default_factory=list)
-
+from modelward.governance.transport.client import GrpcPartyClient, InProcessClient
+from modelward.governance.wire import Message
 
 Connect = Callable[[PartyRef, SplitConfig], PartyClient]
 
@@ -172,7 +45,7 @@ def grpc_connect(ref: PartyRef, cfg: SplitConfig) -> PartyClient:
 
 
 def hosted_connect(host: Party, cfg: SplitConfig) -> Connect:
-    """Reach `host` — a party running inside the driver's process (:func:`governance.server.hosted_party`) —
+    """Reach `host` — a party running inside the driver's process (:func:`governance.transport.server.hosted_party`) —
     directly, as its configured driver, and every other party over gRPC with mutual TLS.
 
     Args:
@@ -185,8 +58,6 @@ def hosted_connect(host: Party, cfg: SplitConfig) -> Connect:
     Example:
         >>> drv = SplitDriver(cfg, connect=hosted_connect(alice, cfg))  # doctest: +SKIP
     """
-    from modelward.governance.client import InProcessClient
-
     names = [p.name for p in cfg.parties]
     if host.cfg.name not in names:
         raise ConfigError(f"--host: party {host.cfg.name!r} is not one of this split's parties {names}")
@@ -199,7 +70,7 @@ def hosted_connect(host: Party, cfg: SplitConfig) -> Connect:
     return connect
 
 
-class SplitDriver:
+class Coordinator:
     """Coordinates the parties of one split (control to every party, batch indices to the first).
 
     Args:
@@ -246,7 +117,7 @@ class SplitDriver:
         for c in self.clients.values():
             c.close()
 
-    def __enter__(self) -> SplitDriver:
+    def __enter__(self) -> Coordinator:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -345,15 +216,11 @@ class SplitDriver:
     def _pipelined(self) -> bool:
         if self.pipeline is not None:
             return self.pipeline
-        from modelward.governance.client import InProcessClient
-
         return not isinstance(self.clients[self.names[0]], InProcessClient)
 
     def _send_step(self, step: int, idx: torch.Tensor, commit: int | None, ahead: bool) -> Future:
         """Send step `step` (carrying the commit of step `commit`), numbered now, in order. `ahead`: on a helper
         thread, so that the next step can be sent before this one is answered; otherwise right here."""
-        from concurrent.futures import Future, ThreadPoolExecutor
-
         with self._seq_lock:
             seq = self._sent_seq = max(self.seq, self._sent_seq) + 1
         meta = {} if commit is None else {"commit": commit}
@@ -428,8 +295,6 @@ class SplitDriver:
     def _pooled(self) -> ThreadPoolExecutor:
         """The driver's small pool for rounds sent to every party at once."""
         if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             self._pool = ThreadPoolExecutor(max_workers=min(8, len(self.names)), thread_name_prefix="driver")
         return self._pool
 
@@ -503,98 +368,7 @@ class SplitDriver:
             self.call(n, "restore", target, {"to_step": target})
         return target
 
-    # ------------------------------------------------------------------ training loop
-    def train(self, on_step: Callable[[int, float, dict[str, LinkStats]], None] | None = None,
-              on_eval: Callable[[int, float], None] | None = None, out_dir: Path | None = None) -> SplitTrainResult:
-        cfg, tc = self.cfg, self.cfg.train
-        t0 = time.perf_counter()
-        self.wait_all(time.monotonic() + cfg.retry_s, train=True)
-        n_train = int(self.status[self.names[0]]["n_train"])
-        step = self.resume_point()
-        curve: list[tuple[int, float]] = []
-        rows: list[dict[str, Any]] = []
-        train_loss: list[tuple[int, float]] = []
-        resumes = 0
-        if out_dir is not None and (out_dir / "curve.json").is_file():
-            prev = json.loads((out_dir / "curve.json").read_text())
-            curve = [(int(s), float(v)) for s, v in prev if int(s) <= step]
-            rows = [r for r in _read_rows(out_dir / "steps.csv") if int(r["step"]) < step]
-        running, k = 0.0, 0
-
-        def rewind(to: int):
-            it = batch_order(n_train, tc.batch_size, cfg.seed)
-            for _ in range(to):
-                next(it)
-            return it
-
-        batches = rewind(step)
-        if step == 0 or not curve:
-            curve = [(step, self.evaluate(tc.loss, tc.eval_batch_size))]
-            if on_eval:
-                on_eval(*curve[-1])
-        pipelined = self._pipelined()
-        ahead: tuple[int, Future] | None = None  # the next step, sent before this one's answer
-        # the first party delivers a step sent ahead in order once it has answered one from us (InOrder): not
-        # before the first step of the loop, nor before the first after a resume
-        through = False
-        while step < tc.steps:
-            before = {n: (s.sent, s.received, s.seconds) for n, s in self.links.items()}
-            ts = time.perf_counter()
-            if ahead is not None and ahead[0] == step:
-                sent, ahead = ahead[1], None
-            else:
-                idx = next(batches)
-                sent = self._send_step(step, idx, self.uncommitted, ahead=pipelined)
-            nxt = step + 1
-            if pipelined and through and nxt < tc.steps and nxt % tc.eval_every != 0:
-                # step s+1 carries the commit of step s: the first party runs it only once step s is through
-                # there (its answer sent); should step s fail, step s+1 is refused (out of order) and aborted
-                ahead = (nxt, self._send_step(nxt, next(batches), step, ahead=True))
-            try:
-                loss = self._finish_step(step, sent, ahead)
-            except PartyUnavailable:
-                ahead, through = None, False  # (the step ahead was waited for by _finish_step)
-                if cfg.retry_s <= 0:
-                    raise
-                self.wait_all(time.monotonic() + cfg.retry_s, train=True)
-                step = self.resume_point()
-                resumes += 1
-                batches = rewind(step)
-                curve = [c for c in curve if c[0] <= step]
-                rows = [r for r in rows if r["step"] < step]
-                running, k = 0.0, 0
-                continue
-            through = True
-            row: dict[str, Any] = {"step": step, "loss": loss, "seconds": time.perf_counter() - ts}
-            for n, s in self.links.items():
-                row[f"{n}_sent"] = s.sent - before[n][0]
-                row[f"{n}_received"] = s.received - before[n][1]
-                row[f"{n}_seconds"] = round(s.seconds - before[n][2], 6)
-            rows.append(row)
-            step += 1
-            running, k = running + loss, k + 1
-            if on_step:
-                on_step(step, loss, self.links)
-            if step % tc.eval_every == 0 or step == tc.steps:
-                # the evaluation carries the commit of the last step: it scores a state every party voted for
-                curve.append((step, self.evaluate(tc.loss, tc.eval_batch_size)))
-                train_loss.append((step, running / max(k, 1)))
-                running, k = 0.0, 0
-                if on_eval:
-                    on_eval(*curve[-1])
-                if out_dir is not None:
-                    _write_progress(out_dir, curve, rows)
-        self.flush()
-        # one status round, all parties at once: the link statistics, and the heads to publish (a control answer
-        # comes after its party's audit sync, so they rest on records on stable storage; every answer carries its
-        # party's head, its record of that request included)
-        statuses = self._status_all()
-        heads = {n: self.heads[n] for n in self.names}
-        result = SplitTrainResult(curve, step, time.perf_counter() - t0, self.link_summary(statuses), resumes,
-                                  heads, train_loss)
-        if out_dir is not None:
-            _write_progress(out_dir, curve, rows)
-        return result
+    # ------------------------------------------------------------------ status
 
     def _status_all(self) -> dict[str, dict[str, Any]]:
         """Every party's status, asked of all at once (a party that cannot answer is left out)."""
@@ -615,54 +389,3 @@ class SplitDriver:
     def checkpoint_all(self, export: bool = False) -> dict[str, dict[str, Any]]:
         self.flush()
         return {n: self.call(n, "checkpoint", 0, {"export": export}).meta for n in self.names}
-
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    with path.open(newline="") as f:
-        return [{k: (int(v) if k == "step" else float(v)) for k, v in r.items()} for r in csv.DictReader(f)]
-
-
-def _write_progress(out_dir: Path, curve: list[tuple[int, float]], rows: list[dict[str, Any]]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "curve.json").write_text(json.dumps(curve))
-    if rows:
-        write_csv(out_dir / "steps.csv", rows, list(rows[0]))
-
-
-def run_training(cfg: SplitConfig, on_step=None, on_eval=None, host: Party | None = None) -> SplitTrainResult:
-    """`modelward split train`: resumable (the session id lives in out_dir/session.json); writes curve.json,
-    steps.csv (per step: loss, seconds, bytes per link), summary.json and the resolved config.
-
-    Args:
-        cfg: the :class:`SplitConfig` (the parties must be serving).
-        on_step: optional callback ``on_step(step, loss, links)`` after every training step.
-        on_eval: optional callback ``on_eval(step, test_loss)`` after every evaluation.
-        host: a party hosted in this process (:func:`governance.server.hosted_party`; ``split train --host``):
-            reached directly instead of over the network.
-
-    Returns:
-        A :class:`SplitTrainResult` (``curve``, ``steps_run``, ``seconds``, bytes per ``links``, ``resumes``,
-        the parties' ``audit_heads`` and ``train_loss``).
-
-    Example:
-        >>> result = run_training(load_split_config("split.toml"))  # doctest: +SKIP
-        >>> result.curve[-1]  # (step, test loss)  # doctest: +SKIP
-    """
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    sess_file = out / "session.json"
-    session = cfg.session
-    if session is None and sess_file.is_file():
-        session = json.loads(sess_file.read_text())["session"]
-    session = session or uuid.uuid4().hex
-    sess_file.write_text(json.dumps({"session": session}))
-    dump_config(cfg, out / "config.json")
-    with SplitDriver(cfg, session, connect=None if host is None else hosted_connect(host, cfg)) as drv:
-        res = drv.train(on_step, on_eval, out)
-        drv.checkpoint_all()  # the trained state is durable on every party when `split train` returns
-    summary = {"steps": res.steps_run, "seconds": res.seconds, "resumes": res.resumes,
-               "final_loss": res.curve[-1][1], "links": res.links, "audit_heads": res.audit_heads}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return res

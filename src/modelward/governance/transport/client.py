@@ -4,7 +4,7 @@ The driver and every party (towards its next neighbour) use the same interface. 
 the server before the first call with a plain TLS handshake: it fails fast with a message naming the certificate
 at fault (our CA file, our certificate, the server's certificate) instead of a gRPC retry loop, and it compares
 the server's certificate with the pinned fingerprint (a valid certificate with the right name from another trusted
-CA is refused). :class:`InProcessClient` calls a :class:`~modelward.governance.party.Party` object directly
+CA is refused). :class:`InProcessClient` calls an :class:`~modelward.governance.protocol.Endpoint` (a party) directly
 (unit tests: a whole chain in one process, same code path from the wire bytes on).
 """
 
@@ -12,44 +12,31 @@ from __future__ import annotations
 
 import socket
 import ssl
-import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import grpc
 
 from modelward.errors import ConfigError, IdentityError, ModelwardError
+from modelward.governance.protocol import (
+    ConsentDenied,
+    Endpoint,
+    LinkStats,
+    NumericError,
+    PartyError,
+    PartyUnavailable,
+    StepRolledBack,
+    raw_bytes,
+)
+from modelward.governance.trust.certs import read_pem
+from modelward.governance.trust.identity import cert_fingerprint, identify_peer
 from modelward.governance.wire import Message, WireError, decode, encode
 
 if TYPE_CHECKING:
-    from modelward.governance.config import TLSConfig
-    from modelward.governance.party import Party
+    from modelward.governance.party.config import TLSConfig
 
 SERVICE = "modelward.Party"
 METHOD = f"/{SERVICE}/Call"
-TENSOR_KEYS = ("h", "g", "x", "logits")  # the payload tensors counted as "raw" bytes on a link
-
-
-class PartyError(ModelwardError):
-    """A request cannot be served in the party's current state (wrong step, nothing prepared, ...)."""
-
-
-class ConsentDenied(ModelwardError):
-    """The party's consent policy (or its role table) refused the operation."""
-
-
-class NumericError(PartyError):
-    """An incoming tensor is out of bounds, or an update left non-finite/exploding parameters (rolled back)."""
-
-
-class StepRolledBack(NumericError):
-    """A prepared step failed a party's late check (its update is checked after its input gradient went back):
-    that party rolled it back, so no party may commit it; the driver aborts it everywhere."""
-
-
-class PartyUnavailable(ModelwardError):
-    """A party cannot be reached (not started, crashed, or the connection broke)."""
 
 
 class TLSSetupError(ConfigError):
@@ -69,54 +56,19 @@ ERRORS[grpc.StatusCode.RESOURCE_EXHAUSTED] = WireError
 
 
 def code_of(e: ModelwardError) -> grpc.StatusCode:
+    """The gRPC status code a party answers error `e` with (its class, or its nearest mapped base class)."""
     for t in type(e).__mro__:
         if t in CODES:
             return CODES[t]
     return grpc.StatusCode.INVALID_ARGUMENT
 
 
-@dataclass
-class LinkStats:
-    """Bytes on one link: sent, received, and the raw bytes of the payload tensors (h, g, x, logits) in them."""
-
-    sent: int = 0
-    received: int = 0
-    raw: int = 0
-    seconds: float = 0.0
-    calls: int = 0
-
-    def add(self, sent: int, received: int, raw: int, seconds: float, calls: int = 1) -> None:
-        """Count a call (calls=0: a failed one); the driver may have two in flight on one link (a step sent
-        ahead of the previous one's answer)."""
-        with _STATS_LOCK:
-            self.sent += sent
-            self.received += received
-            self.raw += raw
-            self.seconds += seconds
-            self.calls += calls
-
-
-_STATS_LOCK = threading.Lock()
-
-
-def _raw(msg: Message) -> int:
-    return sum(t.numel() * t.element_size() for k, t in msg.tensors.items() if k in TENSOR_KEYS)
-
-
-class PartyClient(Protocol):
-    """A connection to one party. ``call`` sends a message and returns the decoded reply or raises the party's
-    error class (ConsentDenied, PartyError, NumericError, WireError, IdentityError, PartyUnavailable)."""
-
-    name: str
-    stats: LinkStats
-
-    def call(self, msg: Message, timeout: float | None = None) -> Message: ...
-
-    def close(self) -> None: ...
-
-
 class InProcessClient:
     """Calls ``party.handle(caller, bytes)`` directly: the same encode/decode, checks and audit as over gRPC.
+
+    Args:
+        party: what serves the requests: a party, or any :class:`~modelward.governance.protocol.Endpoint`.
+        caller: the pinned name the requests come from (what a transport would have identified).
 
     Example:
         >>> c = InProcessClient(bob, caller="alice")  # doctest: +SKIP
@@ -124,8 +76,8 @@ class InProcessClient:
         'bob'
     """
 
-    def __init__(self, party: Party, caller: str) -> None:
-        self.party, self.caller, self.name = party, caller, party.cfg.name
+    def __init__(self, party: Endpoint, caller: str) -> None:
+        self.party, self.caller, self.name = party, caller, party.name
         self.stats = LinkStats()
 
     def call(self, msg: Message, timeout: float | None = None) -> Message:
@@ -138,7 +90,7 @@ class InProcessClient:
             raise
         seconds = time.perf_counter() - t0
         out = decode(resp, max_bytes=2**40, allow_nonfinite=True)
-        self.stats.add(len(req), len(resp), _raw(msg) + _raw(out), seconds)
+        self.stats.add(len(req), len(resp), raw_bytes(msg) + raw_bytes(out), seconds)
         return out
 
     def close(self) -> None:
@@ -156,8 +108,6 @@ def check_server(name: str, address: str, tls: TLSConfig, pin: str | None, timeo
     """One TLS handshake with the server at `address`, presenting our certificate: returns the server
     certificate's fingerprint. Raises TLSSetupError naming the certificate at fault, IdentityError when the server
     is not the pinned one, PartyUnavailable when nothing listens (the only retryable outcome)."""
-    from modelward.governance.identity import identify_peer
-
     host, port = split_address(address)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False  # who the server is follows from the pin (or, without one, from gRPC's name check)
@@ -203,8 +153,6 @@ def check_server(name: str, address: str, tls: TLSConfig, pin: str | None, timeo
     except OSError as e:
         raise PartyUnavailable(f"party {name} at {address}: connection lost during the TLS handshake ({e})") \
             from None
-    from modelward.governance.identity import cert_fingerprint
-
     pem = ssl.DER_cert_to_PEM_cert(der).encode()
     if pin is not None:
         try:
@@ -219,8 +167,6 @@ class GrpcPartyClient:
 
     def __init__(self, name: str, address: str, tls: TLSConfig, pin: str | None = None,
                  max_message_mb: float = 64.0, timeout: float = 60.0, check: bool = True) -> None:
-        from modelward.governance.certs import read_pem
-
         self.name, self.address, self.tls, self.pin, self.timeout = name, address, tls, pin, timeout
         self.stats = LinkStats()
         self._checked = not check
@@ -257,7 +203,7 @@ class GrpcPartyClient:
             raise kind(detail) from None
         seconds = time.perf_counter() - t0
         out = decode(resp, max_bytes=self.max_bytes, allow_nonfinite=True)
-        self.stats.add(len(req), len(resp), _raw(msg) + _raw(out), seconds)
+        self.stats.add(len(req), len(resp), raw_bytes(msg) + raw_bytes(out), seconds)
         return out
 
     def close(self) -> None:

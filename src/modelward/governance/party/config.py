@@ -23,9 +23,10 @@ from modelward.core.data import DataConfig
 from modelward.core.init import INIT_SCHEMES
 from modelward.core.zoo import ModelConfig
 from modelward.errors import ConfigError
-from modelward.governance.certs import check_name
 from modelward.governance.consent import Policy
-from modelward.governance.label_protection import LabelProtectionConfig
+from modelward.governance.party.label_protection import LabelProtectionConfig
+from modelward.governance.trust.certs import check_name, read_pem
+from modelward.governance.trust.identity import cert_fingerprint
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -244,9 +245,6 @@ def check_test_only(cfg: PartyConfig) -> None:
 
 def pins(cfg: PartyConfig) -> dict[str, str]:
     """Peer name -> pinned fingerprint (read from the peer's certificate file where `cert` is given)."""
-    from modelward.governance.certs import read_pem
-    from modelward.governance.identity import cert_fingerprint
-
     out: dict[str, str] = {}
     for name, peer in cfg.peers.items():
         if peer.fingerprint is not None:

@@ -1,11 +1,11 @@
 """Label-leakage audit over real party processes: Alice's own server records the gradients Bob sends her.
 
-The in-process sweep (``governance.leakage_audit``) computes exactly what the parties compute. This module checks
+The in-process sweep (``governance.leakage.study``) computes exactly what the parties compute. This module checks
 the deployed path as well: Bob runs the ordinary ``modelward party serve`` with his ``[label_protection]``. Alice
 runs the same server with one addition, :class:`RecordingParty`, which keeps every gradient ``g`` that arrives from
 the next party during a training step, together with the batch indices. That is exactly what Alice's process
 legitimately receives, and what an honest-but-curious Alice would keep. After training, the auditor, who stands in
-for both organisations, scores the recordings against the true labels with ``governance.leakage``.
+for both organisations, scores the recordings against the true labels with ``governance.leakage.attacks``.
 
 Example:
     >>> row = audit_over_parties(cfg, "runs/leak", "marvell", 4.0, seed=0, positive=0)  # doctest: +SKIP
@@ -25,9 +25,18 @@ from typing import Any
 
 import torch
 
+from modelward.core.data import load_data
 from modelward.core.io import load_tensors, save_tensors
+from modelward.core.zoo import build_model
 from modelward.errors import ModelwardError
-from modelward.governance.party import Party
+from modelward.governance.demo import prepare_local_split
+from modelward.governance.driver import run_training
+from modelward.governance.leakage.attacks import LeakageMeter
+from modelward.governance.party.config import load_party_config
+from modelward.governance.party.machine import Party
+from modelward.governance.plan import model_layers
+from modelward.governance.transport import server
+from modelward.governance.transport.launch import wait_ready
 
 
 class RecordingParty(Party):
@@ -71,10 +80,8 @@ def read_recording(path: str | Path) -> list[tuple[int, torch.Tensor, torch.Tens
 
 def start_recording_party(config: Path, log: Path, record: Path, timeout: float = 90.0):  # -> PartyProcess
     """Start Alice's server with the recorder in a subprocess, the same way ``launch.start_party`` does."""
-    from modelward.governance.launch import wait_ready
-
     log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "modelward.governance.leakage_parties", "serve", str(config), "--record",
+    cmd = [sys.executable, "-m", "modelward.governance.leakage.parties", "serve", str(config), "--record",
            str(record)]
     with log.open("ab") as fh:
         start = fh.tell()
@@ -97,13 +104,6 @@ def audit_over_parties(cfg, out_dir: str | Path, method: str, scale: float, seed
         ``test_accuracy`` (from the driver's final evaluation), the attack AUCs (as in ``simulate_split``) and
         ``steps_recorded``.
     """
-    from modelward.core.data import load_data
-    from modelward.core.zoo import build_model
-    from modelward.governance.demo import prepare_local_split
-    from modelward.governance.driver import run_training
-    from modelward.governance.leakage import LeakageMeter
-    from modelward.governance.plan import model_layers
-
     root = Path(out_dir)
     data = load_data(cfg.data)
     model = build_model(cfg.model, data.input_shape, data.num_classes)  # structure only: parties draw their own
@@ -133,21 +133,17 @@ def audit_over_parties(cfg, out_dir: str | Path, method: str, scale: float, seed
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m modelward.governance.leakage_parties serve PARTY.toml --record FILE``: Alice's recording
+    """``python -m modelward.governance.leakage.parties serve PARTY.toml --record FILE``: Alice's recording
     server (for the audit only)."""
-    ap = argparse.ArgumentParser(prog="modelward.governance.leakage_parties")
+    ap = argparse.ArgumentParser(prog="modelward.governance.leakage.parties")
     ap.add_argument("command", choices=["serve"])
     ap.add_argument("config")
     ap.add_argument("--record", required=True, help="safetensors file for the received gradients")
     args = ap.parse_args(argv)
-    from modelward.governance import server
-    from modelward.governance.config import load_party_config
-
     cfg = load_party_config(args.config)
     RecordingParty.record_to = Path(args.record)
-    server.Party = RecordingParty  # type: ignore[misc]  # serve() builds its party through this module name
     try:
-        server.serve(cfg, log=lambda s: print(s, flush=True))
+        server.serve(cfg, log=lambda s: print(s, flush=True), party_type=RecordingParty)
     except ModelwardError as e:
         print(f"error: {e}", flush=True)
         sys.stdout.flush()

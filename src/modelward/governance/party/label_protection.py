@@ -41,7 +41,7 @@ import torch
 from pydantic import Field
 
 from modelward.core.config import StrictModel, validate
-from modelward.errors import ConfigError, DataError
+from modelward.errors import ConfigError, DataError, ModelwardError
 
 Method = Literal["none", "isotropic", "marvell"]
 
@@ -256,3 +256,39 @@ def protect_gradient(grad: torch.Tensor, labels: torch.Tensor,
         # n = sqrt(b) z + (sqrt(a) - sqrt(b)) Π z  has covariance a Π + b (I - Π)
         noise = sb * z + (sa - sb) * ((z @ q) @ q.T)
     return (g + noise).to(grad.dtype).reshape(grad.shape)
+
+
+class ProtectReply:
+    """The label holder's protection as a step on its outgoing reply (Flower's ``LocalDpMod``: run the operation,
+    then perturb what leaves): after a training step, the gradient ``g`` returned to the previous party is
+    replaced by :func:`protect_gradient` of it, with the labels of the batch's indices. The party's own loss and
+    update are untouched; only what travels is perturbed.
+
+    Args:
+        config: the ``[label_protection]`` table.
+        labels: the label holder's training labels (indexed by the batch's ``idx``).
+        in_shape: the shape (no batch) of the gradient it returns, to check the table at start-up.
+        who: the party's name, for errors.
+
+    Example:
+        >>> protect = ProtectReply(LabelProtectionConfig(method="marvell", scale=4.0), y_train, (4, 4, 4), "bob")
+        >>> reply = protect(msg, "alice", party_step)  # doctest: +SKIP
+    """
+
+    def __init__(self, config: LabelProtectionConfig, labels: torch.Tensor, in_shape: tuple[int, ...],
+                 who: str) -> None:
+        self.config, self.labels = config, labels
+        try:  # a bad table fails at start-up, not at the first step
+            g = torch.randn(8, *in_shape, generator=torch.Generator().manual_seed(0))
+            protect_gradient(g, torch.arange(8) % 2, config)
+        except ModelwardError as e:
+            raise ConfigError(f"party {who}: [label_protection]: {e}") from None
+
+    def __call__(self, msg: Any, caller: str, call_next: Any) -> Any:
+        """``call_next(msg, caller)`` (the step), then its reply's gradient ``g`` perturbed."""
+        reply = call_next(msg, caller)
+        g = reply.tensors.get("g")
+        if g is not None:
+            idx = msg.tensors["idx"]
+            reply.tensors["g"] = protect_gradient(g, self.labels[idx], self.config, step=msg.step, index=idx)
+        return reply

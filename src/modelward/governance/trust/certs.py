@@ -13,7 +13,7 @@ its common name and as a DNS subject-alternative name):
 - **Demo** (one machine, quick start): ``modelward party certs`` makes a fresh uniquely-named CA and every party's
   key in one process. Fine for a loopback demo, not for two organisations.
 
-Identity is decided by pinned fingerprints (``governance.identity``), not by the common name. Private keys are ECDSA
+Identity is decided by pinned fingerprints (``governance.trust.identity``), not by the common name. Private keys are ECDSA
 P-256, created with ``os.open(O_CREAT | O_EXCL, 0o600)``, so they are never readable by others, not even for an
 instant. Nothing that exists is overwritten unless ``force`` is given (then a fresh file replaces it atomically).
 """

@@ -1,0 +1,237 @@
+"""Split training: the resumable loop over the coordinator, and ``modelward split train`` (:func:`run_training`).
+
+Data order, learning-rate schedule and optimizer are exactly those of :func:`modelward.core.train.train`, so split
+training reproduces monolithic training when the parties start from the same parameters. When a party disappears
+mid-step, the loop waits for it, every party is restored to the latest checkpoint step they all hold
+(:meth:`~modelward.governance.driver.coordinator.Coordinator.resume_point`), the seeded batch order is rewound to
+that step and training continues: no step is lost or applied twice. Progress goes to a
+:class:`~modelward.core.progress.ProgressSink`; the outputs are written through :mod:`modelward.core.records`
+(atomic: a reader, or a resumed run, never sees half a file).
+
+Example:
+    >>> result = run_training(load_split_config("split.toml"))  # doctest: +SKIP
+    >>> result.curve[-1]  # (step, test loss)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modelward.core.config import dump_config
+from modelward.core.progress import ProgressSink, as_sink
+from modelward.core.records import atomic_write_json, write_csv
+from modelward.core.train import batch_order
+from modelward.governance.driver.config import SplitConfig
+from modelward.governance.driver.coordinator import Coordinator, hosted_connect
+from modelward.governance.party.machine import Party
+from modelward.governance.protocol import LinkStats, PartyUnavailable
+
+PROGRESS_KEY = "split train"
+
+
+@dataclass
+class SplitTrainResult:
+    """What a split training run did: the test curve ``[(step, loss)]``, the steps run, the seconds, bytes per
+    link, how often it resumed after a party failed, the parties' audit heads, and the mean training loss per
+    evaluation interval."""
+
+    curve: list[tuple[int, float]]
+    steps_run: int
+    seconds: float
+    links: dict[str, dict[str, float]]
+    resumes: int
+    audit_heads: dict[str, list]
+    train_loss: list[tuple[int, float]] = field(default_factory=list)
+
+
+class SplitDriver(Coordinator):
+    """The coordinator of one split with its training loop (:meth:`train`).
+
+    Args:
+        cfg: the split configuration.
+        session: the session id (default: cfg.session or a fresh one).
+        connect: ``connect(ref, cfg) -> PartyClient`` (default gRPC + mTLS; tests pass in-process clients).
+        pipeline: in :meth:`train`, send step s+1 before step s is answered (default: when the first party is
+            reached over the network, not when it runs in this process).
+
+    Example:
+        >>> with SplitDriver(load_split_config("split.toml")) as drv:  # doctest: +SKIP
+        ...     res = drv.train(RecordingProgress())
+    """
+
+    def train(self, progress: ProgressSink | None = None, out_dir: Path | None = None, *,
+              on_step: Callable[[int, float, dict[str, LinkStats]], None] | None = None) -> SplitTrainResult:
+        """Train ``cfg.train.steps`` steps from where the parties are (resuming after a party's failure).
+
+        Args:
+            progress: where progress goes (key ``"split train"``: one unit per step, the loss, the last test loss
+                and the driver's bytes in the status line).
+            out_dir: where ``curve.json`` and ``steps.csv`` are kept up to date (and read back to resume).
+            on_step: called after every step with ``(steps done, loss, the driver's link statistics)`` (a hook
+                for monitoring, and for tests that fail a party at a given step).
+
+        Returns:
+            A :class:`SplitTrainResult`.
+        """
+        sink = as_sink(progress)
+        cfg, tc = self.cfg, self.cfg.train
+        t0 = time.perf_counter()
+        sink.start(PROGRESS_KEY, tc.steps, PROGRESS_KEY)
+        self.wait_all(time.monotonic() + cfg.retry_s, train=True)
+        n_train = int(self.status[self.names[0]]["n_train"])
+        step = self.resume_point()
+        shown = 0  # the step the sink has been told about
+        curve: list[tuple[int, float]] = []
+        rows: list[dict[str, Any]] = []
+        train_loss: list[tuple[int, float]] = []
+        resumes = 0
+        if out_dir is not None and (out_dir / "curve.json").is_file():
+            prev = json.loads((out_dir / "curve.json").read_text())
+            curve = [(int(s), float("nan") if v is None else float(v)) for s, v in prev if int(s) <= step]
+            rows = [r for r in _read_rows(out_dir / "steps.csv") if int(r["step"]) < step]
+        running, k = 0.0, 0
+
+        def rewind(to: int):
+            it = batch_order(n_train, tc.batch_size, cfg.seed)
+            for _ in range(to):
+                next(it)
+            return it
+
+        def report(info: str) -> None:
+            nonlocal shown
+            sink.advance(PROGRESS_KEY, step - shown, info)
+            shown = step
+
+        def status(loss: float) -> str:
+            ctl = sum(s.sent + s.received for s in self.links.values())  # the driver's links: no tensors
+            last = curve[-1][1] if curve else float("nan")
+            return f"loss {loss:.3f}  L {last:.3f}  driver {ctl / 2**10:.0f} KiB"
+
+        batches = rewind(step)
+        report(f"from step {step}")
+        if step == 0 or not curve:
+            curve = [(step, self.evaluate(tc.loss, tc.eval_batch_size))]
+            report(f"L {curve[-1][1]:.3f}")
+        pipelined = self._pipelined()
+        ahead: tuple[int, Future] | None = None  # the next step, sent before this one's answer
+        # the first party delivers a step sent ahead in order once it has answered one from us (InOrder): not
+        # before the first step of the loop, nor before the first after a resume
+        through = False
+        while step < tc.steps:
+            before = {n: (s.sent, s.received, s.seconds) for n, s in self.links.items()}
+            ts = time.perf_counter()
+            if ahead is not None and ahead[0] == step:
+                sent, ahead = ahead[1], None
+            else:
+                idx = next(batches)
+                sent = self._send_step(step, idx, self.uncommitted, ahead=pipelined)
+            nxt = step + 1
+            if pipelined and through and nxt < tc.steps and nxt % tc.eval_every != 0:
+                # step s+1 carries the commit of step s: the first party runs it only once step s is through
+                # there (its answer sent); should step s fail, step s+1 is refused (out of order) and aborted
+                ahead = (nxt, self._send_step(nxt, next(batches), step, ahead=True))
+            try:
+                loss = self._finish_step(step, sent, ahead)
+            except PartyUnavailable:
+                ahead, through = None, False  # (the step ahead was waited for by _finish_step)
+                if cfg.retry_s <= 0:
+                    raise
+                self.wait_all(time.monotonic() + cfg.retry_s, train=True)
+                step = self.resume_point()
+                resumes += 1
+                batches = rewind(step)
+                curve = [c for c in curve if c[0] <= step]
+                rows = [r for r in rows if r["step"] < step]
+                running, k = 0.0, 0
+                report(f"a party failed: resumed from step {step}")
+                continue
+            through = True
+            row: dict[str, Any] = {"step": step, "loss": loss, "seconds": time.perf_counter() - ts}
+            for n, s in self.links.items():
+                row[f"{n}_sent"] = s.sent - before[n][0]
+                row[f"{n}_received"] = s.received - before[n][1]
+                row[f"{n}_seconds"] = round(s.seconds - before[n][2], 6)
+            rows.append(row)
+            step += 1
+            running, k = running + loss, k + 1
+            if on_step:
+                on_step(step, loss, self.links)
+            report(status(loss))
+            if step % tc.eval_every == 0 or step == tc.steps:
+                # the evaluation carries the commit of the last step: it scores a state every party voted for
+                curve.append((step, self.evaluate(tc.loss, tc.eval_batch_size)))
+                train_loss.append((step, running / max(k, 1)))
+                running, k = 0.0, 0
+                report(status(loss))
+                if out_dir is not None:
+                    _write_progress(out_dir, curve, rows)
+        self.flush()
+        # one status round, all parties at once: the link statistics, and the heads to publish (a control answer
+        # comes after its party's audit sync, so they rest on records on stable storage; every answer carries its
+        # party's head, its record of that request included)
+        statuses = self._status_all()
+        heads = {n: self.heads[n] for n in self.names}
+        result = SplitTrainResult(curve, step, time.perf_counter() - t0, self.link_summary(statuses), resumes,
+                                  heads, train_loss)
+        if out_dir is not None:
+            _write_progress(out_dir, curve, rows)
+        sink.done(PROGRESS_KEY, f"test {tc.loss} {curve[-1][1]:.4f}")
+        return result
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return [{k: (int(v) if k == "step" else float(v)) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def _write_progress(out_dir: Path, curve: list[tuple[int, float]], rows: list[dict[str, Any]]) -> None:
+    atomic_write_json(out_dir / "curve.json", curve, indent=None)
+    if rows:
+        write_csv(out_dir / "steps.csv", rows, list(rows[0]))
+
+
+def run_training(cfg: SplitConfig, progress: ProgressSink | None = None, host: Party | None = None
+                 ) -> SplitTrainResult:
+    """`modelward split train`: resumable (the session id lives in out_dir/session.json); writes curve.json,
+    steps.csv (per step: loss, seconds, bytes per link), summary.json and the resolved config.
+
+    Args:
+        cfg: the :class:`SplitConfig` (the parties must be serving).
+        progress: where progress goes (:meth:`SplitDriver.train`).
+        host: a party hosted in this process (:func:`governance.transport.server.hosted_party`;
+            ``split train --host``): reached directly instead of over the network.
+
+    Returns:
+        A :class:`SplitTrainResult` (``curve``, ``steps_run``, ``seconds``, bytes per ``links``, ``resumes``,
+        the parties' ``audit_heads`` and ``train_loss``).
+
+    Example:
+        >>> result = run_training(load_split_config("split.toml"), RecordingProgress())  # doctest: +SKIP
+        >>> result.curve[-1]  # (step, test loss)  # doctest: +SKIP
+    """
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sess_file = out / "session.json"
+    session = cfg.session
+    if session is None and sess_file.is_file():
+        session = json.loads(sess_file.read_text())["session"]
+    session = session or uuid.uuid4().hex
+    atomic_write_json(sess_file, {"session": session}, indent=None)
+    dump_config(cfg, out / "config.json")
+    with SplitDriver(cfg, session, connect=None if host is None else hosted_connect(host, cfg)) as drv:
+        res = drv.train(progress, out)
+        drv.checkpoint_all()  # the trained state is durable on every party when `split train` returns
+    summary = {"steps": res.steps_run, "seconds": res.seconds, "resumes": res.resumes,
+               "final_loss": res.curve[-1][1], "links": res.links, "audit_heads": res.audit_heads}
+    atomic_write_json(out / "summary.json", summary)
+    return res

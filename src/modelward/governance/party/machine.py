@@ -1,0 +1,539 @@
+"""A party of a split model: the transport-free state machine (issue 10; seed 000 §1).
+
+A party holds one contiguous segment of the model, its optimizer state and its own data column (inputs for the
+first party, labels for the last). Tensors travel only between neighbours, peer to peer:
+
+    driver --step(s, idx)--> P0 --step(s, h0, idx)--> P1 … --> P[n-1]  (loss from its labels, backward)
+    driver <---- loss ------ P0 <-------- g0 -------- P1 … <-- g[n-2]
+
+Each party consents to step s (forward *and* backward) when the step reaches it, before computing; it then
+computes its gradients, applies its optimizer step *tentatively* (the state before the step is kept) and checks
+the result. Only when every party consented and checked does step s commit anywhere; any refusal or failure
+anywhere leads to ``abort(s)``, which restores parameters, optimizer state and BatchNorm statistics bit for bit
+(two-phase commit with the driver as coordinator). A party answers its caller before its own update (weight
+gradients, optimizer step, check) is done, so that it runs while the parties before it compute; its vote comes
+with the next request (see :meth:`Party.op_step`). Evaluation and prediction travel the same chain, so every
+party, the label holder included, consents to every pass; prediction logits stay with the label holder until the
+driver fetches them. The driver thus sees batch indices, losses and metrics — never an activation or a gradient.
+
+Consent is decided from the operation the party executes (:data:`consent.OP_PURPOSE`), never from a field the
+caller sends. Who may ask for what is fixed by the chain: data operations (step, eval, predict) come from the
+previous party (the driver for the first party), control operations from the driver. Every decision goes into the
+hash-chained audit log together with the other parties' latest heads (cross-anchoring).
+
+The party is assembled from four parts, each owning its state:
+
+- :class:`~modelward.governance.party.gate.Gate`: the admission path (peer pin → decode → op → order → role →
+  sequence cache → consent → dispatch → audit record);
+- :class:`~modelward.governance.party.segment.Holding`: the segment, the data column, shapes and input bounds;
+- :class:`~modelward.governance.party.step.TentativeStep`: snapshot, late update, check, rollback, settle;
+- this class: the operations of the two-phase commit, in a dispatch table (:attr:`Party.ops`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from modelward.core.config import validate
+from modelward.core.io import optimizer_from_tensors, optimizer_to_tensors, save_tensors
+from modelward.core.train import TrainConfig, make_optimizer
+from modelward.errors import ConfigError
+from modelward.governance.audit import AuditLog
+from modelward.governance.consent import ConsentChecker, purpose_of
+from modelward.governance.party.backward import input_gradient
+from modelward.governance.party.checkpoints import Checkpoints, state_digest
+from modelward.governance.party.config import PartyConfig, pins
+from modelward.governance.party.gate import Gate
+from modelward.governance.party.label_protection import ProtectReply
+from modelward.governance.party.segment import Holding
+from modelward.governance.party.step import TentativeStep
+from modelward.governance.party.tensors import format_of, layout
+from modelward.governance.protocol import (
+    ConsentDenied,
+    PartyClient,
+    PartyError,
+    PartyUnavailable,
+    anchors_of,
+)
+from modelward.governance.trust.identity import normalize_pins
+from modelward.governance.wire import Message, WireError, expect
+
+MAX_RESULTS = 16  # prediction results kept for the driver to fetch (oldest dropped)
+
+Connect = Callable[[str, str], PartyClient]
+Operation = Callable[[Message, str], Message]
+
+
+def _opt_fields(tc: TrainConfig) -> dict[str, Any]:
+    """What fixes a party's parameter trajectory (run length and evaluation cadence may change between runs)."""
+    return tc.model_dump(mode="json", include={"optimizer", "lr", "momentum", "weight_decay", "lr_schedule"})
+
+
+class Party:
+    """The state machine of one party (no transport). ``handle(caller, bytes) -> bytes`` is the only entry point;
+    `caller` is the pinned peer name the transport identified (before anything was decoded).
+
+    Args:
+        cfg: the party's configuration (paths resolved).
+        connect: how to reach the next party: ``connect(name, address) -> PartyClient``. The transport that hosts
+            the party gives it (:func:`modelward.governance.transport.server.grpc_link`: gRPC + mutual TLS with
+            this party's certificate, the next party pinned by its fingerprint); without one, a party that has a
+            next neighbour refuses data operations.
+
+    Example:
+        >>> bob = Party(load_party_config("parties/bob.toml"))  # doctest: +SKIP
+        >>> InProcessClient(bob, caller="alice").call(Message("status")).meta["layers"]  # doctest: +SKIP
+        ['fc1', 'fc2']
+    """
+
+    def __init__(self, cfg: PartyConfig, connect: Connect | None = None) -> None:
+        self.cfg = cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.pins = normalize_pins(pins(cfg), f"party {cfg.name}: peers")
+        self.holding = Holding(cfg)
+        h = self.holding
+        self.segment, self.params = h.segment, h.params
+        self.all_layers, self.is_first, self.is_last = h.all_layers, h.is_first, h.is_last
+        self.in_shape, self.out_shape = h.in_shape, h.out_shape
+        self._protect = self._label_protection()
+        self.tentative = TentativeStep(cfg.name, self.segment, lambda: self.cfg.max_abs_param,
+                                       cfg.update_priority)
+        self.audit = AuditLog(cfg.audit_db, cfg.name)
+        self.consent = ConsentChecker(cfg.policy, self.audit)
+        self.lock = threading.RLock()
+        self.gate = Gate(self, name=cfg.name, driver=cfg.driver, prev=cfg.prev, audit=self.audit,
+                         consent=self.consent, lock=self.lock, max_message_bytes=int(cfg.max_message_mb * 2**20),
+                         refusals_every_s=cfg.audit_refusals_every_s,
+                         max_sessions_per_peer=cfg.max_sessions_per_peer)
+        self.guard = self.gate.guard
+        self.ckpt = Checkpoints(cfg.checkpoint_dir, cfg.keep_checkpoints)
+        self.step = 0
+        self.note = ""  # added to the reason of the request's audit record (a commit carried by a step)
+        self.results: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._connect = connect
+        self.next_address = cfg.peers[cfg.next].address if cfg.next else None
+        self.next_client: PartyClient | None = None
+        self.link_seq: dict[str, int] = {}  # session -> last sequence number used towards the next party
+        # the dispatch table (Flower's _registered_funcs): operation -> bound method, nothing built from strings
+        self.ops: dict[str, Operation] = {
+            "open": self.op_open, "status": self.op_status, "step": self.op_step, "vote": self.op_vote,
+            "commit": self.op_commit, "abort": self.op_abort, "eval": self.op_eval, "predict": self.op_predict,
+            "fetch": self.op_fetch, "restore": self.op_restore, "checkpoint": self.op_checkpoint,
+        }
+        # the first optimizer in a process imports a lot of torch; pay that before READY, not on the first request
+        make_optimizer([torch.nn.Parameter(torch.zeros(1))], TrainConfig()).step()
+        latest = self.ckpt.list()
+        if latest:
+            self._restore(latest[-1])
+        else:
+            self._save_checkpoint()
+
+    @property
+    def name(self) -> str:
+        """The party's name (its certificate's identity)."""
+        return self.cfg.name
+
+    @property
+    def prepared(self):  # -> Prepared | None
+        """The step applied tentatively and neither committed nor aborted yet, if any."""
+        return self.tentative.prepared
+
+    def _label_protection(self) -> ProtectReply | None:
+        """The label holder's reply-side gradient protection (``[label_protection]``), checked at start-up."""
+        if self.cfg.label_protection is None:
+            return None
+        if not self.is_last:
+            raise ConfigError(f"party {self.cfg.name}: [label_protection] is for the label holder (the last party)")
+        return ProtectReply(self.cfg.label_protection, self.holding.y_train, self.in_shape, self.cfg.name)
+
+    # ----------------------------------------------------------------- requests (the gate's Handler)
+    def handle(self, caller: str, data: bytes) -> bytes:
+        """Admit one request through the :class:`~modelward.governance.party.gate.Gate` (peer check, decode,
+        role, sequence and consent checks, dispatch, audit). Raises ModelwardError subclasses on refusal (the
+        transport maps them to status codes)."""
+        return self.gate.handle(caller, data)
+
+    def dispatch(self, op: str, msg: Message, caller: str) -> Message:
+        """Run operation `op` from the dispatch table (the gate has admitted it); the label holder's protection
+        wraps its step's reply."""
+        self.note = ""
+        err = self.ckpt.take_error()
+        if err:
+            raise PartyError(f"party {self.cfg.name}: {err}")
+        if op == "step" and self._protect is not None:
+            return self._protect(msg, caller, self.ops["step"])
+        return self.ops[op](msg, caller)
+
+    def settle(self) -> None:
+        """Wait for the late part of the prepared step; a failed check is rolled back and recorded (the step is
+        refused from now on)."""
+        failed = self.tentative.settle()
+        if failed is not None:
+            caller, session, seq = failed.request
+            self.audit.append(caller, "step", session, failed.step, seq, decision="error",
+                              reason=f"{failed.reason} (found by the check after the input gradient was sent; the "
+                                     "step is refused)", purpose=purpose_of("step"))
+
+    # ----------------------------------------------------------------- checkpoints
+    def checkpoints(self) -> list[int]:
+        return self.ckpt.list()
+
+    def _ckpt_path(self, step: int):
+        return self.ckpt.path(step)
+
+    def _state_tensors(self, buffers: dict[str, torch.Tensor] | None = None
+                       ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        t = self.tentative
+        tensors = {f"model.{k}": v for k, v in self.segment.state_dict().items()}
+        if buffers is not None:  # the buffers of an earlier moment (see _commit)
+            tensors.update({f"model.{k}": buffers[k] for k in t.buffer_keys})
+        meta: dict[str, Any] = {"step": self.step, "party": self.cfg.name, "layers": self.cfg.layers}
+        if t.opt is not None and t.train_cfg is not None:
+            ot, skel = optimizer_to_tensors(t.opt)
+            tensors.update(ot)
+            meta["opt"] = skel
+            meta["train_cfg"] = t.train_cfg.model_dump(mode="json")
+        return tensors, meta
+
+    def _save_checkpoint(self, background: bool = False, buffers: dict[str, torch.Tensor] | None = None):
+        # the records of every step in this checkpoint are on stable storage before it is (a step's own record
+        # may still be syncing in the background when the step commits; a power cut loses the in-memory state
+        # too, and the party restarts from a checkpoint): the writer waits for the audit log's sync first
+        tensors, meta = self._state_tensors(buffers)
+        return self.ckpt.save(self.step, tensors, meta, background, before=self.audit.sync)
+
+    def _restore(self, step: int) -> None:
+        got = self.ckpt.load(step)
+        if got is None:
+            raise PartyError(f"party {self.cfg.name} has no checkpoint at step {step} (has {self.checkpoints()})")
+        tensors, meta = got
+        t = self.tentative
+        self.segment.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        self.step = int(meta["step"])
+        t.prepared = None
+        t.rolled_back = None
+        if "train_cfg" in meta:
+            t.train_cfg = TrainConfig.model_validate(meta["train_cfg"])
+            t.opt = make_optimizer(list(self.params.values()), t.train_cfg)
+            optimizer_from_tensors(t.opt, {k: v for k, v in tensors.items() if k.startswith("opt.")}, meta["opt"])
+        elif t.opt is not None and t.train_cfg is not None:
+            t.opt = make_optimizer(list(self.params.values()), t.train_cfg)  # fresh state, as at step 0
+
+    def state_digest(self) -> str:
+        """sha256 over parameters, buffers and optimizer state: equal digests = bit-identical state."""
+        with self.lock:
+            self.settle()
+            return state_digest(self._state_tensors()[0])
+
+    def _status(self, digest: bool = False) -> dict[str, Any]:
+        link = self.next_client.stats if self.next_client is not None else None
+        t = self.tentative
+        return {"party": self.cfg.name, "layers": self.cfg.layers, "all_layers": self.all_layers,
+                "first": self.is_first, "last": self.is_last, "prev": self.cfg.prev, "next": self.cfg.next,
+                "step": self.step, "in_shape": list(self.in_shape), "out_shape": list(self.out_shape),
+                "n_train": self.holding.n("train"), "n_test": self.holding.n("test"),
+                "prepared": t.prepared.step if t.prepared is not None else None,
+                "update_priority": t.update_priority,
+                "checkpoints": self.checkpoints(), "audit_head": self.audit.head_ref,
+                "digest": self.state_digest() if digest else None,
+                "params": {k: list(v.shape) for k, v in self.params.items()},
+                "link": None if link is None else {"to": self.cfg.next, "sent": link.sent,
+                                                   "received": link.received, "raw": link.raw,
+                                                   "seconds": link.seconds, "calls": link.calls},
+                "train_cfg": t.train_cfg.model_dump(mode="json") if t.train_cfg else None}
+
+    # ----------------------------------------------------------------- the next party
+    def reconnect(self) -> None:
+        """Drop the link to the next party: the next data operation connects again and re-opens its session
+        (what a real restart of the next party leads to)."""
+        if self.next_client is not None:
+            self.next_client.close()
+        self.next_client = None
+        self.link_seq.clear()
+
+    def _next_call(self, msg: Message, meta: dict, tensors: dict[str, torch.Tensor]) -> Message:
+        """The data operation `msg` continued to the next party (sequenced per session; the link re-opens after a
+        failure). The heads of the parties before us, and ours, travel with it."""
+        op, session, step = msg.op, msg.session, msg.step
+        if self.next_address is None:
+            raise PartyError(f"party {self.cfg.name}: the address of the next party {self.cfg.next!r} is unknown "
+                             f"(set [peers.{self.cfg.next}] address, or open the session through the driver)")
+        if self._connect is None:
+            raise PartyError(f"party {self.cfg.name}: built without a way to reach its next party {self.cfg.next!r} "
+                             "(pass connect=, as the transport's server does)")
+        try:
+            if self.next_client is None:
+                self.next_client = self._connect(self.cfg.next, self.next_address)
+            if session not in self.link_seq:
+                st = self.next_client.call(Message("open", session))
+                if len(self.link_seq) > 4 * self.cfg.max_sessions_per_peer:
+                    self.link_seq.clear()
+                self.link_seq[session] = int(st.meta["last_seq"])
+            seq = self.link_seq[session] + 1
+            meta = {**meta, "anchors": {**anchors_of(msg, self.cfg.name), self.cfg.name: self.audit.head_ref}}
+            out = self.next_client.call(Message(op, session, step, seq, meta, tensors))
+            self.link_seq[session] = seq
+            return out
+        except PartyUnavailable:
+            self.link_seq.pop(session, None)
+            raise
+
+    # ----------------------------------------------------------------- operations
+    def op_status(self, msg: Message, caller: str) -> Message:
+        """The party's status (with ``meta.digest``: the digest of its state too)."""
+        return Message("status", step=self.step, meta=self._status(bool(msg.meta.get("digest"))))
+
+    def op_open(self, msg: Message, caller: str) -> Message:
+        """Start or rejoin a session; a training session fixes the optimizer configuration. The driver may tell
+        the party where its next neighbour listens (the neighbour is still pinned by fingerprint)."""
+        t = self.tentative
+        tc = msg.meta.get("train_cfg")
+        if tc is not None and caller != self.cfg.driver:
+            raise ConsentDenied(f"party {self.cfg.name}: only the driver ({self.cfg.driver}) opens training sessions")
+        if tc is not None:
+            cfg = validate(TrainConfig, tc, "train_cfg")
+            if t.train_cfg is None:
+                t.train_cfg = cfg
+                t.opt = make_optimizer(list(self.params.values()), cfg)
+            elif _opt_fields(t.train_cfg) != _opt_fields(cfg):
+                raise PartyError(f"party {self.cfg.name} is already training with a different optimizer "
+                                 f"configuration {_opt_fields(t.train_cfg)}; use a fresh checkpoint_dir to "
+                                 "start over")
+            n_test = self.holding.n("test")
+            ev = min(cfg.eval_batch_size, n_test) if n_test else cfg.eval_batch_size
+            self.holding.warm_up([cfg.batch_size, ev] + ([n_test % ev] if n_test and n_test % ev else []))
+        addr = msg.meta.get("next_address")
+        if addr is not None and caller == self.cfg.driver and self.cfg.next is not None \
+                and self.cfg.peers[self.cfg.next].address is None and isinstance(addr, str) and len(addr) < 256:
+            if addr != self.next_address and self.next_client is not None:
+                self.next_client.close()
+                self.next_client = None
+            self.next_address = addr
+        return Message("open", step=self.step,
+                       meta={**self._status(), "last_seq": self.guard.last_seq(caller, msg.session)})
+
+    def op_step(self, msg: Message, caller: str) -> Message:
+        """Phase 1 of training step s: forward, (the rest of the chain), backward, tentative optimizer step,
+        check. The state before the step is kept until commit(s) or abort(s).
+
+        Every party after the first answers as soon as its input gradient exists and runs the rest of its step on
+        the update thread: weight gradients (:mod:`.backward`, nothing computed twice), optimizer step and check,
+        while the parties before it finish their own backward passes. (The first party, whose caller waits for
+        the loss only, runs its backward pass and update before answering: nothing would overlap them.) A
+        party's vote on the step is late: every request first waits for that check (:meth:`settle`), and
+        a failed check rolls the step back and refuses its commit. The commit of step s-1 travels with step s
+        (``meta.commit``): each party passes it on only after its own check passed, the last party commits it on
+        arrival (every party has voted for it then), the others once the parties after them have answered. The
+        driver's explicit commit is preceded by a ``vote`` round for the same reason."""
+        t, h = self.tentative, self.holding
+        if t.opt is None:
+            raise PartyError(f"party {self.cfg.name}: open a training session first")
+        carried, held = self._carried_commit(msg)
+        at = self.step + (held is not None)
+        if msg.step != at:
+            raise PartyError(f"party {self.cfg.name} is at step {at}, request is for step {msg.step} "
+                             "(resume from a common checkpoint with restore)")
+        if t.prepared is not None and held is None:
+            raise PartyError(f"party {self.cfg.name}: step {t.prepared.step} is prepared and neither committed "
+                             "nor aborted")
+        t.rolled_back = None
+        idx, x = h.input(msg, "train", h.limit())
+        snapshot = t.begin(msg.step)
+        try:
+            self.segment.train()
+            inp = None if self.is_first else layout(x).requires_grad_(True)
+            out = self.segment(layout(x) if inp is None else inp)
+            t.opt.zero_grad(set_to_none=True)
+            root_grad: torch.Tensor | None = None
+            if self.is_last:
+                root = F.cross_entropy(out, h.y_train[idx])
+                loss, down = float(root.item()), {}
+            else:
+                r = self._next_call(msg, {} if carried is None else {"commit": carried},
+                                    {"h": out.detach(), "idx": idx})
+                if held is not None:  # every party after this one has committed it
+                    self._commit(held, buffers=snapshot().model)
+                    self.note = f"; committed step {held} (carried by this {msg.op})"
+                    held = None
+                g = h.bounded(expect(r, "g", torch.float32, tuple(out.shape)), "gradient g")
+                root, root_grad = out, g.contiguous(memory_format=format_of(out))
+                loss, down = float(r.meta["loss"]), anchors_of(r, self.cfg.name)
+            grad = None
+            if inp is None:  # the first party: its whole backward pass is its own (it answers with the loss first)
+                weight_pass = functools.partial(torch.autograd.backward, root, root_grad)
+            else:  # only what the previous party waits for; the weight gradients follow on the update thread
+                # (from the gradients the input pass recorded at the weights' branch points: nothing computed twice)
+                (grad,), weights = input_gradient(root, [inp], h.grad_params, root_grad)
+                weight_pass = weights.run
+        except BaseException:
+            t.rollback(snapshot())  # the state before this step (a held commit stays prepared)
+            raise
+        t.prepared = snapshot()
+        # the first party's caller (the driver) waits for nothing but the loss, and no party's work overlaps its
+        # update (the next step starts with it): it runs the update here, saving the hand-over to the update
+        # thread (measured: docs/benchmarks/governance.md). Its check is still this party's late vote
+        t.run_late(msg.step, weight_pass, snapshot, (caller, msg.session, msg.seq), here=inp is None)
+        return Message("step", step=msg.step, meta={"loss": loss, "_anchors": down},
+                       tensors={"g": grad} if grad is not None else {})
+
+    def _carried_commit(self, msg: Message) -> tuple[int | None, int | None]:
+        """The commit of the last step carried by a data operation (``meta.commit``; a step or an evaluation):
+        after this party's own check passed (settled before any request), the last party commits it on arrival,
+        the others hold it until the parties after them have answered (then every party has voted for it).
+        Returns (carried step or None, held step or None)."""
+        carried = msg.meta.get("commit")  # phase 2 of the previous step, carried by this one (saves a round trip)
+        if carried is None:
+            return None, None
+        if not isinstance(carried, int) or isinstance(carried, bool):
+            raise WireError(f"meta.commit must be a step number, got {carried!r}")
+        t = self.tentative
+        t.refuse_rolled_back(carried)
+        if not self.is_last and t.prepared is not None and t.prepared.step == carried:
+            return carried, carried  # committed once the next party has answered
+        self._commit(carried)
+        self.note = f"; committed step {carried} (carried by this {msg.op})"  # in this request's record
+        return carried, None
+
+    def op_vote(self, msg: Message, caller: str) -> Message:
+        """Phase 1's last word on step s from this party, after its late check (waited for before any request):
+        ``prepared`` (or ``committed`` already); a step the check rolled back is refused (StepRolledBack)."""
+        t = self.tentative
+        t.refuse_rolled_back(msg.step)
+        if t.prepared is not None and t.prepared.step == msg.step:
+            vote = "prepared"
+        elif t.prepared is None and self.step == msg.step + 1:
+            vote = "committed"
+        else:
+            raise PartyError(f"party {self.cfg.name}: nothing prepared for step {msg.step} (at step {self.step}, "
+                             f"prepared {t.prepared.step if t.prepared else None})")
+        return Message("vote", step=self.step, meta={"vote": vote, "step": self.step})
+
+    def op_commit(self, msg: Message, caller: str) -> Message:
+        """Phase 2: keep the prepared step s (idempotent: a repeated commit of the last step is a no-op)."""
+        self.tentative.refuse_rolled_back(msg.step)
+        self._commit(msg.step)
+        return Message("commit", step=self.step, meta={"step": self.step})
+
+    def _commit(self, s: int, buffers: dict[str, torch.Tensor] | None = None) -> None:
+        """Keep the prepared step s. `buffers`: the buffers as they were after step s, where this step's forward
+        pass has moved them since (a commit held during the next step); a checkpoint due now is of that state."""
+        t = self.tentative
+        if t.prepared is not None and t.prepared.step == s:
+            t.prepared = None
+            self.step = s + 1
+            if self.step % self.cfg.checkpoint_every == 0:
+                self._save_checkpoint(background=True, buffers=buffers)
+        elif not (t.prepared is None and self.step == s + 1):
+            raise PartyError(f"party {self.cfg.name}: nothing prepared for step {s} (at step {self.step}, "
+                             f"prepared {t.prepared.step if t.prepared else None})")
+
+    def op_abort(self, msg: Message, caller: str) -> Message:
+        """Phase 2 on a refusal: restore the state before the prepared step s (no-op if nothing is prepared)."""
+        self.tentative.abort(msg.step)
+        return Message("abort", step=self.step, meta={"step": self.step})
+
+    def op_eval(self, msg: Message, caller: str) -> Message:
+        """A metric (sum over the batch) on the label holder's labels; only the number travels back.
+
+        It may carry the commit of the last training step (``meta.commit``, handled as by a step: the evaluation
+        then scores the state every party has voted for, and the driver saves its vote and commit rounds)."""
+        h = self.holding
+        split = h.split_of(msg)
+        idx, x = h.input(msg, split, h.limit())
+        carried, held = self._carried_commit(msg)
+        out = h.forward_eval(x)
+        if not self.is_last:
+            meta = {"split": split, "metric": msg.meta.get("metric", "error")}
+            r = self._next_call(msg, meta if carried is None else {**meta, "commit": carried}, {"h": out, "idx": idx})
+            if held is not None:  # every party after this one has committed it
+                self._commit(held)
+                self.note = f"; committed step {held} (carried by this eval)"
+            return Message("eval", meta={"sum": float(r.meta["sum"]), "n": int(r.meta["n"]),
+                                         "_anchors": anchors_of(r, self.cfg.name)})
+        y = h.labels(split)[idx]
+        metric = msg.meta.get("metric", "error")
+        if metric == "error":
+            total = float((out.argmax(1) != y).sum().item())
+        elif metric == "cross_entropy":
+            total = float(F.cross_entropy(out, y, reduction="sum").item())
+        else:
+            raise WireError(f"meta.metric {metric!r}: valid choices: error, cross_entropy")
+        return Message("eval", meta={"sum": total, "n": len(y)})
+
+    def op_predict(self, msg: Message, caller: str) -> Message:
+        """Prediction through the chain. The first party takes indices of its samples (or, from the driver of
+        its own organisation, inputs x); the label holder keeps the logits for the driver to fetch."""
+        h = self.holding
+        limit = h.limit()
+        if self.is_first and "x" in msg.tensors:
+            x = h.bounded(expect(msg, "x", torch.float32, (None, *self.in_shape), limit), "input x")
+            idx = torch.arange(len(x))
+        else:
+            idx, x = h.input(msg, h.split_of(msg), limit)
+        out = h.forward_eval(x)
+        if not self.is_last:
+            r = self._next_call(msg, {"split": msg.meta.get("split", "test")}, {"h": out, "idx": idx})
+            return Message("predict", meta={"token": r.meta["token"], "n": int(r.meta["n"]),
+                                            "_anchors": anchors_of(r, self.cfg.name)})
+        token = secrets.token_hex(16)
+        self.results[token] = out
+        while len(self.results) > MAX_RESULTS:
+            self.results.popitem(last=False)
+        return Message("predict", meta={"token": token, "n": len(out)})
+
+    def op_fetch(self, msg: Message, caller: str) -> Message:
+        """The driver collects prediction logits (once)."""
+        out = self.results.pop(str(msg.meta.get("token", "")), None)
+        if out is None:
+            raise PartyError(f"party {self.cfg.name}: no prediction result with that token (fetched already, or "
+                             f"dropped: at most {MAX_RESULTS} are kept)")
+        return Message("fetch", tensors={"logits": out})
+
+    def op_restore(self, msg: Message, caller: str) -> Message:
+        """Back to the checkpoint of step ``meta.to_step`` (an uncommitted step is rolled back first)."""
+        self.tentative.drop()
+        self._restore(int(msg.meta.get("to_step", -1)))
+        return Message("restore", step=self.step, meta={"step": self.step})
+
+    def op_checkpoint(self, msg: Message, caller: str) -> Message:
+        """Save a checkpoint now; with meta.export also write export.safetensors (parameters + buffers only) into
+        this party's own checkpoint folder — nothing but the path leaves the party."""
+        if self.tentative.prepared is not None:
+            raise PartyError(f"party {self.cfg.name}: step {self.tentative.prepared.step} is prepared; commit or "
+                             "abort first")
+        path = self._save_checkpoint()
+        meta: dict[str, Any] = {"step": self.step, "path": str(path)}
+        if msg.meta.get("export"):
+            exp = self.ckpt.dir / "export.safetensors"
+            save_tensors(exp, self.segment.state_dict(), {"modelward": json.dumps({"step": self.step,
+                                                                                    "party": self.cfg.name})})
+            meta["export"] = str(exp)
+        return Message("checkpoint", step=self.step, meta=meta)
+
+    # ----------------------------------------------------------------- stopping
+    def rest(self) -> None:
+        """A clean stop's state: the late part of an uncommitted step waited for, then rolled back (the driver
+        will abort or restore it anyway), and a checkpoint of the current step."""
+        with self.lock:
+            self.settle()  # a late update still running would otherwise apply itself after the rollback below
+            self.tentative.drop()
+            if self.step not in self.checkpoints():
+                self._save_checkpoint()
+
+    def close(self) -> None:
+        with self.lock:
+            self.tentative.close()  # a late update in flight finishes (its step stays prepared)
+            self.ckpt.close()
+            if self.next_client is not None:
+                self.next_client.close()
+            self.audit.close()
