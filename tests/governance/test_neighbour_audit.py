@@ -13,7 +13,6 @@ from modelward.core.zoo import ModelConfig, build_model
 from modelward.governance.audit import AuditLog
 from modelward.governance.consent import ConsentChecker, PassRequest, Policy, purpose_of
 from modelward.governance.flow_policy import PredictFlow, Release, distinct_count
-from modelward.governance.label_protection import LabelProtectionConfig, protect_gradient
 from modelward.governance.neighbour_audit import (
     Victim,
     completion_rows,
@@ -24,6 +23,7 @@ from modelward.governance.neighbour_audit import (
     surrogate_curve,
     write_extraction,
 )
+from modelward.governance.party.label_protection import LabelProtectionConfig, protect_gradient
 from modelward.governance.plan import segment_of
 from modelward.governance.wire import WireError
 
@@ -45,7 +45,7 @@ class PolicyOracle:
                                            distinct_count(idx) if idx is not None else -1, metric))
         if not d.allowed:
             self.audit.append(caller, op, batch=rows, decision="deny", reason=d.reason)
-            from modelward.governance.client import ConsentDenied
+            from modelward.governance.protocol import ConsentDenied
 
             raise ConsentDenied(d.reason)
         self.audit.append(caller, op, batch=rows, decision="allow", reason=d.reason)

@@ -62,7 +62,7 @@ def predict(
 
     from modelward.core.records import write_csv
     from modelward.errors import ConfigError
-    from modelward.governance.driver import SplitDriver, hosted_connect, load_split_config
+    from modelward.governance.driver import OutputsKept, SplitDriver, hosted_connect, load_split_config
     from modelward.governance.party.config import load_party_config
     from modelward.governance.transport.server import hosted_party
 
@@ -74,12 +74,26 @@ def predict(
     with hosted_party(load_party_config(host)) if host is not None else nullcontext() as party, \
             SplitDriver(cfg, connect=None if party is None else hosted_connect(party, cfg)) as drv:
         drv.open(train=False)
-        logits = drv.predict(split)
+        try:
+            got = drv.predict(split)
+        except OutputsKept as e:  # the label holder's default: nothing leaves it
+            console.print(f"nothing written here: {e}")
+            return
         links = drv.link_summary()
-    pred = logits.argmax(1)
-    cols = ["index", "prediction", *[f"logit_{k}" for k in range(logits.shape[1])]]
-    write_csv(out, [dict(zip(cols, [i, p, *[f"{v:.6g}" for v in row]], strict=True))
-                    for i, (p, row) in enumerate(zip(pred.tolist(), logits.tolist(), strict=True))], cols)
+    if got.is_floating_point():  # log-probabilities (logits up to a constant)
+        pred = got.argmax(1)
+        cols = ["index", "prediction", *[f"logit_{k}" for k in range(got.shape[1])]]
+        rows = [[i, p, *[f"{v:.6g}" for v in row]] for i, (p, row) in enumerate(zip(pred.tolist(), got.tolist(),
+                                                                                       strict=True))]
+    elif got.dim() == 2:  # the k best classes
+        pred = got[:, 0]
+        cols = ["index", "prediction", *[f"top_{k + 2}" for k in range(got.shape[1] - 1)]]
+        rows = [[i, *row] for i, row in enumerate(got.tolist())]
+    else:  # labels only
+        pred = got
+        cols = ["index", "prediction"]
+        rows = [[i, p] for i, p in enumerate(got.tolist())]
+    write_csv(out, [dict(zip(cols, r, strict=True)) for r in rows], cols)
     (out.with_suffix(".links.json")).write_text(json.dumps(links, indent=2))
     console.print(f"{len(pred)} predictions written to {out}")
 

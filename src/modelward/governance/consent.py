@@ -36,7 +36,7 @@ Purpose = Literal["train", "inference"]
 OP_PURPOSE: dict[str, str | None] = {
     "step": "train", "eval": "train", "vote": "train", "commit": "train", "restore": "train", "checkpoint": "train",
     "open_train": "train", "predict": "inference", "fetch": "inference", "open": None, "status": None,
-    "abort": None,
+    "abort": None, "anchor": None,
 }
 PASS_OPS = ("step", "eval", "predict")  # passes through the segment (counted by max_passes_per_day)
 STEP_OPS = ("step",)  # training steps (counted by the step limits)

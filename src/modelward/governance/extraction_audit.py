@@ -6,7 +6,7 @@ The run, all on 127.0.0.1 with mutual TLS:
 1. Alice (the data owner, first part) and Bob (the rest, the labels) start as two ``party serve`` processes, with
    Bob's policy from the config (by default the shipped ``examples/policy_bob.toml``) and his PARTY.toml defaults
    (label protection, integrity). Alice's server records every gradient she receives
-   (:class:`~modelward.governance.leakage_parties.RecordingParty`: what an honest-but-curious Alice keeps).
+   (:class:`~modelward.governance.leakage.parties.RecordingParty`: what an honest-but-curious Alice keeps).
 2. The driver — a control identity of its own, ``operator`` — trains the split as ``split train`` does.
 3. Alice turns hostile. With her *data* key she sends Bob ``predict`` and ``eval`` passes on activations of her
    choosing; with the *control* key of her organisation she tries to fetch the answers. Every attack of
@@ -105,7 +105,7 @@ class PartyOracle:
     organisation's control key (the operator's)."""
 
     def __init__(self, bob_address: str, data_tls, control_tls, bob_pin: str, timeout: float = 30.0) -> None:
-        from modelward.governance.client import GrpcPartyClient
+        from modelward.governance.transport.client import GrpcPartyClient
         from modelward.governance.wire import Message
 
         self._msg = Message
@@ -127,7 +127,7 @@ class PartyOracle:
         r = self._data("predict", {"split": split}, {"h": h.contiguous(), "idx": idx})
         token = r.meta.get("token")
         if not token:
-            from modelward.governance.client import ConsentDenied
+            from modelward.governance.protocol import ConsentDenied
 
             raise ConsentDenied(f"bob keeps his outputs ({r.meta.get('kept', 'in his own folder')})")
         return dict(self.control.call(self._msg("fetch", self.session, meta={"token": token})).tensors)
@@ -144,10 +144,10 @@ class PartyOracle:
 def run_extraction_audit(cfg: ExtractionAuditConfig, out_dir: str | Path,
                          progress: ProgressSink | None = None) -> dict[str, Any]:
     """Run the audit (module docstring). Returns the summary written to ``extraction.json``."""
-    from modelward.governance.config import TLSConfig
     from modelward.governance.demo import prepare_local_split
     from modelward.governance.driver import SplitDriver
-    from modelward.governance.leakage_parties import read_recording, start_recording_party
+    from modelward.governance.leakage.parties import read_recording, start_recording_party
+    from modelward.governance.party.config import TLSConfig
     from modelward.governance.plan import segment_of
 
     t0 = time.perf_counter()
@@ -159,7 +159,7 @@ def run_extraction_audit(cfg: ExtractionAuditConfig, out_dir: str | Path,
         "training": True, "inference": True, "min_batch": 8}
     policy["allow_peers"] = ["alice", "operator"]
     policy.setdefault("training", True)
-    split = prepare_local_split(root, model, data, ["alice", "bob"], [cfg.cut], own_init=False, threads=1,
+    split = prepare_local_split(root, model, data, ["alice", "bob"], [cfg.cut], own_init=False, threads=1, exact=False,
                                 driver="operator", policies={"bob": policy, "alice": {
                                     "allow_peers": ["operator"], "training": True, "inference": True}},
                                 extra={"bob": dict(cfg.party)})
