@@ -124,3 +124,27 @@ def audit_leakage(
     print(markdown_table(rows, cols, 3), end="")  # plain: a table must not be wrapped
     sfx = "_parties" if transport == "parties" else ""
     console.print(f"results in {out.resolve()} (results{sfx}.md/.csv/.json, runs{sfx}.json, tradeoff{sfx}.png)")
+
+
+@app.command("audit-extraction")
+def audit_extraction(
+    config: Annotated[Path, typer.Argument(help="EXTRACTION.toml ([data], [model], cut, [train], policy_file, "
+                                           "[party], [attacks])")],
+    out: Annotated[Path, typer.Option("--out", help="output folder")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
+) -> None:
+    """What a neighbour gets for its budget: train a split as two real party processes under Bob's policy, then
+    run the neighbour attacks (surrogates from predict and eval, labels from answers and gradients) until Bob
+    refuses; writes extraction.csv/json/png beside the cost of completing Bob's part from scratch."""
+    from modelward.core.progress import RichProgress
+    from modelward.core.records import markdown_table
+    from modelward.governance.extraction_audit import load_extraction_config, run_extraction_audit
+
+    cfg = load_extraction_config(config, set_)
+    with RichProgress(console) as progress:
+        summary = run_extraction_audit(cfg, out, progress=progress)
+    rows = [{k: p[k] for k in ("attack", "rows", "agreement", "refused", "chance")} for p in summary["points"]]
+    print(markdown_table(rows, ["attack", "rows", "agreement", "refused", "chance"], 3), end="")
+    console.print(f"test accuracy {summary['test_accuracy']:.3f}; completion from scratch with labels: "
+                  f"{summary['completion_rows']} rows to agreement {summary['completion_target']:.3f}")
+    console.print(f"results in {out.resolve()} (extraction.csv, extraction.json, extraction.png)")

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from pathlib import Path
@@ -52,6 +53,8 @@ from modelward.governance.neighbour_audit import (
     surrogate_curve,
     write_extraction,
 )
+
+log = logging.getLogger(__name__)
 
 
 class AttackSettings(StrictModel):
@@ -166,9 +169,16 @@ def run_extraction_audit(cfg: ExtractionAuditConfig, out_dir: str | Path,
     record = root / "alice" / "received.safetensors"
     tc = cfg.train.model_copy(update={"eval_every": cfg.train.steps})
 
+    phase: list[str] = []
+
     def note(msg: str) -> None:
+        """One phase of the audit: in the log, and as a step of `progress`."""
+        log.info("audit-extraction: %s", msg)
         if progress is not None:
-            progress.log(msg)
+            if phase:
+                progress.done(phase[-1])
+            phase.append(f"phase{len(phase)}")
+            progress.start(phase[-1], None, msg)
 
     try:
         split.start(["bob"])
@@ -239,6 +249,8 @@ def run_extraction_audit(cfg: ExtractionAuditConfig, out_dir: str | Path,
     summary = {"test_accuracy": accuracy, "completion_rows": {victim.part: comp}, "completion_target": target,
                "gradient_labels": grad_labels, "seconds": time.perf_counter() - t0,
                "policy": policy, "party": cfg.party}
+    if progress is not None and phase:
+        progress.done(phase[-1])
     write_extraction(out, points, summary)
     return {**summary, "points": [p.__dict__ for p in points]}
 

@@ -407,7 +407,10 @@ class Party:
         idx, x = h.input(msg, "train", h.limit())
         self._step_loss = None
         if not self.is_first:  # an outlier activation is refused before anything is computed (integrity)
-            self.integrity.incoming("h", x)
+            try:
+                self.integrity.incoming("h", x)
+            except ModelwardError as e:
+                raise NumericError(f"party {self.cfg.name}: step {msg.step}: {e}; nothing computed") from None
         snapshot = t.begin(msg.step)
         try:
             self.segment.train()
