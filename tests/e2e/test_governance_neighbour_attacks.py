@@ -41,7 +41,7 @@ from modelward.governance.party.config import TLSConfig
 from modelward.governance.plan import segment_of
 from modelward.governance.protocol import ConsentDenied, NumericError
 from modelward.governance.transport.client import GrpcPartyClient
-from modelward.governance.trust.certs import make_certs
+from modelward.governance.trust.certs import ca_sign, keygen
 from modelward.governance.wire import Message, WireError
 
 EX = Path(__file__).resolve().parents[2] / "examples"
@@ -62,7 +62,8 @@ def parties(tmp_path_factory):
                                 policies={"bob": bob_policy, "alice": {"allow_peers": ["operator"],
                                                                        "training": True, "inference": True}},
                                 extra={p: {"anchor_every_s": 1.0} for p in ("alice", "bob")})
-    make_certs(root / "certs", ["carol"], if_exists="reuse")  # signed by the parties' CA, pinned by nobody
+    carol = keygen("carol", root / "carol")  # a certificate the parties' CA signs, and nobody pins
+    ca_sign(root / "certs", carol["csr"], out=root / "carol" / "carol.pem", force=True)
     split.start(["bob"])
     record = root / "alice" / "received.safetensors"
     split.processes["alice"] = start_recording_party(split.party_configs["alice"], root / "alice" / "server.log",
@@ -190,7 +191,9 @@ def test_the_60_mib_message_is_dropped_before_it_is_buffered(parties):
         return 0.0
 
     before = peak_rss_mib()
-    carol = GrpcPartyClient("bob", split.processes["bob"].address, _tls(root, "carol"), max_message_mb=128,
+    tls = TLSConfig(ca=str(root / "certs/ca.pem"), cert=str(root / "carol/carol.pem"),
+                    key=str(root / "carol/carol.key"))
+    carol = GrpcPartyClient("bob", split.processes["bob"].address, tls, max_message_mb=128,
                             check=False, timeout=30)
     big = Message("status", tensors={"x": torch.zeros(15 * 2**20)})  # 60 MiB
     t0 = time.monotonic()

@@ -157,6 +157,8 @@ class Party:
         else:
             self._save_checkpoint()
         # every audit record of this party and of the next is anchored in the other's log within anchor_every_s
+        self._anchor_client: PartyClient | None = None
+        self._anchor_address: str | None = None
         self._anchors = AnchorLoop(cfg.anchor_every_s, self._anchor_exchange, name=f"anchor-{cfg.name}") \
             if cfg.next is not None else None
 
@@ -203,11 +205,19 @@ class Party:
         when it covers a decision the other log has not anchored yet."""
         if self.next_address is None or self._connect is None:
             return
-        with self.lock:
-            if self.next_client is None:
-                self.next_client = self._connect(self.cfg.next, self.next_address)
-            client = self.next_client
-        r = client.call(Message(ANCHOR_OP, meta={"offer": self.audit.anchor_offer()}))
+        # a link of its own: an exchange that fails while the next party restarts must not leave the data link's
+        # channel backing off (the next step would then fail fast instead of reconnecting)
+        address = self.next_address
+        if self._anchor_client is None or self._anchor_address != address:
+            if self._anchor_client is not None:
+                self._anchor_client.close()
+            self._anchor_client, self._anchor_address = self._connect(self.cfg.next, address), address
+        try:
+            r = self._anchor_client.call(Message(ANCHOR_OP, meta={"offer": self.audit.anchor_offer()}))
+        except ModelwardError:
+            self._anchor_client.close()
+            self._anchor_client = None
+            raise
         self.audit.anchor_settle(self.cfg.next, r.meta.get("offer"))
 
     # ----------------------------------------------------------------- requests (the gate's Handler)
@@ -612,6 +622,8 @@ class Party:
     def close(self) -> None:
         if self._anchors is not None:
             self._anchors.close()
+            if self._anchor_client is not None:
+                self._anchor_client.close()
         with self.lock:
             self.tentative.close()  # a late update in flight finishes (its step stays prepared)
             self.ckpt.close()
