@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from modelward.core import zoo
 from modelward.errors import ModelwardError
 
 Op = tuple[str, ...]  # ("module", name) | ("flatten",) | ("relu",)
@@ -38,8 +39,6 @@ class Layer:
 
 def model_layers(model: nn.Module) -> list[Layer]:
     """The ordered layer decomposition of `model` (see the module docstring for what is supported)."""
-    from modelward.core import zoo
-
     if hasattr(model, "split_layers"):
         return [Layer(n, tuple(tuple(o) for o in ops)) for n, ops in model.split_layers()]
     if isinstance(model, zoo.MLP):
@@ -201,8 +200,6 @@ def segment_param_names(model: nn.Module, layer_names: list[str]) -> list[str]:
 
 def infer_model_config(model: nn.Module):  # -> ModelConfig
     """Recover the zoo ModelConfig of an MLP or SmallCNN instance (so a party process can rebuild it)."""
-    from modelward.core import zoo
-
     if isinstance(model, zoo.MLP):
         return zoo.ModelConfig(arch="mlp", hidden=[getattr(model, f"fc{i}").out_features
                                                    for i in range(1, model.n_hidden + 1)])

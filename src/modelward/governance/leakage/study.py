@@ -24,6 +24,7 @@ from pydantic import Field, field_validator
 
 from modelward.core.config import StrictModel, load_config
 from modelward.core.data import DataConfig, DataSplit, load_data
+from modelward.core.init import init_model_
 from modelward.core.ledger import RunLedger
 from modelward.core.progress import ProgressSink
 from modelward.core.records import atomic_write_json, write_table
@@ -108,8 +109,6 @@ def simulate_split(data: DataSplit, model_cfg: ModelConfig, cut: str | None, tra
         ``test_accuracy``, ``norm_auc``, ``direction_auc``, ``pairwise_auc`` (means over steps), and
         ``direction_accuracy`` for more than two classes.
     """
-    from modelward.core.init import init_model_
-
     model = init_model_(build_model(model_cfg, data.input_shape, data.num_classes), init, seed)
     names = [lay.name for lay in model_layers(model)]
     cut = cut or names[0]
