@@ -163,7 +163,9 @@ def test_gradient_clustering_with_the_defaults_recovers_chance(parties):
     g = torch.cat([r[2] for r in received])
     y = torch.cat([data.y_train[r[1]] for r in received])
     got, chance = gradient_label_recovery(g, y, 10)
-    assert got < chance + 0.1, (got, chance)
+    # near chance (the same score with permuted labels): the issue measured 86 % without protection; under the
+    # default Marvell (scale 4) audit-extraction measured 0.21 against a chance level of 0.13 on 200 steps
+    assert got < chance + 0.15 and got < 0.35, (got, chance)
 
 
 def test_in_bounds_poisoning_is_refused_and_changes_nothing(parties):

@@ -566,7 +566,9 @@ class Party:
             # the owner keeps its outputs (policy.predict.result_receiver = "owner"): nothing leaves, not even to
             # the driver; they go to this party's own folder
             path = keep_outputs(self.cfg.checkpoint_dir, msg.session, token, out, idx)
-            return Message("predict", meta={"token": "", "n": len(out), "kept": f"{self.cfg.name}:{path}"})
+            # (the file's name only: where this party keeps its files is none of the caller's business)
+            return Message("predict", meta={"token": "", "n": len(out),
+                                            "kept": f"{self.cfg.name}: <checkpoint_dir>/predictions/{path.name}"})
         self.results[token] = out
         while len(self.results) > MAX_RESULTS:
             self.results.popitem(last=False)
