@@ -99,13 +99,15 @@ def test_the_issue_s_attacks_work_on_an_open_policy(split, tmp_path):
     data, _, h_train, h_test, victim = split
     open_ = _oracle(split, tmp_path, "open", eval_splits=["test"],
                     predict=PredictFlow(result_receiver="alice", form="probs", splits=["train", "test"]))
-    pts = surrogate_curve(open_, victim, query_pool("natural", h_train, 256), h_test, [64, 256], fit_steps=200)
-    assert [p.rows for p in pts] == [64, 256] and not any(p.refused for p in pts)
+    got = surrogate_curve(open_, victim, query_pool("natural", h_train, 256), h_test, [64, 256], fit_steps=200)
+    pts = [p for p in got if p.attack == "predict_natural"]
+    assert [p.rows for p in pts] == [64, 256] and not any(p.refused for p in got)
+    assert [p.rows for p in got if p.attack == "predict_natural_top1"] == [64, 256]  # soft answers read as top-1
     assert pts[0].agreement > 0.6 > pts[0].chance + 0.3  # one predict of 64 rows copies most of bob's part
     assert pts[1].agreement > pts[0].agreement
     known = {int(c): int((data.y_test == c).nonzero()[0]) for c in range(10)}
-    ev = eval_oracle_curve(open_, victim, query_pool("natural", h_train, 40), h_test, known, [80 * 20, 80 * 40],
-                           fit_steps=200)
+    ev = [p for p in eval_oracle_curve(open_, victim, query_pool("natural", h_train, 40), h_test, known,
+                                       [80 * 20, 80 * 40], fit_steps=200) if p.attack == "eval_oracle"]
     assert ev[-1].rows == 3200 and ev[-1].agreement > 0.6  # soft labels from duplicated eval rows
     lab = labels_from_answers(open_, h_train, data.y_train, 256, "bob")
     assert lab.agreement > 0.9 and not lab.refused  # predictions on the training split are its labels

@@ -138,14 +138,23 @@ def fit_surrogate(victim: Victim, h: Tensor, targets: Tensor, steps: int = 300, 
     return model
 
 
+def _top1(targets: Tensor) -> Tensor:
+    """The attacker's other reading of a soft answer: its top class only (a defence that keeps top-1, as ModelGuard
+    does, misleads a soft-label fit but not this one)."""
+    return F.one_hot(targets.argmax(1), targets.shape[1]).float()
+
+
 def _curve(part: str, attack: str, victim: Victim, h_test: Tensor, checkpoints: Sequence[int],
            ask: Callable[[int, int], tuple[Tensor, Tensor]], fit_steps: int, seed: int,
            rows_per_item: int = 1) -> list[Point]:
-    """Query items in order (``ask(lo, hi) -> (h, targets)``), fit at each checkpoint (in rows), stop at refusal."""
+    """Query items in order (``ask(lo, hi) -> (h, targets)``), fit at each checkpoint (in rows), stop at refusal.
+    Soft answers are also read as their top class (attack ``<attack>_top1``, no extra queries): the attacker
+    keeps the better of the two."""
     chance = chance_agreement(victim, h_test)
     hs: list[Tensor] = []
     ts: list[Tensor] = []
     points: list[Point] = []
+    top1: list[Point] = []
     done = 0  # items answered
     for cp in sorted(checkpoints):
         want = max(1, cp // rows_per_item)
@@ -161,12 +170,17 @@ def _curve(part: str, attack: str, victim: Victim, h_test: Tensor, checkpoints: 
         if done == 0:
             points.append(Point(part, attack, 0, chance, True, chance, note or "refused"))
             return points
-        model = fit_surrogate(victim, torch.cat(hs), torch.cat(ts), fit_steps, seed)
+        h_all, t_all = torch.cat(hs), torch.cat(ts)
+        model = fit_surrogate(victim, h_all, t_all, fit_steps, seed)
         points.append(Point(part, attack, done * rows_per_item, agreement(model, victim, h_test), refused, chance,
                             note))
+        if not bool(((t_all == 0) | (t_all == 1)).all()):  # soft answers: their top class too
+            model = fit_surrogate(victim, h_all, _top1(t_all), fit_steps, seed)
+            top1.append(Point(part, f"{attack}_top1", done * rows_per_item, agreement(model, victim, h_test),
+                              refused, chance, note))
         if refused:
-            return points
-    return points
+            break
+    return points + top1
 
 
 def query_pool(kind: str, h_natural: Tensor, n: int, seed: int = 0) -> Tensor:
