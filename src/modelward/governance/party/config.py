@@ -127,7 +127,7 @@ class PartyConfig(StrictModel):
             switches this party to ``"normal"``.
 
     Returns:
-        A strict config for :func:`~modelward.governance.server.serve` (load files with :func:`load_party_config`).
+        A strict config for :func:`~modelward.governance.transport.server.serve` (load files with :func:`load_party_config`).
 
     Example:
         >>> cfg = PartyConfig(name="alice", layers=["fc1"], input_shape=[4], num_classes=3, checkpoint_dir="ckpt",
@@ -163,8 +163,9 @@ class PartyConfig(StrictModel):
     max_abs_param: float = Field(1e6, gt=0)  # an update that leaves a parameter beyond this is rolled back
     max_sessions_per_peer: int = Field(8, ge=1)  # open sessions (sequence state + one cached reply) per peer
     audit_refusals_every_s: float = Field(10.0, ge=0)  # wire/identity refusals: at most one record per peer per …
-    # the label holder's gradient perturbation (governance.label_protection), validated when the config loads;
-    # on by default for the label holder (ignored by the others unless set); method = "none" (or None) opts out
+    # the label holder's gradient perturbation (governance.party.label_protection: a step on its reply), validated
+    # when the config loads; on by default for the label holder (ignored by the others unless set); method = "none"
+    # (or None) opts out
     label_protection: LabelProtectionConfig | None = Field(
         default_factory=lambda: DEFAULT_LABEL_PROTECTION.model_copy())
     integrity: IntegrityConfig = Field(default_factory=IntegrityConfig)  # outlier steps refused and rolled back

@@ -58,7 +58,7 @@ from modelward.governance.party.config import PartyConfig, pins
 from modelward.governance.party.gate import Gate
 from modelward.governance.party.label_protection import ProtectReply
 from modelward.governance.party.segment import Holding
-from modelward.governance.party.step import TentativeStep
+from modelward.governance.party.step import Prepared, TentativeStep
 from modelward.governance.party.tensors import format_of, layout
 from modelward.governance.protocol import (
     ConsentDenied,
@@ -168,7 +168,7 @@ class Party:
         return self.cfg.name
 
     @property
-    def prepared(self):  # -> Prepared | None
+    def prepared(self) -> Prepared | None:
         """The step applied tentatively and neither committed nor aborted yet, if any."""
         return self.tentative.prepared
 

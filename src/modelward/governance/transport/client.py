@@ -13,11 +13,11 @@ from __future__ import annotations
 import socket
 import ssl
 import time
-from typing import TYPE_CHECKING
 
 import grpc
 
 from modelward.errors import ConfigError, IdentityError, ModelwardError
+from modelward.governance.party.config import TLSConfig
 from modelward.governance.protocol import (
     ConsentDenied,
     Endpoint,
@@ -31,9 +31,6 @@ from modelward.governance.protocol import (
 from modelward.governance.trust.certs import read_pem
 from modelward.governance.trust.identity import cert_fingerprint, identify_peer
 from modelward.governance.wire import Message, WireError, decode, encode
-
-if TYPE_CHECKING:
-    from modelward.governance.party.config import TLSConfig
 
 SERVICE = "modelward.Party"
 METHOD = f"/{SERVICE}/Call"
