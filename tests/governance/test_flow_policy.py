@@ -104,7 +104,7 @@ def test_policy_tables_load_and_name_bad_fields():
                                                                 "top_k": 2}}, "p.toml")
     assert p.predict.form == "topk" and p.eval.metrics == ["error", "cross_entropy"]
     with pytest.raises(ConfigError, match="predict.form"):
-        validate(Policy, {"predict": {"form": "logits"}}, "p.toml")
+        validate(Policy, {"predict": {"form": "scores"}}, "p.toml")
     with pytest.raises(ConfigError, match="predict.epsilon"):
         validate(Policy, {"predict": {"epsilon": 3.0}}, "p.toml")
 
@@ -116,6 +116,7 @@ def test_release_forms_on_real_logits(tmp_path):
     assert torch.equal(Release(PredictFlow(form="label")).release(logits)["labels"], top)
     tk = Release(PredictFlow(form="topk", top_k=3)).release(logits)["topk"]
     assert tk.shape == (64, 3) and torch.equal(tk[:, 0], top)
+    assert torch.equal(Release(PredictFlow(form="logits")).release(logits)["logits"], logits)  # full trust only
     probs = Release(PredictFlow(form="probs")).release(logits)["probs"]
     torch.testing.assert_close(probs, torch.softmax(logits, 1))
     for form in ("modelguard_w", "modelguard_s"):

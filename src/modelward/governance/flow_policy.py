@@ -48,8 +48,8 @@ from pydantic import Field
 from modelward.core.config import StrictModel
 from modelward.errors import DataError
 
-ResultForm = Literal["label", "topk", "probs", "modelguard_w", "modelguard_s"]
-FORMS: tuple[str, ...] = ("label", "topk", "probs", "modelguard_w", "modelguard_s")
+ResultForm = Literal["label", "topk", "probs", "modelguard_w", "modelguard_s", "logits"]
+FORMS: tuple[str, ...] = ("label", "topk", "probs", "modelguard_w", "modelguard_s", "logits")
 OWNER = "owner"  # result_receiver's default: the party holding the last part keeps its outputs
 
 
@@ -59,7 +59,9 @@ class PredictFlow(StrictModel):
     Args:
         result_receiver: the pinned name that may ``fetch`` results, or ``"owner"`` (default): the party holding
             the last part keeps its outputs (it writes them to its own folder).
-        form: what leaves: ``label`` | ``topk`` | ``probs`` | ``modelguard_w`` | ``modelguard_s``.
+        form: what leaves: ``label`` | ``topk`` | ``probs`` | ``modelguard_w`` | ``modelguard_s``, or ``logits``
+            (everything the owner computed: only for a receiver trusted with a copy, e.g. one organisation running
+            both parties, or a cost benchmark comparing raw outputs).
         top_k: classes returned by ``topk``.
         epsilon: the ModelGuard ℓ1 budget ε (``modelguard_w`` / ``modelguard_s``).
         splits: the data splits predictions may run on (``"inputs"``: inputs the first party's driver supplies).
@@ -244,7 +246,7 @@ class Release:
 
     Returns:
         ``release(logits)`` gives ``{"labels": int64}`` (label), ``{"topk": int64 [B, k]}`` (topk) or
-        ``{"probs": float32 [B, K]}`` (probs and the ModelGuard forms).
+        ``{"probs": float32 [B, K]}`` (probs and the ModelGuard forms), ``{"logits": float32 [B, K]}`` (logits).
 
     Example:
         >>> r = Release(PredictFlow(form="modelguard_w", epsilon=0.5))
@@ -268,6 +270,8 @@ class Release:
         if logits.dim() != 2:
             raise DataError(f"release: expected logits [batch, classes], got {list(logits.shape)}")
         form = self.flow.form
+        if form == "logits":
+            return {"logits": logits.float()}
         if form == "label":
             return {"labels": logits.argmax(1)}
         if form == "topk":
