@@ -158,7 +158,6 @@ class ConsentChecker:
     Example:
         >>> import os, tempfile
         >>> from modelward.governance.audit import AuditLog
-from modelward.governance.flow_policy import Decision, FlowPolicy, FlowRequest, admit
         >>> log = AuditLog(os.path.join(tempfile.mkdtemp(), "audit.db"), party="alice")
         >>> checker = ConsentChecker(Policy(allow_peers=["bob"]), log)
         >>> checker.check_peer("bob").allowed, checker.check_peer("eve").allowed
