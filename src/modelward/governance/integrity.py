@@ -157,12 +157,14 @@ class IntegrityMonitor:
         self._ratio_check(f"in:{name}:max", mx, self.cfg.max_input_ratio, f"incoming {name}: max |value|")
         return Sample({f"in:{name}:rms": rms, f"in:{name}:max": mx})
 
-    def check_update(self, norm: float) -> Sample:
-        """The norm of a tentative update ``‖θ_{s+1} − θ_s‖₂`` against its running average."""
+    def check_update(self, norm: float, key: str = "update") -> Sample:
+        """The norm of a tentative update ``‖θ_{s+1} − θ_s‖₂`` (or of the buffers' change, `key` ``"buffers"``)
+        against its running average."""
         if not math.isfinite(norm):
-            raise IntegrityError(f"update norm {norm} is not finite; refused")
-        self._ratio_check("update", norm, self.cfg.max_update_ratio, "update norm")
-        return Sample({"update": norm})
+            raise IntegrityError(f"{key} change {norm} is not finite; refused")
+        self._ratio_check(key, norm, self.cfg.max_update_ratio, "update norm" if key == "update"
+                          else f"{key} change norm")
+        return Sample({key: norm})
 
     def check_loss(self, loss: float) -> Sample:
         """A step's loss against its running mean and standard deviation (all three criteria must hold)."""
@@ -231,10 +233,18 @@ class StepIntegrity:
         """Check an incoming tensor of the step about to run (IntegrityError: refuse it, nothing computed)."""
         self._pending = self.monitor.check_input(name, t)
 
-    def after_update(self, before: list[torch.Tensor], after: list[torch.Tensor], loss: float | None = None) -> None:
-        """Check the tentative update (and the loss, for the label holder); record the step if it passed."""
+    def after_update(self, before: list[torch.Tensor], after: list[torch.Tensor], loss: float | None = None,
+                     buffers_before: list[torch.Tensor] | None = None,
+                     buffers_after: list[torch.Tensor] | None = None) -> None:
+        """Check the tentative update of the parameters and, given them, of the float buffers (BatchNorm's running
+        statistics: an activation scaled far up barely moves a normalised loss but wrecks them), and the loss for
+        the label holder; record the step if it passed."""
         sample, self._pending = self._pending, Sample()
         sample = sample.merge(self.monitor.check_update(update_norm(before, after)))
+        if buffers_before is not None and buffers_after is not None:
+            norm = update_norm(buffers_before, buffers_after)
+            if norm > 0:
+                sample = sample.merge(self.monitor.check_update(norm, "buffers"))
         if loss is not None:
             sample = sample.merge(self.monitor.check_loss(loss))
         self.monitor.record(sample)

@@ -192,10 +192,11 @@ class Party:
         the party's running statistics; an outlier rolls the step back and refuses it (integrity)."""
         if not self.integrity.enabled:
             return
-        keys = self.tentative.param_keys
+        t = self.tentative
+        keys, bufs = t.param_keys, t.buffer_keys
         try:
-            self.integrity.after_update([snap.model[k] for k in keys], [self.tentative.live[k] for k in keys],
-                                        self._step_loss)
+            self.integrity.after_update([snap.model[k] for k in keys], [t.live[k] for k in keys], self._step_loss,
+                                        [snap.model[k] for k in bufs], [t.live[k] for k in bufs])
         except ModelwardError as e:
             raise NumericError(f"party {self.cfg.name}: step {step}: {e}; the step is rolled back and refused") \
                 from None
