@@ -40,14 +40,16 @@ def _mw(*args, cwd, timeout=300):
 def quickstart(tmp_path_factory):
     """Both parties started from the shipped examples, run from an unrelated folder; state under `root`."""
     root = tmp_path_factory.mktemp("quick")
-    r = _mw("party", "certs", "--out", root / "certs", "--parties", "alice,bob", cwd=root)
+    r = _mw("party", "certs", "--out", root / "certs", "--parties", "alice,bob,operator", cwd=root)
     assert r.returncode == 0, r.stderr
     sets = {}
     for p, other in (("alice", "bob"), ("bob", "alice")):
         sets[p] = [f"checkpoint_dir={root / p / 'ckpt'}", f"audit_db={root / p / 'audit.db'}",
                    f"address_file={root / p / 'address'}", f"tls.ca={root / 'certs/ca.pem'}",
                    f"tls.cert={root / f'certs/{p}.pem'}", f"tls.key={root / f'certs/{p}.key'}",
-                   f"peers.{other}.cert={root / f'certs/{other}.pem'}", "init.test_seed=0", "threads=1"]
+                   f"peers.{other}.cert={root / f'certs/{other}.pem'}",
+                   f"peers.operator.cert={root / 'certs/operator.pem'}", "init.test_seed=0", "threads=1"]
+    sets["bob"].append("label_protection.method=none")  # exact gradients: the run is compared with monolithic
     spawned = {p: spawn_party(EX / f"party_{p}.toml", root / f"{p}.log", sets[p]) for p in sets}
     procs = {p: wait_ready(proc, EX / f"party_{p}.toml", root / f"{p}.log", off) for p, (proc, off) in spawned.items()}
     yield root, procs
@@ -60,8 +62,9 @@ def _split_sets(root, steps=STEPS):
         out += ["--set", f"parties.{i}.address_file={root / p / 'address'}",
                 "--set", f"parties.{i}.cert={root / f'certs/{p}.pem'}"]
     return out + ["--set", f"out_dir={root / 'driver'}", "--set", f"tls.ca={root / 'certs/ca.pem'}",
-                  "--set", f"tls.cert={root / 'certs/alice.pem'}", "--set", f"tls.key={root / 'certs/alice.key'}",
-                  "--set", f"train.steps={steps}", "--set", "train.eval_every=3", "--set", "timeout_s=30"]
+                  "--set", f"tls.cert={root / 'certs/operator.pem'}",
+                  "--set", f"tls.key={root / 'certs/operator.key'}", "--set", f"train.steps={steps}",
+                  "--set", "train.eval_every=3", "--set", "timeout_s=30"]
 
 
 def test_quick_start_trains_like_monolithic_predicts_and_verifies(quickstart):
@@ -73,8 +76,11 @@ def test_quick_start_trains_like_monolithic_predicts_and_verifies(quickstart):
     summary = json.loads((root / "driver/summary.json").read_text())
     r = _mw("split", "predict", EX / "split_digits.toml", *_split_sets(root), cwd=root)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    lines = (root / "driver/predictions.csv").read_text().splitlines()
-    assert len(lines) == 1 + 360 and lines[0].startswith("index,prediction,logit_0")
+    # bob's shipped policy keeps his outputs (issue 26): nothing reaches the driver, bob has them in his folder
+    assert "bob keeps its outputs" in r.stdout and not (root / "driver/predictions.csv").exists(), r.stdout
+    kept = sorted((root / "bob/ckpt/predictions").glob("*.csv"))
+    lines = [ln for f in kept for ln in f.read_text().splitlines()[1:]]
+    assert len(lines) == 360 and kept[0].read_text().startswith("index,prediction,logit_0")
     # the published heads (summary.json) and the cross-anchors: both verify
     head = summary["audit_heads"]["bob"][1]
     for extra in (["--head", head], ["--against", root / "alice/audit.db"]):

@@ -89,7 +89,8 @@ def test_extreme_activation_is_refused_and_an_exploding_update_rolled_back(make_
 
 
 def test_purpose_follows_from_the_operation_not_from_the_caller(make_chain):
-    c = make_chain(policies={"bob": {"allow_peers": ["alice"], "training": False, "inference": True}})
+    c = make_chain(policies={"bob": {"allow_peers": ["alice"], "training": False, "inference": True,
+                                     "predict": {"result_receiver": "alice", "form": "probs"}}})
     drv = c.driver(TC)
     drv.open(train=False)
     bob = c.client("bob", "alice")

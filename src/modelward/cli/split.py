@@ -62,7 +62,7 @@ def predict(
 
     from modelward.core.records import write_csv
     from modelward.errors import ConfigError
-    from modelward.governance.driver import SplitDriver, hosted_connect, load_split_config
+    from modelward.governance.driver import OutputsKept, SplitDriver, hosted_connect, load_split_config
     from modelward.governance.party.config import load_party_config
     from modelward.governance.transport.server import hosted_party
 
@@ -74,12 +74,26 @@ def predict(
     with hosted_party(load_party_config(host)) if host is not None else nullcontext() as party, \
             SplitDriver(cfg, connect=None if party is None else hosted_connect(party, cfg)) as drv:
         drv.open(train=False)
-        logits = drv.predict(split)
+        try:
+            got = drv.predict(split)
+        except OutputsKept as e:  # the label holder's default: nothing leaves it
+            console.print(f"nothing written here: {e}")
+            return
         links = drv.link_summary()
-    pred = logits.argmax(1)
-    cols = ["index", "prediction", *[f"logit_{k}" for k in range(logits.shape[1])]]
-    write_csv(out, [dict(zip(cols, [i, p, *[f"{v:.6g}" for v in row]], strict=True))
-                    for i, (p, row) in enumerate(zip(pred.tolist(), logits.tolist(), strict=True))], cols)
+    if got.is_floating_point():  # log-probabilities (logits up to a constant)
+        pred = got.argmax(1)
+        cols = ["index", "prediction", *[f"logit_{k}" for k in range(got.shape[1])]]
+        rows = [[i, p, *[f"{v:.6g}" for v in row]] for i, (p, row) in enumerate(zip(pred.tolist(), got.tolist(),
+                                                                                       strict=True))]
+    elif got.dim() == 2:  # the k best classes
+        pred = got[:, 0]
+        cols = ["index", "prediction", *[f"top_{k + 2}" for k in range(got.shape[1] - 1)]]
+        rows = [[i, *row] for i, row in enumerate(got.tolist())]
+    else:  # labels only
+        pred = got
+        cols = ["index", "prediction"]
+        rows = [[i, p] for i, p in enumerate(got.tolist())]
+    write_csv(out, [dict(zip(cols, r, strict=True)) for r in rows], cols)
     (out.with_suffix(".links.json")).write_text(json.dumps(links, indent=2))
     console.print(f"{len(pred)} predictions written to {out}")
 
@@ -110,3 +124,27 @@ def audit_leakage(
     print(markdown_table(rows, cols, 3), end="")  # plain: a table must not be wrapped
     sfx = "_parties" if transport == "parties" else ""
     console.print(f"results in {out.resolve()} (results{sfx}.md/.csv/.json, runs{sfx}.json, tradeoff{sfx}.png)")
+
+
+@app.command("audit-extraction")
+def audit_extraction(
+    config: Annotated[Path, typer.Argument(help="EXTRACTION.toml ([data], [model], cut, [train], policy_file, "
+                                           "[party], [attacks])")],
+    out: Annotated[Path, typer.Option("--out", help="output folder")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
+) -> None:
+    """What a neighbour gets for its budget: train a split as two real party processes under Bob's policy, then
+    run the neighbour attacks (surrogates from predict and eval, labels from answers and gradients) until Bob
+    refuses; writes extraction.csv/json/png beside the cost of completing Bob's part from scratch."""
+    from modelward.core.progress import RichProgress
+    from modelward.core.records import markdown_table
+    from modelward.governance.extraction_audit import load_extraction_config, run_extraction_audit
+
+    cfg = load_extraction_config(config, set_)
+    with RichProgress(console) as progress:
+        summary = run_extraction_audit(cfg, out, progress=progress)
+    rows = [{k: p[k] for k in ("attack", "rows", "agreement", "refused", "chance")} for p in summary["points"]]
+    print(markdown_table(rows, ["attack", "rows", "agreement", "refused", "chance"], 3), end="")
+    console.print(f"test accuracy {summary['test_accuracy']:.3f}; completion from scratch with labels: "
+                  f"{summary['completion_rows']} rows to agreement {summary['completion_target']:.3f}")
+    console.print(f"results in {out.resolve()} (extraction.csv, extraction.json, extraction.png)")

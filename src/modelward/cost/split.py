@@ -77,13 +77,17 @@ def write_parties(root: Path, model: nn.Module, model_cfg: ModelConfig, input_sh
             "audit_db": str(root / p / "audit.db"), "threads": 1,
             "model": model_cfg.model_dump(mode="json", exclude_none=True),
             "init": {"checkpoint": str(init)},
-            "policy": {"allow_peers": ["alice"], "training": True, "inference": True},
+            # the driver (alice) receives the raw outputs: the cost study compares them with plain PyTorch's
+            "policy": {"allow_peers": ["alice"], "training": True, "inference": True,
+                       "predict": {"result_receiver": "alice", "form": "logits"}},
             "peers": {other: {"cert": str(root / f"certs/{other}.pem")}}, "driver": "alice",
             "data": {"file": str(root / p / "data.safetensors")},
             "tls": {"ca": str(root / "certs/ca.pem"), "cert": str(root / f"certs/{p}.pem"),
                     "key": str(root / f"certs/{p}.key")},
         }
         cfg["next" if p == "alice" else "prev"] = other
+        if p == "bob":  # exact gradients: the training comparison runs the same steps as plain PyTorch
+            cfg["label_protection"] = {"method": "none"}
         path = root / f"party_{p}.toml"
         path.write_text(to_toml(cfg))
         configs[p] = path

@@ -9,6 +9,17 @@ messages to the other parties of the chain, and each records the others' heads i
 record. A party that later truncates or rewrites its tail no longer contains the record an anchor names, which
 :func:`verify_against` (``modelward audit verify LOG --against OTHER_LOG``) reports. Every record also stores the
 executed operation and the purpose the party derived from it.
+
+Bounded coverage (issue 26 item 5): heads that only travel with steps leave every record after the last step
+unanchored (refusals, fetches, malformed messages), and those could be deleted or rewritten unseen. So each party
+also runs an **anchor exchange** with its next neighbour at most every ``anchor_every_s`` seconds
+(:class:`AnchorLoop`): it offers its head (:meth:`AuditLog.anchor_offer`), the neighbour records it if it covers a
+decision it has not anchored yet and answers with its own head (:meth:`AuditLog.anchor_accept`), which the party
+records the same way (:meth:`AuditLog.anchor_settle`). Every decision record is thus anchored in a neighbour's log
+within ``anchor_every_s`` (plus one round trip) of being written, and ``audit verify --against`` catches its
+deletion or rewrite. The exchange writes nothing when neither side has a new decision, so idle parties do not
+fill their logs; its own ``anchor`` records hold no decision of the party that writes them (deleting one hides
+nothing the party did).
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from typing import Any
 from modelward.errors import ModelwardError
 
 GENESIS = "0" * 64
+ANCHOR_OP = "anchor"  # the records of the anchor exchange (no decision of the party writing them)
 FIELDS = ("id", "ts", "party", "caller", "op", "purpose", "session", "step", "seq", "batch", "shapes", "decision",
           "reason", "anchors")
 
@@ -104,6 +116,11 @@ class AuditLog:
         self.lock = threading.Lock()
         row = self.db.execute("SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1").fetchone()
         self.last_id, self.head = (row[0], row[1]) if row else (0, GENESIS)
+        row = self.db.execute("SELECT MAX(id) FROM audit WHERE op != ?", (ANCHOR_OP,)).fetchone()
+        self.decision_id = int(row[0] or 0)  # the latest record that is not an anchor exchange
+        self.anchored: dict[str, int] = {}  # peer -> the highest of its record ids anchored in this log
+        for (text,) in self.db.execute("SELECT anchors FROM audit WHERE anchors != '{}'"):
+            self._note_anchors(text)
         self._wal_fd: int | None = None
         self._synced = -1  # records up to this id are on stable storage (-1: not known yet)
         self._wanted = self.last_id
@@ -169,12 +186,52 @@ class AuditLog:
             self.db.execute(f"INSERT INTO audit ({','.join(FIELDS)}, prev_hash, hash) VALUES "
                             f"({','.join('?' * (len(FIELDS) + 2))})", [*(rec[f] for f in FIELDS), self.head, h])
             self.last_id, self.head = rec["id"], h
+            if op != ANCHOR_OP:
+                self.decision_id = rec["id"]
+            if anchors:
+                self._note_anchors(rec["anchors"])
         with self._cv:
             self._wanted = max(self._wanted, rec["id"])
             self._cv.notify_all()
         if durable:
             self.sync()
         return h
+
+    def _note_anchors(self, text: str) -> None:
+        try:
+            anchors = json.loads(text)
+        except json.JSONDecodeError:
+            return
+        if not isinstance(anchors, dict):
+            return
+        for peer, ref in anchors.items():
+            if isinstance(ref, list) and len(ref) == 2 and isinstance(ref[0], int):
+                self.anchored[peer] = max(self.anchored.get(peer, 0), ref[0])
+
+    # ------------------------------------------------------------------ anchor exchange
+    def anchor_offer(self) -> dict[str, Any]:
+        """What this party offers a neighbour to anchor: its head and its latest decision record's id."""
+        with self.lock:
+            return {"head": [self.last_id, self.head], "decision": self.decision_id}
+
+    def _record_offer(self, peer: str, offer: Any) -> bool:
+        head, decision = _valid_offer(offer)
+        with self.lock:
+            if decision <= self.anchored.get(peer, 0):
+                return False  # nothing new of the peer's to anchor
+        self.append(peer, ANCHOR_OP, decision="allow", reason=f"anchor exchange: {peer}'s head {head[0]}",
+                    purpose=None, anchors={peer: head})
+        return True
+
+    def anchor_accept(self, peer: str, offer: Any) -> dict[str, Any]:
+        """A neighbour's offer arrives: record its head if it covers a decision not anchored here yet; answer with
+        this log's own offer (AuditError on a malformed offer)."""
+        self._record_offer(peer, offer)
+        return self.anchor_offer()
+
+    def anchor_settle(self, peer: str, answer: Any) -> bool:
+        """The neighbour's answer to our offer: record its head the same way. Returns whether a record was written."""
+        return self._record_offer(peer, answer)
 
     def refusal(self, caller: str, op: str, reason: str, every_s: float, **kw: Any) -> bool:
         """Record a wire- or identity-level refusal, at most once per `every_s` seconds per (caller, op); the
@@ -214,6 +271,21 @@ class AuditLog:
         with self.lock:
             return int(self.db.execute(q, args).fetchone()[0])
 
+    def rows(self, ops: tuple[str, ...], caller: str | None = None, since: float | None = None) -> int:
+        """Rows (the ``batch`` of allowed records) of operations `ops` by `caller` since `since` (a UNIX time): the
+        row budgets of :mod:`.flow_policy`, counted from the log, so neither a new session nor a restart resets
+        them."""
+        q = f"SELECT COALESCE(SUM(batch), 0) FROM audit WHERE decision = 'allow' AND op IN ({','.join('?' * len(ops))})"
+        args: list[Any] = [*ops]
+        if caller is not None:
+            q += " AND caller = ?"
+            args.append(caller)
+        if since is not None:
+            q += " AND ts >= ?"
+            args.append(since)
+        with self.lock:
+            return int(self.db.execute(q, args).fetchone()[0])
+
     def last_seq(self, session: str, caller: str, ops: tuple[str, ...]) -> int:
         """The last sequence number `caller` used in `session` for a sequenced operation (restored after a restart;
         only operations that passed the sequence check are counted, so a bogus number never sticks)."""
@@ -238,6 +310,57 @@ class AuditLog:
             if self._wal_fd is not None:
                 os.close(self._wal_fd)
                 self._wal_fd = None
+
+
+def _valid_offer(offer: Any) -> tuple[list, int]:
+    """(head [id, hash], decision id) of an anchor offer, or AuditError (it comes from another party)."""
+    if not isinstance(offer, dict):
+        raise AuditError("anchor offer: expected {'head': [id, hash], 'decision': id}")
+    head, decision = offer.get("head"), offer.get("decision")
+    if not (isinstance(head, list) and len(head) == 2 and isinstance(head[0], int) and not isinstance(head[0], bool)
+            and isinstance(head[1], str) and len(head[1]) == 64 and isinstance(decision, int)
+            and not isinstance(decision, bool) and 0 <= decision <= head[0]):
+        raise AuditError("anchor offer: expected {'head': [id, 64-hex hash], 'decision': id <= head id}")
+    return [int(head[0]), str(head[1])], int(decision)
+
+
+class AnchorLoop:
+    """Runs ``exchange()`` every `every_s` seconds on a daemon thread until :meth:`close` (errors are reported to
+    `on_error` and the loop goes on: a neighbour that is down is tried again next time).
+
+    Args:
+        every_s: the bound on how long a decision record stays unanchored (plus one round trip).
+        exchange: one anchor exchange with the neighbour.
+        on_error: called with the exception of a failed exchange.
+
+    Example:
+        >>> import threading
+        >>> done = threading.Event()
+        >>> loop = AnchorLoop(0.01, done.set)
+        >>> done.wait(5)
+        True
+        >>> loop.close()
+    """
+
+    def __init__(self, every_s: float, exchange: Any, on_error: Any = None, name: str = "audit-anchor") -> None:
+        self.every_s, self.exchange, self.on_error = every_s, exchange, on_error
+        self._stop = threading.Event()
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.exchange()
+            except Exception as e:  # noqa: BLE001 - a failed exchange is retried next period
+                self.failures += 1
+                if self.on_error is not None:
+                    self.on_error(e)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from modelward.core.config import StrictModel
 from modelward.errors import ConfigError
 from modelward.governance.audit import AuditLog
+from modelward.governance.flow_policy import Decision, FlowPolicy, FlowRequest, admit
 
 Purpose = Literal["train", "inference"]
 # what each operation is *for*, decided by the server from what it will execute (None: no consent needed beyond
@@ -36,7 +36,7 @@ Purpose = Literal["train", "inference"]
 OP_PURPOSE: dict[str, str | None] = {
     "step": "train", "eval": "train", "vote": "train", "commit": "train", "restore": "train", "checkpoint": "train",
     "open_train": "train", "predict": "inference", "fetch": "inference", "open": None, "status": None,
-    "abort": None,
+    "abort": None, "anchor": None,
 }
 PASS_OPS = ("step", "eval", "predict")  # passes through the segment (counted by max_passes_per_day)
 STEP_OPS = ("step",)  # training steps (counted by the step limits)
@@ -48,8 +48,11 @@ def purpose_of(op: str) -> str | None:
 _WINDOW = re.compile(r"^([01]\d|2[0-4]):([0-5]\d)-([01]\d|2[0-4]):([0-5]\d)$")
 
 
-class Policy(StrictModel):
-    """A party's consent policy; the defaults deny everything.
+class Policy(FlowPolicy):
+    """A party's consent policy; the defaults deny everything. What may *leave* for each operation (prediction
+    receiver and form, row budgets, distinct indices of an evaluation) is its flow part,
+    :class:`~modelward.governance.flow_policy.FlowPolicy` (``[predict]``, ``[eval]``, ``eval_splits``,
+    ``min_batch``), checked last by :func:`~modelward.governance.flow_policy.admit`.
 
     Args:
         allow_peers: pinned peer names that may call this party.
@@ -58,8 +61,10 @@ class Policy(StrictModel):
         max_steps_per_session / max_steps_per_day / max_steps_total: step limits per peer (per session, per
             UTC day, ever; the audit log is the counter).
         max_passes_per_day: steps + evaluations + predictions per peer and UTC day.
-        max_batch / min_batch: batch size limits (small batches leak more).
+        max_batch / min_batch: batch size limits (small batches leak more; an evaluation needs ``min_batch``
+            distinct indices).
         eval_splits: the data splits evaluations may score (default ``["test"]``).
+        predict / eval: the flow tables (:class:`~modelward.governance.flow_policy.PredictFlow`, ``EvalFlow``).
         window_utc: ``"HH:MM-HH:MM"`` when passes are allowed (may wrap midnight).
         approval / approval_command: a ``"pkg.mod:fn"`` hook or a command asked yes/no for a request;
             approval_scope: ask once per ``"session"`` or per ``"pass"``; approval_timeout_s: the command's time limit.
@@ -81,8 +86,6 @@ class Policy(StrictModel):
     max_steps_total: int | None = Field(None, ge=0)  # per peer, ever (the audit log is the counter)
     max_passes_per_day: int | None = Field(None, ge=0)  # steps + evaluations + predictions per peer and UTC day
     max_batch: int | None = Field(None, ge=1)
-    min_batch: int | None = Field(None, ge=1)  # smaller batches of steps/evaluations are refused (less leakage)
-    eval_splits: list[Literal["train", "test"]] = Field(default_factory=lambda: ["test"])  # metrics on these only
     window_utc: str | None = None  # "HH:MM-HH:MM" (may wrap midnight)
     approval: str | None = None  # python callable "pkg.mod:fn", called with the request as a dict -> bool
     approval_command: list[str] | None = None  # command reading the request JSON on stdin, printing yes/no
@@ -112,13 +115,12 @@ class PassRequest:
     session: str
     step: int
     batch: int
-    split: str = ""  # the data split an evaluation scores (meta.split), "" otherwise
+    split: str = ""  # the data split an evaluation or a prediction runs on (meta.split), "" otherwise
+    distinct: int = -1  # distinct indices in the batch (-1: no indices)
+    metric: str = "error"  # an evaluation's metric (the wire default)
 
 
-@dataclass(frozen=True)
-class Decision:
-    allowed: bool
-    reason: str
+__all__ = ["ConsentChecker", "Decision", "PassRequest", "Policy", "purpose_of"]
 
 
 def _minutes(hhmm: str) -> int:
@@ -191,9 +193,6 @@ class ConsentChecker:
                                    "(policy.inference = false)")
         if p.max_batch is not None and req.batch > p.max_batch:
             return Decision(False, f"batch of {req.batch} exceeds policy.max_batch = {p.max_batch}")
-        if req.op == "eval" and req.split not in p.eval_splits:
-            return Decision(False, f"evaluation on the {req.split!r} split is not allowed (policy.eval_splits = "
-                                   f"{p.eval_splits}): metrics on training labels would be a label oracle")
         if p.min_batch is not None and req.op in ("step", "eval") and 0 < req.batch < p.min_batch:
             return Decision(False, f"batch of {req.batch} is below policy.min_batch = {p.min_batch}")
         now = self.now()
@@ -214,6 +213,10 @@ class ConsentChecker:
             if done >= p.max_passes_per_day:
                 return Decision(False, f"peer {req.caller!r} has used up the daily limit of "
                                        f"{p.max_passes_per_day} passes (policy.max_passes_per_day)")
+        flow = admit(p, FlowRequest(req.op, req.caller, req.party, req.batch, req.distinct, req.split, req.metric),
+                     self.audit, now)
+        if not flow.allowed:
+            return flow
         if self.hook is not None or p.approval_command:
             return self._approve(req)
         return Decision(True, "policy")

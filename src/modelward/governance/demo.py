@@ -66,22 +66,31 @@ class LocalSplit:
 def prepare_local_split(root: Path, model: nn.Module, data: DataSplit, parties: list[str], cuts: list[str],
                         policy: dict[str, Any] | None = None, checkpoint_every: int = 10, threads: int = 0,
                         driver: str | None = None, policies: dict[str, dict[str, Any]] | None = None,
-                        own_init: bool = True, extra: dict[str, dict[str, Any]] | None = None) -> LocalSplit:
+                        own_init: bool = True, extra: dict[str, dict[str, Any]] | None = None,
+                        exact: bool = True) -> LocalSplit:
     """Write certificates, each party's own data file and one PARTY.toml per party (peers pinned by their
     certificate files, chain roles set).
 
     With ``own_init`` (default) each party starts from its own checkpoint file holding only its own entries of
     `model` — a test/demo harness acting for every organisation, so that the split run can be compared with a
     monolithic run of `model`. Without it each party draws its initial parameters from the OS CSPRNG.
-    Port 0: each server picks a free port and prints it. The first party's identity is the driver's.
+    Port 0: each server picks a free port and prints it. The first party's identity is the driver's, unless
+    `driver` names another (the control role, e.g. ``"operator"``: it gets a key of its own).
+
+    The harness acts for every organisation, so its default policy (when `policy` is not given) lets the driver
+    fetch predictions as probabilities; with `exact` (default) the label holder returns exact gradients
+    (``label_protection.method = "none"``), which a comparison with monolithic training needs. Pass
+    ``exact=False`` and explicit `policies` to run the parties under their shipped defaults.
     """
     root = Path(root).resolve()  # PARTY.toml paths must not depend on the folder a party is started from
     root.mkdir(parents=True, exist_ok=True)
     plan = make_plan(model, parties, cuts)
     mcfg = infer_model_config(model)
-    make_certs(root / "certs", parties, if_exists="reuse")  # a resumed demo keeps its certificates
     driver = driver or parties[0]
-    pol = policy or {"allow_peers": sorted({driver, *parties[:-1]}), "training": True, "inference": True}
+    # a driver of its own (the control role, e.g. "operator") gets its own key; a resumed demo keeps its certificates
+    make_certs(root / "certs", [*parties, *([driver] if driver not in parties else [])], if_exists="reuse")
+    pol = policy or {"allow_peers": sorted({driver, *parties[:-1]}), "training": True, "inference": True,
+                     "predict": {"result_receiver": driver, "form": "probs"}}
     configs: dict[str, Path] = {}
     for i, p in enumerate(parties):
         prev = parties[i - 1] if i > 0 else None
@@ -109,6 +118,8 @@ def prepare_local_split(root: Path, model: nn.Module, data: DataSplit, parties: 
             save_tensors(init, dict(segment_of(model, plan.owners[p]).state_dict()))
             cfg["init"] = {"checkpoint": str(init)}
         cfg["model"].pop("kwargs", None)
+        if exact and i == len(parties) - 1:
+            cfg["label_protection"] = {"method": "none"}
         cfg.update((extra or {}).get(p, {}))
         own: dict[str, torch.Tensor] = {}
         if i == 0:

@@ -54,6 +54,27 @@ def _itemsize(dtype: str) -> int:
     return _ITEMSIZE[dtype]
 
 
+def message_limit(rows: int, row_shapes: list[tuple[int, ...]], itemsize: int = 4) -> int:
+    """The largest legitimate message for `rows` rows whose largest per-row tensors have `row_shapes` (plus an
+    int64 index per row, the header and the framing): what a party's transport may buffer at most (issue 26: an
+    oversized message is dropped by gRPC before it is buffered, whoever sent it).
+
+    Args:
+        rows: the most rows a message may carry (the party's ``max_batch`` and its policy's).
+        row_shapes: every per-row shape a message may carry (an activation, a gradient, inputs, logits).
+        itemsize: bytes per element (float32: 4).
+
+    Returns:
+        The limit in bytes.
+
+    Example:
+        >>> message_limit(512, [(16, 4, 4), (10,)])
+        593936
+    """
+    widest = max((math.prod(s) for s in row_shapes), default=0)
+    return rows * (widest * itemsize + 8) + MAX_HEADER + len(MAGIC) + 4 + 8
+
+
 def encode(msg: Message) -> bytes:
     specs, blobs = [], []
     for name, t in msg.tensors.items():

@@ -8,8 +8,14 @@ Example:
 """
 
 from modelward.governance.driver.config import PartyRef, SplitConfig, load_split_config
-from modelward.governance.driver.coordinator import Connect, Coordinator, grpc_connect, hosted_connect
+from modelward.governance.driver.coordinator import (
+    Connect,
+    Coordinator,
+    OutputsKept,
+    grpc_connect,
+    hosted_connect,
+)
 from modelward.governance.driver.training import SplitDriver, SplitTrainResult, run_training
 
-__all__ = ["Connect", "Coordinator", "PartyRef", "SplitConfig", "SplitDriver", "SplitTrainResult", "grpc_connect",
+__all__ = ["Connect", "Coordinator", "OutputsKept", "PartyRef", "SplitConfig", "SplitDriver", "SplitTrainResult", "grpc_connect",
            "hosted_connect", "load_split_config", "run_training"]

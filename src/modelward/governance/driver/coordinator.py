@@ -70,6 +70,10 @@ def hosted_connect(host: Party, cfg: SplitConfig) -> Connect:
     return connect
 
 
+class OutputsKept(ModelwardError):
+    """The label holder keeps a prediction's outputs (its policy): nothing was sent to the driver."""
+
+
 class Coordinator:
     """Coordinates the parties of one split (control to every party, batch indices to the first).
 
@@ -330,16 +334,32 @@ class Coordinator:
         return total / n
 
     def predict(self, split: str = "test", x: torch.Tensor | None = None, batch_size: int = 256) -> torch.Tensor:
-        """Logits for the data owner's `split` (or for inputs `x`) through the whole chain; every party consents
-        to inference, and the label holder hands the logits to the driver only."""
-        outs = []
+        """Predictions for the data owner's `split` (or for inputs `x`) through the whole chain; every party
+        consents to inference, and the label holder releases them only as its policy says (``policy.predict``).
+
+        Returns:
+            By the label holder's ``form``: ``label`` int64 [N]; ``topk`` int64 [N, k]; ``probs`` and the ModelGuard
+            forms: log-probabilities [N, K] (logits up to a constant). Raises :class:`OutputsKept` naming where
+            they are when the label holder keeps its outputs (its default).
+        """
+        outs, kept = [], []
         first, last = self.names[0], self.names[-1]
         n = len(x) if x is not None else int(self.status[first][f"n_{split}"])
         for i in range(0, n, batch_size):
             j = min(n, i + batch_size)
             t = {"x": x[i:j]} if x is not None else {"idx": torch.arange(i, j)}
-            token = self.call(first, "predict", 0, {"split": split}, t).meta["token"]
-            outs.append(self.call(last, "fetch", 0, {"token": token}).tensors["logits"])
+            r = self.call(first, "predict", 0, {"split": split}, t)
+            if not r.meta.get("token"):
+                kept.append(str(r.meta.get("kept", last)))
+                continue
+            answer = self.call(last, "fetch", 0, {"token": r.meta["token"]}).tensors
+            if "probs" in answer:
+                outs.append(answer["probs"].clamp_min(1e-30).log())
+            else:
+                outs.append(answer.get("labels", answer.get("topk", answer.get("logits"))))
+        if kept:
+            raise OutputsKept(f"{last} keeps its outputs (its policy.predict.result_receiver is \"owner\"): "
+                              f"{len(kept)} file(s), e.g. {kept[0]}")
         return torch.cat(outs)
 
     # ------------------------------------------------------------------ recovery

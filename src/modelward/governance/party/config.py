@@ -24,11 +24,17 @@ from modelward.core.init import INIT_SCHEMES
 from modelward.core.zoo import ModelConfig
 from modelward.errors import ConfigError
 from modelward.governance.consent import Policy
+from modelward.governance.integrity import IntegrityConfig
 from modelward.governance.party.label_protection import LabelProtectionConfig
 from modelward.governance.trust.certs import check_name, read_pem
 from modelward.governance.trust.identity import cert_fingerprint
 
 LOOPBACK_NAMES = ("localhost",)
+
+
+# the label holder's default (issue 26): Marvell at scale 4 brings the gradient attacks to chance for at most 0.33
+# accuracy points on digits and breast cancer (docs/governance.md, "Label leakage"); opt out with method = "none"
+DEFAULT_LABEL_PROTECTION = LabelProtectionConfig(method="marvell", scale=4.0)
 
 
 def is_loopback(host: str) -> bool:
@@ -109,7 +115,11 @@ class PartyConfig(StrictModel):
         policy / policy_file: its consent :class:`~modelward.governance.consent.Policy` (inline or a TOML file).
         checkpoint_dir / checkpoint_every / keep_checkpoints: checkpointing; audit_db: its audit log.
         max_message_mb, max_batch, max_abs_input, max_abs_param, max_sessions_per_peer, audit_refusals_every_s:
-            hard limits independent of the policy.
+            hard limits independent of the policy (the transport's receive limit is the smaller of
+            ``max_message_mb`` and the largest message the party's rows and shapes allow).
+        label_protection: the label holder's gradient perturbation (default Marvell, scale 4; ``method = "none"``
+            opts out); integrity: outlier refusal (:class:`~modelward.governance.integrity.IntegrityConfig`);
+            anchor_every_s: the bound on how long an audit record stays unanchored in the next party's log.
         threads / timeout_s: torch threads, and the time limit of a request to the next party.
         update_priority: ``"idle"`` (default) runs the late part of a step (weight gradients, optimizer step and
             check, after the answer) at the lowest CPU priority, where the OS has one (Linux ``SCHED_IDLE``), so
@@ -153,8 +163,13 @@ class PartyConfig(StrictModel):
     max_abs_param: float = Field(1e6, gt=0)  # an update that leaves a parameter beyond this is rolled back
     max_sessions_per_peer: int = Field(8, ge=1)  # open sessions (sequence state + one cached reply) per peer
     audit_refusals_every_s: float = Field(10.0, ge=0)  # wire/identity refusals: at most one record per peer per …
-    # the label holder's gradient perturbation (governance.party.label_protection: a step on its reply), validated when the config loads
-    label_protection: LabelProtectionConfig | None = None
+    # the label holder's gradient perturbation (governance.party.label_protection: a step on its reply), validated
+    # when the config loads; on by default for the label holder (ignored by the others unless set); method = "none"
+    # (or None) opts out
+    label_protection: LabelProtectionConfig | None = Field(
+        default_factory=lambda: DEFAULT_LABEL_PROTECTION.model_copy())
+    integrity: IntegrityConfig = Field(default_factory=IntegrityConfig)  # outlier steps refused and rolled back
+    anchor_every_s: float = Field(10.0, gt=0)  # every audit record anchored in the next party's log within this
     threads: int = Field(0, ge=0)  # torch threads (0 = torch default)
     timeout_s: float = Field(60.0, gt=0)  # per request to the next party
     # the CPU priority of the late part of a step (weight gradients, optimizer step, check; after the answer):

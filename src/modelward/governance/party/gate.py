@@ -14,7 +14,8 @@ dispatch table: ``flwr/client/mod/utils.py`` ``make_ffn``, the last check innerm
 5. :func:`role`: data operations come from the previous party (the driver for the first), control operations
    from the driver;
 6. :func:`sequence_cache`: data operations carry the next sequence number; an exact retry gets the cached answer;
-7. :func:`consent`: the party's consent policy for this pass;
+7. :func:`consent`: the party's consent policy for this pass, its flow policy last (what may run and what may
+   leave: :func:`~modelward.governance.flow_policy.admit`);
 8. :func:`audit`: the dispatch runs, and its outcome is recorded (allowed, or failed) in the hash-chained log;
    the answer carries the party's head.
 
@@ -38,6 +39,7 @@ from typing import Any, Protocol
 from modelward.errors import ModelwardError
 from modelward.governance.audit import AuditLog
 from modelward.governance.consent import ConsentChecker, PassRequest, purpose_of
+from modelward.governance.flow_policy import request_fields
 from modelward.governance.protocol import DATA_OPS, OPS, ConsentDenied, PartyError, anchors_of
 from modelward.governance.wire import InOrder, Message, SequenceGuard, WireError, decode, encode
 
@@ -157,9 +159,9 @@ def consent(gate: Gate, req: Request, call_next: CallNext) -> bytes:
     """The party's consent policy decides this pass (from the operation it executes, never from a field the
     caller sends)."""
     msg = req.msg
-    split = str(msg.meta.get("split", "train"))[:16] if msg.op == "eval" else ""
+    split, distinct, metric = request_fields(msg.op, msg.meta, msg.tensors)
     decision = gate.consent.check(PassRequest(gate.name, req.caller, msg.op, req.purpose, msg.session, msg.step,
-                                              req.batch, split))
+                                              req.batch, split, distinct, metric))
     if not decision.allowed:
         gate.audit.append(req.caller, msg.op, **req.rec, decision="deny", reason=decision.reason)
         raise ConsentDenied(f"party {gate.name} refused {msg.op} (step {msg.step}): {decision.reason}")
@@ -187,6 +189,9 @@ def audit(gate: Gate, req: Request, call_next: CallNext) -> bytes:
     down = reply.meta.pop("_anchors", {})
     if down:
         rec["anchors"] = {**rec["anchors"], **down}
+    if op == "anchor":  # the exchange records itself, and only when it anchors a decision not anchored yet
+        reply.meta["audit_head"] = gate.audit.head_ref
+        return encode(reply)
     gate.audit.append(req.caller, op, **rec, decision="allow", reason=req.reason + gate.handler.note,
                       durable=op not in DATA_OPS)
     if op in DATA_OPS:
@@ -247,6 +252,8 @@ class Gate:
         the first), ``open`` and ``status`` from the driver or the previous party, the rest from the driver."""
         if op in DATA_OPS:
             return caller == (self.prev if self.prev is not None else self.driver)
+        if op == "anchor":
+            return caller == self.prev
         if op in ("open", "status"):
             return caller in (self.driver, self.prev)
         return caller == self.driver

@@ -38,6 +38,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,9 +47,11 @@ import torch.nn.functional as F
 from modelward.core.config import validate
 from modelward.core.io import optimizer_from_tensors, optimizer_to_tensors, save_tensors
 from modelward.core.train import TrainConfig, make_optimizer
-from modelward.errors import ConfigError
-from modelward.governance.audit import AuditLog
+from modelward.errors import ConfigError, ModelwardError
+from modelward.governance.audit import ANCHOR_OP, AnchorLoop, AuditLog
 from modelward.governance.consent import ConsentChecker, purpose_of
+from modelward.governance.flow_policy import Release, keep_outputs, receiver_of, role_warnings
+from modelward.governance.integrity import StepIntegrity
 from modelward.governance.party.backward import input_gradient
 from modelward.governance.party.checkpoints import Checkpoints, state_digest
 from modelward.governance.party.config import PartyConfig, pins
@@ -59,13 +62,14 @@ from modelward.governance.party.step import Prepared, TentativeStep
 from modelward.governance.party.tensors import format_of, layout
 from modelward.governance.protocol import (
     ConsentDenied,
+    NumericError,
     PartyClient,
     PartyError,
     PartyUnavailable,
     anchors_of,
 )
 from modelward.governance.trust.identity import normalize_pins
-from modelward.governance.wire import Message, WireError, expect
+from modelward.governance.wire import Message, WireError, expect, message_limit
 
 MAX_RESULTS = 16  # prediction results kept for the driver to fetch (oldest dropped)
 
@@ -106,13 +110,24 @@ class Party:
         self.all_layers, self.is_first, self.is_last = h.all_layers, h.is_first, h.is_last
         self.in_shape, self.out_shape = h.in_shape, h.out_shape
         self._protect = self._label_protection()
+        # the largest legitimate message (rows x the widest per-row tensor): the transport drops anything larger
+        # before it is buffered, whoever sent it (issue 26); replies from the next party too
+        self.message_limit = min(int(cfg.max_message_mb * 2**20) + 65536, message_limit(
+            h.limit(), [self.in_shape, self.out_shape, tuple(cfg.input_shape), (cfg.num_classes,)]))
+        if connect is not None and hasattr(connect, "max_bytes"):
+            connect.max_bytes = self.message_limit
+        self.warnings = role_warnings(cfg.name, cfg.prev, cfg.driver, self.is_first)
+        # outlier steps (incoming activations, update norm, loss) are refused and rolled back (integrity)
+        self.integrity = StepIntegrity(cfg.integrity)
+        self._step_loss: float | None = None
         self.tentative = TentativeStep(cfg.name, self.segment, lambda: self.cfg.max_abs_param,
                                        cfg.update_priority)
+        self.tentative.extra_check = self._integrity_check
         self.audit = AuditLog(cfg.audit_db, cfg.name)
         self.consent = ConsentChecker(cfg.policy, self.audit)
         self.lock = threading.RLock()
         self.gate = Gate(self, name=cfg.name, driver=cfg.driver, prev=cfg.prev, audit=self.audit,
-                         consent=self.consent, lock=self.lock, max_message_bytes=int(cfg.max_message_mb * 2**20),
+                         consent=self.consent, lock=self.lock, max_message_bytes=self.message_limit,
                          refusals_every_s=cfg.audit_refusals_every_s,
                          max_sessions_per_peer=cfg.max_sessions_per_peer)
         self.guard = self.gate.guard
@@ -120,6 +135,9 @@ class Party:
         self.step = 0
         self.note = ""  # added to the reason of the request's audit record (a commit carried by a step)
         self.results: OrderedDict[str, torch.Tensor] = OrderedDict()
+        # what of a prediction may leave this party, and to whom (policy.predict; the label holder only)
+        self.release = Release(cfg.policy.predict, Path(cfg.checkpoint_dir) / "modelguard_s.safetensors") \
+            if self.is_last else None
         self._connect = connect
         self.next_address = cfg.peers[cfg.next].address if cfg.next else None
         self.next_client: PartyClient | None = None
@@ -129,6 +147,7 @@ class Party:
             "open": self.op_open, "status": self.op_status, "step": self.op_step, "vote": self.op_vote,
             "commit": self.op_commit, "abort": self.op_abort, "eval": self.op_eval, "predict": self.op_predict,
             "fetch": self.op_fetch, "restore": self.op_restore, "checkpoint": self.op_checkpoint,
+            ANCHOR_OP: self.op_anchor,
         }
         # the first optimizer in a process imports a lot of torch; pay that before READY, not on the first request
         make_optimizer([torch.nn.Parameter(torch.zeros(1))], TrainConfig()).step()
@@ -137,6 +156,11 @@ class Party:
             self._restore(latest[-1])
         else:
             self._save_checkpoint()
+        # every audit record of this party and of the next is anchored in the other's log within anchor_every_s
+        self._anchor_client: PartyClient | None = None
+        self._anchor_address: str | None = None
+        self._anchors = AnchorLoop(cfg.anchor_every_s, self._anchor_exchange, name=f"anchor-{cfg.name}") \
+            if cfg.next is not None else None
 
     @property
     def name(self) -> str:
@@ -149,12 +173,53 @@ class Party:
         return self.tentative.prepared
 
     def _label_protection(self) -> ProtectReply | None:
-        """The label holder's reply-side gradient protection (``[label_protection]``), checked at start-up."""
-        if self.cfg.label_protection is None:
+        """The label holder's reply-side gradient protection (``[label_protection]``), checked at start-up. On by
+        default (Marvell, scale 4); ``method = "none"`` (or ``scale = 0``) opts out."""
+        lp = self.cfg.label_protection
+        if lp is None:
             return None
         if not self.is_last:
-            raise ConfigError(f"party {self.cfg.name}: [label_protection] is for the label holder (the last party)")
-        return ProtectReply(self.cfg.label_protection, self.holding.y_train, self.in_shape, self.cfg.name)
+            if "label_protection" in self.cfg.model_fields_set and lp.method != "none":
+                raise ConfigError(f"party {self.cfg.name}: [label_protection] is for the label holder (the last "
+                                  "party)")
+            return None
+        if lp.method == "none" or lp.scale == 0:
+            return None
+        return ProtectReply(lp, self.holding.y_train, self.in_shape, self.cfg.name)
+
+    def _integrity_check(self, step: int, snap: Any) -> None:
+        """After the numeric check of a tentative update: the update norm (and the label holder's loss) against
+        the party's running statistics; an outlier rolls the step back and refuses it (integrity)."""
+        if not self.integrity.enabled:
+            return
+        t = self.tentative
+        keys, bufs = t.param_keys, t.buffer_keys
+        try:
+            self.integrity.after_update([snap.model[k] for k in keys], [t.live[k] for k in keys], self._step_loss,
+                                        [snap.model[k] for k in bufs], [t.live[k] for k in bufs])
+        except ModelwardError as e:
+            raise NumericError(f"party {self.cfg.name}: step {step}: {e}; the step is rolled back and refused") \
+                from None
+
+    def _anchor_exchange(self) -> None:
+        """One anchor exchange with the next party (audit.AnchorLoop): our head for theirs, each recorded only
+        when it covers a decision the other log has not anchored yet."""
+        if self.next_address is None or self._connect is None:
+            return
+        # a link of its own: an exchange that fails while the next party restarts must not leave the data link's
+        # channel backing off (the next step would then fail fast instead of reconnecting)
+        address = self.next_address
+        if self._anchor_client is None or self._anchor_address != address:
+            if self._anchor_client is not None:
+                self._anchor_client.close()
+            self._anchor_client, self._anchor_address = self._connect(self.cfg.next, address), address
+        try:
+            r = self._anchor_client.call(Message(ANCHOR_OP, meta={"offer": self.audit.anchor_offer()}))
+        except ModelwardError:
+            self._anchor_client.close()
+            self._anchor_client = None
+            raise
+        self.audit.anchor_settle(self.cfg.next, r.meta.get("offer"))
 
     # ----------------------------------------------------------------- requests (the gate's Handler)
     def handle(self, caller: str, data: bytes) -> bytes:
@@ -197,7 +262,8 @@ class Party:
         tensors = {f"model.{k}": v for k, v in self.segment.state_dict().items()}
         if buffers is not None:  # the buffers of an earlier moment (see _commit)
             tensors.update({f"model.{k}": buffers[k] for k in t.buffer_keys})
-        meta: dict[str, Any] = {"step": self.step, "party": self.cfg.name, "layers": self.cfg.layers}
+        meta: dict[str, Any] = {"step": self.step, "party": self.cfg.name, "layers": self.cfg.layers,
+                                "integrity": self.integrity.monitor.state()}
         if t.opt is not None and t.train_cfg is not None:
             ot, skel = optimizer_to_tensors(t.opt)
             tensors.update(ot)
@@ -222,6 +288,8 @@ class Party:
         self.step = int(meta["step"])
         t.prepared = None
         t.rolled_back = None
+        if isinstance(meta.get("integrity"), dict):
+            self.integrity.monitor.load_state(meta["integrity"])
         if "train_cfg" in meta:
             t.train_cfg = TrainConfig.model_validate(meta["train_cfg"])
             t.opt = make_optimizer(list(self.params.values()), t.train_cfg)
@@ -348,6 +416,12 @@ class Party:
                              "nor aborted")
         t.rolled_back = None
         idx, x = h.input(msg, "train", h.limit())
+        self._step_loss = None
+        if not self.is_first:  # an outlier activation is refused before anything is computed (integrity)
+            try:
+                self.integrity.incoming("h", x)
+            except ModelwardError as e:
+                raise NumericError(f"party {self.cfg.name}: step {msg.step}: {e}; nothing computed") from None
         snapshot = t.begin(msg.step)
         try:
             self.segment.train()
@@ -358,6 +432,7 @@ class Party:
             if self.is_last:
                 root = F.cross_entropy(out, h.y_train[idx])
                 loss, down = float(root.item()), {}
+                self._step_loss = loss  # checked against its running statistics with the update (integrity)
             else:
                 r = self._next_call(msg, {} if carried is None else {"commit": carried},
                                     {"h": out.detach(), "idx": idx})
@@ -483,21 +558,38 @@ class Party:
         out = h.forward_eval(x)
         if not self.is_last:
             r = self._next_call(msg, {"split": msg.meta.get("split", "test")}, {"h": out, "idx": idx})
-            return Message("predict", meta={"token": r.meta["token"], "n": int(r.meta["n"]),
-                                            "_anchors": anchors_of(r, self.cfg.name)})
+            meta = {"token": r.meta["token"], "n": int(r.meta["n"]), "_anchors": anchors_of(r, self.cfg.name)}
+            if r.meta.get("kept"):
+                meta["kept"] = str(r.meta["kept"])[:512]
+            return Message("predict", meta=meta)
         token = secrets.token_hex(16)
+        if receiver_of(self.cfg.policy.predict, self.cfg.name) == self.cfg.name and self.cfg.driver != self.cfg.name:
+            # the owner keeps its outputs (policy.predict.result_receiver = "owner"): nothing leaves, not even to
+            # the driver; they go to this party's own folder
+            path = keep_outputs(self.cfg.checkpoint_dir, msg.session, token, out, idx)
+            # (the file's name only: where this party keeps its files is none of the caller's business)
+            return Message("predict", meta={"token": "", "n": len(out),
+                                            "kept": f"{self.cfg.name}: <checkpoint_dir>/predictions/{path.name}"})
         self.results[token] = out
         while len(self.results) > MAX_RESULTS:
             self.results.popitem(last=False)
         return Message("predict", meta={"token": token, "n": len(out)})
 
     def op_fetch(self, msg: Message, caller: str) -> Message:
-        """The driver collects prediction logits (once)."""
+        """The receiver the policy names collects a prediction (once), in the owner's form (``policy.predict``:
+        the flow policy has checked who asks)."""
         out = self.results.pop(str(msg.meta.get("token", "")), None)
         if out is None:
             raise PartyError(f"party {self.cfg.name}: no prediction result with that token (fetched already, or "
                              f"dropped: at most {MAX_RESULTS} are kept)")
-        return Message("fetch", tensors={"logits": out})
+        if self.release is None:
+            raise PartyError(f"party {self.cfg.name}: only the label holder releases predictions")
+        return Message("fetch", meta={"form": self.cfg.policy.predict.form}, tensors=self.release.release(out))
+
+    def op_anchor(self, msg: Message, caller: str) -> Message:
+        """The previous party's anchor exchange (audit.AuditLog.anchor_accept): its head recorded here if it
+        covers a decision not anchored yet; ours goes back."""
+        return Message(ANCHOR_OP, meta={"offer": self.audit.anchor_accept(caller, msg.meta.get("offer"))})
 
     def op_restore(self, msg: Message, caller: str) -> Message:
         """Back to the checkpoint of step ``meta.to_step`` (an uncommitted step is rolled back first)."""
@@ -531,6 +623,10 @@ class Party:
                 self._save_checkpoint()
 
     def close(self) -> None:
+        if self._anchors is not None:
+            self._anchors.close()
+            if self._anchor_client is not None:
+                self._anchor_client.close()
         with self.lock:
             self.tentative.close()  # a late update in flight finishes (its step stays prepared)
             self.ckpt.close()

@@ -96,6 +96,9 @@ class TentativeStep:
         self.live = dict(segment.state_dict())
         self.param_keys = [k for k in self.live if k in self.params]
         self.buffer_keys = [k for k in self.live if k not in self.params]  # BatchNorm statistics and the like
+        # a further check of the tentative update, after the numeric one: (step, the state before it) -> None, or a
+        # ModelwardError that rolls the step back (the party's integrity statistics)
+        self.extra_check: Callable[[int, Prepared], None] | None = None
         self.opt: torch.optim.Optimizer | None = None
         self.train_cfg: TrainConfig | None = None
         self.prepared: Prepared | None = None
@@ -214,11 +217,13 @@ class TentativeStep:
     def update(self, step: int, snapshot: Callable[[], Prepared]) -> None:
         """The optimizer step on the gradients computed, then the check of its result."""
         assert self.opt is not None and self.train_cfg is not None
-        snapshot()  # the copy of the parameters is complete before they change
+        snap = snapshot()  # the copy of the parameters is complete before they change
         for g in self.opt.param_groups:
             g["lr"] = self.train_cfg.lr_at(step)
         self.opt.step()
         self.check(step)
+        if self.extra_check is not None:
+            self.extra_check(step, snap)
 
     def late_update(self, step: int, weight_pass: Callable[[], None], snapshot: Callable[[], Prepared]) -> None:
         """The late part of a step (update thread): the weight gradients, then the update and its check.

@@ -39,7 +39,9 @@ class PartyServer:
     def __init__(self, party: Party, workers: int = 8) -> None:
         self.party = party
         cfg = party.cfg
-        limit = int(cfg.max_message_mb * 2**20) + 65536
+        # the largest legitimate message (rows x the widest tensor, party.message_limit, at most max_message_mb):
+        # gRPC drops a longer one from its length prefix, before buffering it and before any identity check
+        limit = party.message_limit
         self._names: dict[bytes, str] = {}  # presented certificate -> pinned name (bounded cache)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                                   options=[("grpc.max_receive_message_length", limit),
@@ -243,8 +245,11 @@ def grpc_link(cfg: PartyConfig) -> Connect:
     peer_pins = normalize_pins(pins(cfg), f"party {cfg.name}: peers")
 
     def connect(name: str, address: str) -> PartyClient:
-        return GrpcPartyClient(name, address, cfg.tls, peer_pins[name], cfg.max_message_mb, cfg.timeout_s)
+        limit_mb = cfg.max_message_mb if connect.max_bytes is None else connect.max_bytes / 2**20
+        return GrpcPartyClient(name, address, cfg.tls, peer_pins[name], limit_mb, cfg.timeout_s)
 
+    # the party sets its message limit here once it knows its shapes: replies beyond it are dropped unbuffered too
+    connect.max_bytes = None  # type: ignore[attr-defined]
     return connect
 
 
@@ -311,6 +316,8 @@ def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None
             if cfg.address_file:
                 _write_address(Path(cfg.address_file), f"{cfg.host}:{port}\n")
             log(describe(party, port))
+            for w in party.warnings:  # e.g. one key holding both the data and the control role
+                log(f"WARNING {w}")
             log(f"READY {cfg.name} {cfg.host}:{port}")
             stop = stop_event or threading.Event()
             received: list[str] = []

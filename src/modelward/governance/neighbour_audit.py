@@ -1,0 +1,357 @@
+"""What a neighbour gets for its budget, against what completion costs (issue 26 item 3).
+
+A neighbour of a part (the party before it in the chain) may run the passes the owner's policy allows. This module
+runs, through an :class:`Oracle` that asks the real parties (or anything that answers as they do), the attacks a
+hostile neighbour would try with exactly those passes, and reports **agreement vs rows queried until refused**:
+
+``predict_natural`` / ``predict_augmented`` / ``predict_synthetic``
+    surrogate extraction (Tramèr et al. 2016; the Knockoff/ActiveThief family): query ``predict`` with the
+    attacker's own activations (its own data through its own layers), with those plus noise and mixup, or with
+    Gaussian activations of the same per-feature mean and spread; fit a fresh copy of the victim part's
+    architecture (which the attacker knows, seed 000 §3) to the answers (cross-entropy on labels, soft
+    cross-entropy on probabilities).
+``eval_oracle``
+    the duplicate-index soft-label oracle: ``eval`` of ``dup`` copies of ``(h, i)`` with sample i of known class c
+    returns ``dup·(logsumexp z(h) − z_c(h))``; one pass per class gives the victim's log-softmax at h up to a
+    constant, then the surrogate is fitted as above.
+``labels_from_answers``
+    ``predict`` on the label holder's training split: the share of answers whose top class is the training label.
+``labels_from_gradients``
+    k-means of the cut-layer gradients the neighbour receives in training, clusters matched to labels by the best
+    assignment (Hungarian): the share of labels recovered (:func:`gradient_label_recovery`).
+
+Agreement is the share of held-out activations on which the surrogate's top class equals the victim's. Its
+floor (``chance``) is the share of the victim's most frequent answer: what a neighbour gets knowing nothing. Beside
+it stands **completion**: the labelled rows a neighbour that holds the whole training set needs to retrain the
+part from scratch to the same agreement (the MC-hardness threat model of seed 000 §3, in rows) —
+:func:`completion_rows`.
+
+The harness stands in for every organisation: it reads the victim part only to score agreement, never to attack.
+
+Example:
+    >>> points = surrogate_curve(oracle, victim, queries, [64, 256])  # doctest: +SKIP
+    >>> write_extraction(out_dir, points)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from modelward.core.records import atomic_write_json, write_csv
+from modelward.errors import ModelwardError
+
+COLUMNS = ("part", "attack", "rows", "agreement", "refused", "chance", "note")
+
+
+class Oracle(Protocol):
+    """The passes a neighbour may run on the victim part, as the owner's policy answers them.
+
+    ``predict(h, split)`` returns the released answer (``{"labels"}``, ``{"topk"}`` or ``{"probs"}``, see
+    :func:`~modelward.governance.flow_policy.Release`) and ``eval_sum(h, idx, split, metric)`` the metric's sum;
+    both raise a :class:`~modelward.errors.ModelwardError` when refused.
+    """
+
+    def predict(self, h: Tensor, split: str = "test", idx: Tensor | None = None) -> dict[str, Tensor]: ...
+
+    def eval_sum(self, h: Tensor, idx: Tensor, split: str, metric: str) -> float: ...
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measurement: after `rows` rows the attack reached `agreement` (or label share); `refused` once the
+    party refused (the curve ends there)."""
+
+    part: str
+    attack: str
+    rows: int
+    agreement: float
+    refused: bool
+    chance: float
+    note: str = ""
+
+
+@dataclass
+class Victim:
+    """The part under attack, as the harness knows it.
+
+    Args:
+        part: its name in reports (``"bob: conv2,fc1,logits"``).
+        reference: its true logits on activations (used to score agreement only).
+        make_surrogate: a fresh, randomly initialised copy of its architecture.
+        num_classes: the number of classes.
+    """
+
+    part: str
+    reference: Callable[[Tensor], Tensor]
+    make_surrogate: Callable[[], nn.Module]
+    num_classes: int
+
+    def top(self, h: Tensor) -> Tensor:
+        with torch.no_grad():
+            return self.reference(h).argmax(1)
+
+
+def chance_agreement(victim: Victim, h_test: Tensor) -> float:
+    """The agreement of a constant answer (the victim's most frequent class): the floor of every attack."""
+    top = victim.top(h_test)
+    return float(torch.bincount(top, minlength=victim.num_classes).max()) / len(top)
+
+
+def agreement(model: nn.Module, victim: Victim, h_test: Tensor) -> float:
+    """Share of `h_test` on which `model` and the victim give the same top class."""
+    model.eval()
+    with torch.no_grad():
+        return float((model(h_test).argmax(1) == victim.top(h_test)).float().mean())
+
+
+def _targets(answer: dict[str, Tensor], k: int) -> Tensor:
+    """Soft targets (rows on the simplex) from a released answer."""
+    if "probs" in answer:
+        return answer["probs"].float()
+    labels = answer["labels"] if "labels" in answer else answer["topk"][:, 0]
+    return F.one_hot(labels.long(), k).float()
+
+
+def fit_surrogate(victim: Victim, h: Tensor, targets: Tensor, steps: int = 300, seed: int = 0,
+                  lr: float = 3e-3, batch: int = 128) -> nn.Module:
+    """Fit a fresh copy of the victim's architecture to (h, soft targets) with Adam and soft cross-entropy."""
+    torch.manual_seed(seed)
+    model = victim.make_surrogate()
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    n = len(h)
+    for _ in range(steps):
+        idx = torch.randint(n, (min(batch, n),), generator=g)
+        loss = -(targets[idx] * F.log_softmax(model(h[idx]), 1)).sum(1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+def _top1(targets: Tensor) -> Tensor:
+    """The attacker's other reading of a soft answer: its top class only (a defence that keeps top-1, as ModelGuard
+    does, misleads a soft-label fit but not this one)."""
+    return F.one_hot(targets.argmax(1), targets.shape[1]).float()
+
+
+def _curve(part: str, attack: str, victim: Victim, h_test: Tensor, checkpoints: Sequence[int],
+           ask: Callable[[int, int], tuple[Tensor, Tensor]], fit_steps: int, seed: int,
+           rows_per_item: int = 1) -> list[Point]:
+    """Query items in order (``ask(lo, hi) -> (h, targets)``), fit at each checkpoint (in rows), stop at refusal.
+    Soft answers are also read as their top class (attack ``<attack>_top1``, no extra queries): the attacker
+    keeps the better of the two."""
+    chance = chance_agreement(victim, h_test)
+    hs: list[Tensor] = []
+    ts: list[Tensor] = []
+    points: list[Point] = []
+    top1: list[Point] = []
+    done = 0  # items answered
+    for cp in sorted(checkpoints):
+        want = max(1, cp // rows_per_item)
+        refused, note = False, ""
+        try:
+            if want > done:
+                h, t = ask(done, want)
+                hs.append(h)
+                ts.append(t)
+                done = want
+        except ModelwardError as e:
+            refused, note = True, str(e)[:200]
+        if done == 0:
+            points.append(Point(part, attack, 0, chance, True, chance, note or "refused"))
+            return points
+        h_all, t_all = torch.cat(hs), torch.cat(ts)
+        model = fit_surrogate(victim, h_all, t_all, fit_steps, seed)
+        points.append(Point(part, attack, done * rows_per_item, agreement(model, victim, h_test), refused, chance,
+                            note))
+        if not bool(((t_all == 0) | (t_all == 1)).all()):  # soft answers: their top class too
+            model = fit_surrogate(victim, h_all, _top1(t_all), fit_steps, seed)
+            top1.append(Point(part, f"{attack}_top1", done * rows_per_item, agreement(model, victim, h_test),
+                              refused, chance, note))
+        if refused:
+            break
+    return points + top1
+
+
+def query_pool(kind: str, h_natural: Tensor, n: int, seed: int = 0) -> Tensor:
+    """`n` query activations of the attacker's own making: ``natural`` (its own data's activations), ``augmented``
+    (natural plus 10 % Gaussian noise, half of them mixup pairs) or ``synthetic`` (Gaussian with the natural
+    per-feature mean and spread, clipped at 0 where the natural activations are never negative)."""
+    g = torch.Generator().manual_seed(seed)
+    nat = h_natural[torch.randperm(len(h_natural), generator=g)]
+    if kind == "natural":
+        return nat[:n] if n <= len(nat) else nat[torch.randint(len(nat), (n,), generator=g)]
+    base = nat[torch.randint(len(nat), (n,), generator=g)]
+    sd = h_natural.std(0, keepdim=True)
+    if kind == "augmented":
+        other = nat[torch.randint(len(nat), (n,), generator=g)]
+        lam = torch.rand(n, *([1] * (base.dim() - 1)), generator=g)
+        mixed = torch.where(torch.arange(n).reshape(-1, *([1] * (base.dim() - 1))) % 2 == 0,
+                            lam * base + (1 - lam) * other, base)
+        out = mixed + 0.1 * sd * torch.randn(base.shape, generator=g)
+    elif kind == "synthetic":
+        out = h_natural.mean(0, keepdim=True) + sd * torch.randn(base.shape, generator=g)
+    else:
+        raise ModelwardError(f"query pool {kind!r}: valid choices: natural, augmented, synthetic")
+    return out.clamp_min(0) if bool((h_natural >= 0).all()) else out
+
+
+def surrogate_curve(oracle: Oracle, victim: Victim, queries: Tensor, h_test: Tensor, checkpoints: Sequence[int],
+                    attack: str = "predict_natural", chunk: int = 64, fit_steps: int = 300,
+                    seed: int = 0) -> list[Point]:
+    """Agreement of a surrogate fitted to ``predict`` answers on `queries`, at each checkpoint (rows), until the
+    party refuses. Queries go out in passes of at most `chunk` rows."""
+
+    def ask(lo: int, hi: int) -> tuple[Tensor, Tensor]:
+        hs, ts = [], []
+        for a in range(lo, min(hi, len(queries)), chunk):
+            h = queries[a:min(hi, a + chunk)]
+            ts.append(_targets(oracle.predict(h, "test"), victim.num_classes))
+            hs.append(h)
+        return torch.cat(hs), torch.cat(ts)
+
+    return _curve(victim.part, attack, victim, h_test, [c for c in checkpoints if c <= len(queries)], ask,
+                  fit_steps, seed)
+
+
+def eval_oracle_curve(oracle: Oracle, victim: Victim, queries: Tensor, h_test: Tensor, known: dict[int, int],
+                      checkpoints: Sequence[int], dup: int = 8, fit_steps: int = 300, seed: int = 0) -> list[Point]:
+    """The duplicate-index soft-label oracle through ``eval`` (module docstring): `known` maps each class to the
+    index of a test sample of that class; each query point costs ``dup × classes`` rows."""
+    k = victim.num_classes
+    if sorted(known) != list(range(k)):
+        raise ModelwardError(f"eval oracle: need one known sample per class 0..{k - 1}, got classes {sorted(known)}")
+
+    def ask(lo: int, hi: int) -> tuple[Tensor, Tensor]:
+        hs, ts = [], []
+        for i in range(lo, min(hi, len(queries))):
+            h = queries[i:i + 1]
+            ce = torch.empty(k)
+            for c in range(k):
+                s = oracle.eval_sum(h.expand(dup, *h.shape[1:]).contiguous(), torch.full((dup,), known[c]), "test",
+                                    "cross_entropy")
+                ce[c] = s / dup  # = logsumexp z(h) - z_c(h)
+            hs.append(h)
+            ts.append(torch.softmax(-ce, 0).unsqueeze(0))
+        return torch.cat(hs), torch.cat(ts)
+
+    return _curve(victim.part, "eval_oracle", victim, h_test, checkpoints, ask, fit_steps, seed,
+                  rows_per_item=dup * k)
+
+
+def labels_from_answers(oracle: Oracle, h_train: Tensor, y_train: Tensor, rows: int, part: str,
+                        chunk: int = 64) -> Point:
+    """``predict`` on the label holder's *training* split: the share of answers whose top class is the label."""
+    from modelward.governance.flow_policy import as_labels
+
+    chance = float(torch.bincount(y_train).max()) / len(y_train)
+    got: list[Tensor] = []
+    note = ""
+    for a in range(0, rows, chunk):
+        idx = torch.arange(a, min(rows, a + chunk))
+        try:
+            got.append(as_labels(oracle.predict(h_train[idx], "train", idx)))
+        except ModelwardError as e:
+            note = str(e)[:200]
+            break
+    n = sum(len(t) for t in got)
+    if n == 0:
+        return Point(part, "labels_from_answers", 0, chance, True, chance, note or "refused")
+    share = float((torch.cat(got) == y_train[:n]).float().mean())
+    return Point(part, "labels_from_answers", n, share, bool(note), chance, note)
+
+
+def gradient_label_recovery(grads: Tensor, labels: Tensor, num_classes: int, seed: int = 0) -> tuple[float, float]:
+    """k-means (k = classes) of the normalised cut-layer gradients, clusters matched to labels by the best
+    one-to-one assignment (Hungarian; optimistic for the attacker). Returns (share recovered, the same score for
+    randomly permuted labels: the chance level of this attack on this data)."""
+    from scipy.optimize import linear_sum_assignment
+    from sklearn.cluster import KMeans
+
+    g = grads.detach().reshape(len(grads), -1).double()
+    g = (g / g.norm(dim=1, keepdim=True).clamp_min(1e-12)).numpy()
+    clusters = KMeans(num_classes, n_init=4, random_state=seed).fit_predict(g)
+    y = labels.numpy()
+
+    def score(lab: np.ndarray) -> float:
+        m = np.zeros((num_classes, num_classes))
+        np.add.at(m, (clusters, lab), 1)
+        r, c = linear_sum_assignment(-m)
+        return float(m[r, c].sum() / len(lab))
+
+    perm = np.random.default_rng(seed).permutation(y)
+    return score(y), score(perm)
+
+
+def completion_rows(victim: Victim, h_train: Tensor, y_train: Tensor, h_test: Tensor, target: float,
+                    batch: int = 64, max_steps: int = 2000, every: int = 10, lr: float = 0.05,
+                    seed: int = 0) -> int | None:
+    """Labelled rows a neighbour holding the whole training set needs to retrain the part from scratch (SGD with
+    momentum, as the demo trains) to `target` agreement with it: completion's cost in rows (seed 000 §3.2 counts
+    steps; a step here is `batch` rows). None if `max_steps` do not reach it."""
+    torch.manual_seed(seed)
+    model = victim.make_surrogate()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    g = torch.Generator().manual_seed(seed)
+    for step in range(1, max_steps + 1):
+        model.train()
+        idx = torch.randint(len(h_train), (batch,), generator=g)
+        loss = F.cross_entropy(model(h_train[idx]), y_train[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % every == 0 and agreement(model, victim, h_test) >= target:
+            return step * batch
+    return None
+
+
+def write_extraction(out_dir: str | Path, points: Sequence[Point], meta: dict[str, Any] | None = None,
+                     title: str = "What a neighbour gets for its budget") -> dict[str, Path]:
+    """``extraction.csv`` (columns part, attack, rows, agreement, refused, chance, note), ``extraction.json``
+    (the points and `meta`, e.g. completion costs) and ``extraction.png`` (agreement vs rows, one line per part
+    and attack; a refused curve ends with an ×)."""
+    from modelward.core.plots import plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [{**asdict(p), "agreement": round(p.agreement, 4), "chance": round(p.chance, 4)} for p in points]
+    paths = {"csv": write_csv(out / "extraction.csv", rows, list(COLUMNS)),
+             "json": atomic_write_json(out / "extraction.json", {"points": rows, **(meta or {})})}
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    series: dict[tuple[str, str], list[Point]] = {}
+    for p in points:
+        series.setdefault((p.part, p.attack), []).append(p)
+    for (part, attack), ps in series.items():
+        xs = [max(p.rows, 1) for p in ps]
+        line, = ax.plot(xs, [p.agreement for p in ps], marker="o", markersize=3, label=f"{part}: {attack}")
+        if ps[-1].refused:
+            ax.plot([xs[-1]], [ps[-1].agreement], marker="x", markersize=9, color=line.get_color())
+    chances = sorted({round(p.chance, 3) for p in points})
+    for c in chances[:3]:
+        ax.axhline(c, color="grey", lw=0.8, ls=":")
+    for name, rows_needed in ((meta or {}).get("completion_rows") or {}).items():
+        if rows_needed:
+            ax.axvline(rows_needed, color="black", lw=0.8, ls="--")
+            ax.text(rows_needed, 0.02, f" completion ({name})", fontsize=7, rotation=90, va="bottom")
+    ax.set_xscale("log")
+    ax.set_xlabel("rows queried (x: refused)")
+    ax.set_ylabel("agreement with the part / labels recovered")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "extraction.png", dpi=120)
+    plt.close(fig)
+    paths["png"] = out / "extraction.png"
+    return paths

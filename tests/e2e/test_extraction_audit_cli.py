@@ -1,0 +1,32 @@
+"""`modelward split audit-extraction` (issue 26 item 3) on the shipped example, shortened: real party processes
+under Bob's shipped policy, every neighbour attack refused at 0 rows, the files a user reads."""
+
+import csv
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from modelward.cli.main import app
+
+EX = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_audit_extraction_on_the_example_under_the_defaults(tmp_path):
+    sets = ["train.steps=23", "train.eval_every=23", "attacks.checkpoints=[64]", 'attacks.predict_pools=["natural"]',
+            "attacks.eval_points=[80]", "attacks.labels_rows=64", "attacks.fit_steps=20"]
+    r = CliRunner().invoke(app, ["split", "audit-extraction", str(EX / "audit_extraction_digits.toml"), "--out",
+                                 str(tmp_path / "out"), *[a for s in sets for a in ("--set", s)]],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    rows = list(csv.DictReader((tmp_path / "out/extraction.csv").open()))
+    assert list(rows[0])[:5] == ["part", "attack", "rows", "agreement", "refused"]
+    by = {row["attack"]: row for row in rows}
+    for attack in ("predict_natural", "eval_oracle", "labels_from_answers"):
+        assert by[attack]["refused"] == "True" and by[attack]["rows"] == "0", by[attack]
+        assert by[attack]["agreement"] == by[attack]["chance"]
+    assert float(by["labels_from_gradients"]["rows"]) > 0
+    summary = json.loads((tmp_path / "out/extraction.json").read_text())
+    assert summary["policy"]["predict"]["result_receiver"] == "owner" and summary["test_accuracy"] > 0.5
+    assert all(v is None or v > 0 for v in summary["completion_rows"].values())
+    assert (tmp_path / "out/extraction.png").stat().st_size > 1000

@@ -1,0 +1,243 @@
+"""Issue 26's attacks, run against real party processes under the shipped defaults, each asserting that it now
+fails — and that a legitimate run under the same defaults trains as before.
+
+Alice (data key, conv1) and Bob (the rest, the labels) are two `party serve` processes on 127.0.0.1; the driver has
+its own control identity, "operator". Bob's policy is the shipped examples/policy_bob.toml, and his PARTY.toml keeps
+its defaults (label protection, integrity). Alice's server records the gradients she receives (what an
+honest-but-curious Alice keeps). The tests run in order on one set of servers.
+"""
+
+import os
+import sqlite3
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from modelward.cli.audit import app as audit_app
+from modelward.core.data import DataConfig, load_data
+from modelward.core.init import init_model_
+from modelward.core.io import load_tensors
+from modelward.core.train import TrainConfig, train
+from modelward.core.zoo import ModelConfig, build_model
+from modelward.errors import ModelwardError
+from modelward.governance.audit import verify
+from modelward.governance.demo import prepare_local_split
+from modelward.governance.driver import OutputsKept, SplitDriver
+from modelward.governance.extraction_audit import PartyOracle
+from modelward.governance.leakage.parties import read_recording, start_recording_party
+from modelward.governance.neighbour_audit import (
+    Victim,
+    eval_oracle_curve,
+    gradient_label_recovery,
+    labels_from_answers,
+    query_pool,
+    surrogate_curve,
+)
+from modelward.governance.party.config import TLSConfig
+from modelward.governance.plan import segment_of
+from modelward.governance.protocol import ConsentDenied, NumericError
+from modelward.governance.transport.client import GrpcPartyClient
+from modelward.governance.trust.certs import ca_sign, keygen
+from modelward.governance.wire import Message, WireError
+
+EX = Path(__file__).resolve().parents[2] / "examples"
+MODEL = ModelConfig(arch="cnn", channels=[16, 32], fc=64)  # the demo's
+TC = TrainConfig(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-4, batch_size=64, steps=46, eval_every=46,
+                 loss="error")  # two epochs of the 1437 training images
+STATE: dict = {}
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def parties(tmp_path_factory):
+    root = tmp_path_factory.mktemp("neighbour")
+    data = load_data(DataConfig(source="digits", seed=0))
+    bob_policy = tomllib.loads((EX / "policy_bob.toml").read_text())  # the shipped defaults
+    split = prepare_local_split(root, build_model(MODEL, (1, 8, 8), 10), data, ["alice", "bob"], ["conv1"],
+                                own_init=False, threads=1, exact=False, driver="operator",
+                                policies={"bob": bob_policy, "alice": {"allow_peers": ["operator"],
+                                                                       "training": True, "inference": True}},
+                                extra={p: {"anchor_every_s": 1.0} for p in ("alice", "bob")})
+    carol = keygen("carol", root / "carol")  # a certificate the parties' CA signs, and nobody pins
+    ca_sign(root / "certs", carol["csr"], out=root / "carol" / "carol.pem", force=True)
+    split.start(["bob"])
+    record = root / "alice" / "received.safetensors"
+    split.processes["alice"] = start_recording_party(split.party_configs["alice"], root / "alice" / "server.log",
+                                                     record)
+    yield split, data, root, record
+    split.stop()
+
+
+def _tls(root, who):
+    return TLSConfig(ca=str(root / "certs/ca.pem"), cert=str(root / f"certs/{who}.pem"),
+                     key=str(root / f"certs/{who}.key"))
+
+
+def _oracle(split, root):
+    pin = split.split_config(TC, 0).parties[1].pin()
+    return PartyOracle(split.processes["bob"].address, _tls(root, "alice"), _tls(root, "operator"), pin)
+
+
+def test_a_legitimate_run_under_the_defaults_trains_as_before(parties):
+    split, data, root, _ = parties
+    with SplitDriver(split.split_config(TC, seed=0, retry_s=0.0, timeout_s=120.0)) as drv:
+        res = drv.train()
+        exports = drv.checkpoint_all(export=True)
+        with pytest.raises(OutputsKept, match="bob keeps its outputs"):  # the driver gets no outputs either
+            drv.predict("test")
+    acc = 1.0 - res.curve[-1][1]
+    # the same steps, monolithic, no protection, from three random initialisations
+    mono = []
+    for seed in range(3):
+        model = init_model_(build_model(MODEL, (1, 8, 8), 10), "glorot_uniform", seed)
+        mono.append(1.0 - train(model, data.x_train, data.y_train, data.x_test, data.y_test, TC, seed=0).curve[-1][1])
+    assert acc >= min(mono) - 0.03, (acc, mono)
+    for p in ("alice", "bob"):  # integrity refused nothing in a normal run
+        db = sqlite3.connect(root / p / "audit.db")
+        assert db.execute("SELECT COUNT(*) FROM audit WHERE reason LIKE '%outlier%'").fetchone()[0] == 0
+    kept = sorted((root / "bob/checkpoints/predictions").glob("*.csv"))
+    assert sum(len(f.read_text().splitlines()) - 1 for f in kept) == len(data.y_test)
+    state = {k: v for m in exports.values() for k, v in load_tensors(m["export"]).items()}
+    full = build_model(MODEL, (1, 8, 8), 10)
+    full.load_state_dict(state)
+    full.eval()
+    alice, bob = segment_of(full, ["conv1"]), segment_of(full, ["conv2", "fc1", "logits"])
+    with torch.no_grad():
+        STATE.update(h_train=alice(data.x_train), h_test=alice(data.x_test))
+    STATE["victim"] = Victim("bob", bob, lambda: segment_of(build_model(MODEL, (1, 8, 8), 10),
+                                                            ["conv2", "fc1", "logits"]), 10)
+    STATE["accuracy"] = acc
+
+
+def test_the_64_row_predict_surrogate_gets_nothing(parties):
+    split, _, root, _ = parties
+    oracle = _oracle(split, root)
+    try:
+        pts = surrogate_curve(oracle, STATE["victim"], query_pool("natural", STATE["h_train"], 64), STATE["h_test"],
+                              [64])
+        # alice's data key may not fetch either (a control operation): the role check refuses it
+        with pytest.raises(ConsentDenied, match="may not call fetch"):
+            oracle.data.call(Message("fetch", oracle.session, meta={"token": "x" * 32}))
+    finally:
+        oracle.close()
+    assert len(pts) == 1 and pts[0].refused and pts[0].rows == 0 and pts[0].agreement == pts[0].chance
+    assert "keeps his outputs" in pts[0].note
+
+
+def test_the_duplicate_index_eval_oracle_is_refused(parties):
+    split, data, root, _ = parties
+    known = {c: int((data.y_test == c).nonzero()[0]) for c in range(10)}
+    oracle = _oracle(split, root)
+    try:
+        pts = eval_oracle_curve(oracle, STATE["victim"], query_pool("natural", STATE["h_train"], 4), STATE["h_test"],
+                                known, [80])
+        with pytest.raises(ConsentDenied, match="1 distinct indices"):
+            oracle.eval_sum(STATE["h_train"][:8], torch.full((8,), known[3]), "test", "cross_entropy")
+        with pytest.raises(ConsentDenied, match="eval_splits"):  # and never on the training labels
+            oracle.eval_sum(STATE["h_train"][:8], torch.arange(8), "train", "error")
+    finally:
+        oracle.close()
+    assert pts[0].refused and pts[0].rows == 0 and "distinct" in pts[0].note
+
+
+def test_predict_on_the_training_split_is_refused(parties):
+    split, data, root, _ = parties
+    oracle = _oracle(split, root)
+    try:
+        point = labels_from_answers(oracle, STATE["h_train"], data.y_train, 64, "bob")
+    finally:
+        oracle.close()
+    assert point.refused and point.rows == 0 and "predict.splits" in point.note
+
+
+def test_gradient_clustering_with_the_defaults_recovers_chance(parties):
+    split, data, root, record = parties
+    deadline = time.monotonic() + 30  # the recorder flushes every 10 steps and on stop; wait for the first epoch
+    while time.monotonic() < deadline and not (record.is_file() and len(read_recording(record)) >= 22):
+        time.sleep(0.5)
+    received = read_recording(record)[:22]  # the first epoch (the issue: 86 % recovered without protection)
+    g = torch.cat([r[2] for r in received])
+    y = torch.cat([data.y_train[r[1]] for r in received])
+    got, chance = gradient_label_recovery(g, y, 10)
+    # near chance (the same score with permuted labels): the issue measured 86 % without protection; under the
+    # default Marvell (scale 4) audit-extraction measured 0.21 against a chance level of 0.13 on 200 steps
+    assert got < chance + 0.15 and got < 0.35, (got, chance)
+
+
+def test_in_bounds_poisoning_is_refused_and_changes_nothing(parties):
+    split, _, root, _ = parties
+    alice = GrpcPartyClient("bob", split.processes["bob"].address, _tls(root, "alice"), timeout=30)
+    st = alice.call(Message("open", "poison")).meta
+    digest = alice.call(Message("status", "poison", meta={"digest": True})).meta["digest"]
+    h = 300 * torch.randn(64, 16, 4, 4)
+    assert h.abs().max() < 1e6  # far inside max_abs_input
+    with pytest.raises(NumericError, match="outlier"):
+        alice.call(Message("step", "poison", st["step"], st["last_seq"] + 1, {},
+                           {"h": h.contiguous(memory_format=torch.channels_last), "idx": torch.arange(64)}))
+    assert alice.call(Message("status", "poison", meta={"digest": True})).meta["digest"] == digest
+    alice.close()
+
+
+def test_the_60_mib_message_is_dropped_before_it_is_buffered(parties):
+    split, _, root, _ = parties
+    pid = split.processes["bob"].proc.pid
+
+    def peak_rss_mib() -> float:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    before = peak_rss_mib()
+    tls = TLSConfig(ca=str(root / "certs/ca.pem"), cert=str(root / "carol/carol.pem"),
+                    key=str(root / "carol/carol.key"))
+    carol = GrpcPartyClient("bob", split.processes["bob"].address, tls, max_message_mb=128,
+                            check=False, timeout=30)
+    big = Message("status", tensors={"x": torch.zeros(15 * 2**20)})  # 60 MiB
+    t0 = time.monotonic()
+    for _ in range(3):
+        with pytest.raises((WireError, ModelwardError)):
+            carol.call(big)
+    took = time.monotonic() - t0
+    carol.close()
+    assert took < 20 and peak_rss_mib() - before < 40, (took, before, peak_rss_mib())
+
+
+def test_records_after_the_last_step_cannot_be_deleted_unseen(parties, tmp_path):
+    split, _, root, _ = parties
+    time.sleep(2.5)  # anchor_every_s = 1: the refusals above are anchored in alice's log by now
+    for p in ("alice", "bob"):
+        src, dst = sqlite3.connect(root / p / "audit.db"), sqlite3.connect(tmp_path / f"{p}.db")
+        src.backup(dst)
+        src.close()
+        dst.close()
+    r = runner.invoke(audit_app, ["verify", str(tmp_path / "bob.db"), "--against", str(tmp_path / "alice.db")])
+    assert r.exit_code == 0 and "OK" in r.output, r.output
+    db = sqlite3.connect(tmp_path / "bob.db")  # bob deletes his records of the refused attacks (after training)
+    first = db.execute("SELECT MIN(id) FROM audit WHERE session IN ('poison') OR op = 'fetch'").fetchone()[0]
+    assert first is not None
+    db.execute("DELETE FROM audit WHERE id >= ?", (first,))
+    db.commit()
+    db.close()
+    assert verify(tmp_path / "bob.db").ok  # the chain alone cannot tell
+    r = runner.invoke(audit_app, ["verify", str(tmp_path / "bob.db"), "--against", str(tmp_path / "alice.db")])
+    assert r.exit_code == 1 and "truncated" in r.output, r.output
+
+
+def test_one_key_in_both_roles_is_named_at_start(parties, tmp_path):
+    """The shipped examples separate the roles; a configuration that gives alice both says so when it starts."""
+    split, data, _, _ = parties
+    same = prepare_local_split(tmp_path / "same", build_model(MODEL, (1, 8, 8), 10), data, ["alice", "bob"],
+                               ["conv1"], own_init=False, threads=1)
+    same.start(["bob"])
+    try:
+        log = (tmp_path / "same/bob/server.log").read_text()
+    finally:
+        same.stop()
+    assert "WARNING party bob: 'alice' holds both the data role" in log
+    assert "WARNING" not in (split.root / "bob/server.log").read_text()
+    assert os.path.getsize(split.root / "bob/server.log") > 0
