@@ -41,7 +41,8 @@ Connect = Callable[[PartyRef, SplitConfig], PartyClient]
 
 
 def grpc_connect(ref: PartyRef, cfg: SplitConfig) -> PartyClient:
-    return GrpcPartyClient(ref.name, ref.resolved_address(), cfg.tls, ref.pin(), cfg.max_message_mb, cfg.timeout_s)
+    return GrpcPartyClient(ref.name, ref.resolved_address(), cfg.tls, ref.pin(), cfg.max_message_mb, cfg.timeout_s,
+                           connect_timeout=cfg.connect_timeout_s)
 
 
 def hosted_connect(host: Party, cfg: SplitConfig) -> Connect:

@@ -171,6 +171,7 @@ class PartyConfig(StrictModel):
     anchor_every_s: float = Field(10.0, gt=0)  # every audit record anchored in the next party's log within this
     threads: int = Field(0, ge=0)  # torch threads (0 = torch default)
     timeout_s: float = Field(60.0, gt=0)  # per request to the next party
+    connect_timeout_s: float = Field(20.0, gt=0)  # one connection attempt to the next party
     # the CPU priority of the late part of a step (weight gradients, optimizer step, check; after the answer):
     # "idle" never delays the step's critical path (the other parties' work and the transport), "normal" competes
     update_priority: Literal["idle", "normal"] = "idle"
