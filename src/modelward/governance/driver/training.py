@@ -117,15 +117,52 @@ class SplitDriver(Coordinator):
 
         batches = rewind(step)
         report(f"from step {step}")
-        if step == 0 or not curve:
-            curve = [(step, self.evaluate(tc.loss, tc.eval_batch_size))]
-            report(f"L {curve[-1][1]:.3f}")
         pipelined = self._pipelined()
         ahead: tuple[int, Future] | None = None  # the next step, sent before this one's answer
         # the first party delivers a step sent ahead in order once it has answered one from us (InOrder): not
         # before the first step of the loop, nor before the first after a resume
         through = False
-        while step < tc.steps:
+
+        def recover() -> None:
+            """After a party failed (during a step or an evaluation): wait for every party within cfg.retry_s
+            (backing off), restore them to the step they all hold and rewind the data order to it; what was
+            recorded after that step is dropped (it is recomputed, so every eval point appears once)."""
+            nonlocal step, batches, curve, rows, train_loss, running, k, resumes, ahead, through
+            ahead, through = None, False  # (a step ahead was waited for by _finish_step)
+            was = step
+            self.wait_all(time.monotonic() + cfg.retry_s, train=True)
+            step = self.resume_point()
+            resumes += 1
+            batches = rewind(step)
+            curve = [c for c in curve if c[0] <= step]
+            train_loss = [c for c in train_loss if c[0] <= step]
+            rows = [r for r in rows if r["step"] < step]
+            if step != was:
+                running, k = 0.0, 0
+            report(f"a party failed: resumed from step {step}")
+
+        while True:
+            # an evaluation at the start, at every eval_every steps and at the end; after a resume to an eval point
+            # whose score is kept, not again (the restored state is bit-identical to the one scored)
+            due = step % tc.eval_every == 0 or step == tc.steps
+            if not curve or (due and curve[-1][0] != step):
+                try:
+                    # the evaluation carries the commit of the last step: it scores a state every party voted for
+                    score = self.evaluate(tc.loss, tc.eval_batch_size)
+                except PartyUnavailable:
+                    if cfg.retry_s <= 0:
+                        raise
+                    recover()
+                    continue
+                curve.append((step, score))
+                if k:
+                    train_loss.append((step, running / k))
+                running, k = 0.0, 0
+                report(status(rows[-1]["loss"]) if rows else f"L {score:.3f}")
+                if out_dir is not None and len(curve) > 1:
+                    _write_progress(out_dir, curve, rows)
+            if step >= tc.steps:
+                break
             before = {n: (s.sent, s.received, s.seconds) for n, s in self.links.items()}
             ts = time.perf_counter()
             if ahead is not None and ahead[0] == step:
@@ -141,17 +178,9 @@ class SplitDriver(Coordinator):
             try:
                 loss = self._finish_step(step, sent, ahead)
             except PartyUnavailable:
-                ahead, through = None, False  # (the step ahead was waited for by _finish_step)
                 if cfg.retry_s <= 0:
                     raise
-                self.wait_all(time.monotonic() + cfg.retry_s, train=True)
-                step = self.resume_point()
-                resumes += 1
-                batches = rewind(step)
-                curve = [c for c in curve if c[0] <= step]
-                rows = [r for r in rows if r["step"] < step]
-                running, k = 0.0, 0
-                report(f"a party failed: resumed from step {step}")
+                recover()
                 continue
             through = True
             row: dict[str, Any] = {"step": step, "loss": loss, "seconds": time.perf_counter() - ts}
@@ -165,14 +194,6 @@ class SplitDriver(Coordinator):
             if on_step:
                 on_step(step, loss, self.links)
             report(status(loss))
-            if step % tc.eval_every == 0 or step == tc.steps:
-                # the evaluation carries the commit of the last step: it scores a state every party voted for
-                curve.append((step, self.evaluate(tc.loss, tc.eval_batch_size)))
-                train_loss.append((step, running / max(k, 1)))
-                running, k = 0.0, 0
-                report(status(loss))
-                if out_dir is not None:
-                    _write_progress(out_dir, curve, rows)
         self.flush()
         # one status round, all parties at once: the link statistics, and the heads to publish (a control answer
         # comes after its party's audit sync, so they rest on records on stable storage; every answer carries its
