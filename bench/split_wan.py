@@ -37,8 +37,9 @@ from modelward.governance.transport.shaping import ShapingProxy
 
 
 def run_cell(split, tc: TrainConfig, seed: int, rtt_ms: float, bw_mbit: float, pipeline: bool
-             ) -> tuple[float, float]:
-    """One training run through fresh proxies; returns (steps/s, final accuracy)."""
+             ) -> tuple[float, float, float]:
+    """One training run through fresh proxies; returns (steps/s, final accuracy, alice<->bob wire KiB per step
+    as alice reports it: since the party started, so averaged over every cell run so far)."""
     proxies = {n: ShapingProxy(p.address, delay_ms=rtt_ms / 2, rate_mbit=bw_mbit).start()
                for n, p in split.processes.items()}
     try:
@@ -51,7 +52,9 @@ def run_cell(split, tc: TrainConfig, seed: int, rtt_ms: float, bw_mbit: float, p
                 drv.call(n, "restore", 0, {"to_step": 0})
             res = drv.train(on_step=lambda s, loss, links: marks.append(time.perf_counter()))
         rate = (len(marks) - 1) / (marks[-1] - marks[0]) if len(marks) > 1 else float("nan")
-        return rate, 1.0 - res.curve[-1][1]
+        link = res.links.get("alice<->bob", {})
+        kib = (link.get("sent", 0) + link.get("received", 0)) / 2**10 / max(1, link.get("calls", 1))
+        return rate, 1.0 - res.curve[-1][1], kib
     finally:
         for px in proxies.values():
             px.stop()
@@ -76,10 +79,8 @@ def main() -> None:
     model = init_model_(build_model(mcfg, (1, 8, 8), 10), seed=args.seed)
     tc = TrainConfig(steps=args.steps, eval_every=args.steps, batch_size=args.batch, eval_batch_size=1024,
                      loss="error", lr=0.05, momentum=0.9)
-    act = args.batch * mcfg.channels[0] * 8 * 8 * 4
-    print(f"model: cnn channels={mcfg.channels} fc={mcfg.fc} on digits, batch {args.batch}, cut after {args.cut} "
-          f"(≈{act / 2**10:.0f} KiB of activations one way and as much gradient back per step); {args.steps} steps "
-          f"per cell; every link through a ShapingProxy")
+    print(f"model: cnn channels={mcfg.channels} fc={mcfg.fc} on digits, batch {args.batch}, cut after {args.cut}; "
+          f"{args.steps} steps per cell; every link through a ShapingProxy")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         split = prepare_local_split(Path(tmp), model, data, ["alice", "bob"], [args.cut], threads=1,
@@ -92,13 +93,14 @@ def main() -> None:
                     pipe = run_cell(split, tc, args.seed, rtt, bw, pipeline=True)
                     rows.append((rtt, bw, sync, pipe))
                     print(f"  RTT {rtt:>5.0f} ms  {bw:>6.0f} Mbit/s: sync {sync[0]:6.2f} steps/s acc {sync[1]:.4f}"
-                          f" | pipelined {pipe[0]:6.2f} steps/s acc {pipe[1]:.4f}", flush=True)
+                          f" | pipelined {pipe[0]:6.2f} steps/s acc {pipe[1]:.4f}  (alice<->bob {pipe[2]:.0f} KiB "
+                          f"per call)", flush=True)
         finally:
             split.stop()
     print()
     print("| RTT (ms) | bandwidth (Mbit/s) | sync steps/s | pipelined steps/s | speed-up | sync acc | pipelined acc |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
-    for rtt, bw, (rs, acs), (rp, acp) in rows:
+    for rtt, bw, (rs, acs, _), (rp, acp, _) in rows:
         print(f"| {rtt:.0f} | {bw:.0f} | {rs:.2f} | {rp:.2f} | {rp / rs:.2f}× | {acs:.4f} | {acp:.4f} |")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
