@@ -92,3 +92,21 @@ def test_a_peer_revoked_mid_training_is_refused_at_its_next_step_and_audited(mak
     # (not revoked: another identity), everywhere
     assert c.parties["bob"].step == 2 and c.parties["alice"].step == 2
     assert c.client("bob", "operator").call(Message("status")).meta["party"] == "bob"  # the driver still may
+
+
+def test_party_revoke_cli_writes_the_pin_and_says_so(make_chain):
+    from typer.testing import CliRunner
+
+    from modelward.cli.main import app
+
+    c = make_chain(driver="operator")
+    cfg_path = c.split.party_configs["bob"]
+    r = CliRunner().invoke(app, ["party", "revoke", "alice", str(cfg_path)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    fp = c.parties["bob"].pins["alice"]
+    assert f"revoked: alice {fp}" in r.output
+    assert fp in revoked_path(load_party_config(cfg_path)).read_text()
+    r = CliRunner().invoke(app, ["party", "revoke", "alice", str(cfg_path)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "already revoked" in r.output
+    r = CliRunner().invoke(app, ["party", "revoke", "mallory", str(cfg_path)], env={"COLUMNS": "200"})
+    assert r.exit_code != 0 and "not a pinned peer" in str(r.exception) + r.output
