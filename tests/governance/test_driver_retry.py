@@ -79,3 +79,29 @@ def test_a_party_that_stays_unreachable_is_named_with_its_address_after_retry_s(
         with pytest.raises(PartyUnavailable, match=r"party alice at in-process:alice .*after retrying for \d+ s"):
             drv.train()
         assert time.monotonic() - t0 < 10
+
+
+def test_a_party_lost_before_the_final_checkpoint_is_waited_for_and_retrained(make_chain, digits):
+    """The checkpoint round after training (what `split train` does last) meets a party that restarted from an
+    older checkpoint: the driver waits, retrains the steps since the common checkpoint, checkpoints, and the
+    result still equals monolithic training."""
+    c = make_chain(checkpoint_every=4)
+    ref = copy.deepcopy(c.model)
+    down: dict[str, float] = {}
+
+    def on_call(name, msg):
+        if name == "alice" and msg.op == "checkpoint" and not down:
+            c.restart("bob")  # bob comes back from his checkpoint at step 4 (the others are at 6)
+            down["alice"] = time.monotonic() + 0.5
+
+    with _driver(c, down, on_call) as drv:
+        res, _ = drv.train_to_checkpoint(out_dir=c.root / "driver")
+        ex = drv.checkpoint_all(export=True)
+    assert down and res.resumes >= 1 and res.steps_run == TC.steps
+    # the parties were restored to bob's checkpoint and steps 4 and 5 were trained again
+    assert c.parties["alice"].audit.db.execute("SELECT count(*) FROM audit WHERE op='restore'").fetchone()[0] >= 1
+    mono = train(ref, digits.x_train, digits.y_train, digits.x_test, digits.y_test, TC, seed=1)
+    assert res.curve == mono.curve
+    state = {k: v for m in ex.values() for k, v in load_tensors(m["export"]).items()}
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(state[k].to(v.dtype), v, atol=1e-5, rtol=1e-5, msg=k)

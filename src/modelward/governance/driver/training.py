@@ -207,6 +207,35 @@ class SplitDriver(Coordinator):
         sink.done(PROGRESS_KEY, f"test {tc.loss} {curve[-1][1]:.4f}")
         return result
 
+    def train_to_checkpoint(self, progress: ProgressSink | None = None, out_dir: Path | None = None,
+                            export: bool = False) -> tuple[SplitTrainResult, dict[str, dict[str, Any]]]:
+        """:meth:`train`, then make the trained state durable on every party (:meth:`checkpoint_all`). Should a
+        party be unavailable for the checkpoint round, the driver waits for it (``cfg.retry_s``, with backoff)
+        and trains again from where the parties are — nothing if they all still hold the trained state, the
+        steps since their common checkpoint if one restarted from an older one — then checkpoints again.
+
+        Returns:
+            ``(result, {party: checkpoint answer})`` (``export``: each party also writes its parameters).
+
+        Example:
+            >>> with SplitDriver(cfg) as drv:  # doctest: +SKIP
+            ...     res, ckpts = drv.train_to_checkpoint()
+        """
+        deadline = time.monotonic() + self.cfg.retry_s
+        resumes = 0
+        while True:
+            res = self.train(progress, out_dir)
+            resumes += res.resumes
+            try:
+                ckpts = self.checkpoint_all(export=export)
+            except PartyUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                resumes += 1
+                continue
+            res.resumes = resumes
+            return res, ckpts
+
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
@@ -250,8 +279,7 @@ def run_training(cfg: SplitConfig, progress: ProgressSink | None = None, host: P
     atomic_write_json(sess_file, {"session": session}, indent=None)
     dump_config(cfg, out / "config.json")
     with SplitDriver(cfg, session, connect=None if host is None else hosted_connect(host, cfg)) as drv:
-        res = drv.train(progress, out)
-        drv.checkpoint_all()  # the trained state is durable on every party when `split train` returns
+        res, _ = drv.train_to_checkpoint(progress, out)  # durable on every party when `split train` returns
     summary = {"steps": res.steps_run, "seconds": res.seconds, "resumes": res.resumes,
                "final_loss": res.curve[-1][1], "links": res.links, "audit_heads": res.audit_heads}
     atomic_write_json(out / "summary.json", summary)
