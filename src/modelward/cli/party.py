@@ -114,6 +114,19 @@ def fingerprint(
     print(public_key_fingerprint(data))
 
 
+@app.command("revoke")
+def revoke(
+    name: Annotated[str, typer.Argument(help="the peer to revoke, e.g. alice")],
+    config: Annotated[Path, typer.Argument(help="this party's PARTY.toml")],
+) -> None:
+    """Revoke peer NAME's certificate: its pin goes on this party's deny-list (revoked_file), checked on every
+    request; a running party refuses NAME from its next request on, and audits each refusal."""
+    from modelward.governance.party.config import load_party_config, revoke_peer
+
+    path, fp, added = revoke_peer(load_party_config(config), name)
+    print(f"{'revoked' if added else 'already revoked'}: {name} {fp} (deny-list {path})")
+
+
 @app.command("serve")
 def serve(
     config: Annotated[Path, typer.Argument(help="PARTY.toml")],

@@ -82,6 +82,7 @@ class SplitConfig(StrictModel):
     out_dir: str = "runs/split"
     session: str | None = None  # default: a fresh id, kept in out_dir/session.json so reruns resume
     timeout_s: float = Field(60.0, gt=0)  # per request
+    connect_timeout_s: float = Field(20.0, gt=0)  # one connection attempt (TCP + TLS + HTTP/2: ~3 round trips)
     retry_s: float = Field(120.0, ge=0)  # how long to wait for a crashed party to come back
     max_message_mb: float = Field(64.0, gt=0)
 

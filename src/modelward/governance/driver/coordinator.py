@@ -41,7 +41,8 @@ Connect = Callable[[PartyRef, SplitConfig], PartyClient]
 
 
 def grpc_connect(ref: PartyRef, cfg: SplitConfig) -> PartyClient:
-    return GrpcPartyClient(ref.name, ref.resolved_address(), cfg.tls, ref.pin(), cfg.max_message_mb, cfg.timeout_s)
+    return GrpcPartyClient(ref.name, ref.resolved_address(), cfg.tls, ref.pin(), cfg.max_message_mb, cfg.timeout_s,
+                           connect_timeout=cfg.connect_timeout_s)
 
 
 def hosted_connect(host: Party, cfg: SplitConfig) -> Connect:
@@ -328,7 +329,12 @@ class Coordinator:
                 total += float(self.call(self.names[0], "eval", 0, meta, {"idx": idx}).meta["sum"])
             except ModelwardError:
                 if carried is not None:
-                    self.flush()  # vote and commit rounds (StepRolledBack, after aborting, if a party refused)
+                    try:
+                        self.flush()  # vote and commit rounds (StepRolledBack, after aborting, if a party refused)
+                    except StepRolledBack:
+                        raise
+                    except ModelwardError:
+                        pass  # (a party is gone: the evaluation's own error is raised; resume_point settles it)
                 raise
             self.uncommitted = None
         return total / n
@@ -363,15 +369,28 @@ class Coordinator:
         return torch.cat(outs)
 
     # ------------------------------------------------------------------ recovery
-    def wait_all(self, deadline: float, train: bool) -> None:
+    def wait_all(self, deadline: float, train: bool, first_wait: float = 0.25, max_wait: float = 5.0) -> None:
+        """(Re)open the session on every party, retrying with exponential backoff (`first_wait` doubling up to
+        `max_wait` seconds) while one is unavailable, until `deadline` (``time.monotonic()``).
+
+        Raises:
+            PartyUnavailable: naming the party and its address (the transport's message) and how long the driver
+                retried (``retry_s``), once the deadline has passed.
+        """
+        wait, t0 = first_wait, time.monotonic()
         while True:
             try:
                 self.open(train)
                 return
-            except PartyUnavailable:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+            except PartyUnavailable as e:
+                now = time.monotonic()
+                if now >= deadline:
+                    if now - t0 < first_wait:  # (no retry asked for: retry_s = 0)
+                        raise
+                    raise PartyUnavailable(f"{e} (still unavailable after retrying for {now - t0:.0f} s: "
+                                           f"retry_s in the split config)") from e
+                time.sleep(min(wait, max(0.0, deadline - now)))
+                wait = min(max_wait, wait * 2)
 
     def resume_point(self) -> int:
         """Continue where all parties are, if they agree and none is mid-step; otherwise restore every party to

@@ -117,15 +117,52 @@ class SplitDriver(Coordinator):
 
         batches = rewind(step)
         report(f"from step {step}")
-        if step == 0 or not curve:
-            curve = [(step, self.evaluate(tc.loss, tc.eval_batch_size))]
-            report(f"L {curve[-1][1]:.3f}")
         pipelined = self._pipelined()
         ahead: tuple[int, Future] | None = None  # the next step, sent before this one's answer
         # the first party delivers a step sent ahead in order once it has answered one from us (InOrder): not
         # before the first step of the loop, nor before the first after a resume
         through = False
-        while step < tc.steps:
+
+        def recover() -> None:
+            """After a party failed (during a step or an evaluation): wait for every party within cfg.retry_s
+            (backing off), restore them to the step they all hold and rewind the data order to it; what was
+            recorded after that step is dropped (it is recomputed, so every eval point appears once)."""
+            nonlocal step, batches, curve, rows, train_loss, running, k, resumes, ahead, through
+            ahead, through = None, False  # (a step ahead was waited for by _finish_step)
+            was = step
+            self.wait_all(time.monotonic() + cfg.retry_s, train=True)
+            step = self.resume_point()
+            resumes += 1
+            batches = rewind(step)
+            curve = [c for c in curve if c[0] <= step]
+            train_loss = [c for c in train_loss if c[0] <= step]
+            rows = [r for r in rows if r["step"] < step]
+            if step != was:
+                running, k = 0.0, 0
+            report(f"a party failed: resumed from step {step}")
+
+        while True:
+            # an evaluation at the start, at every eval_every steps and at the end; after a resume to an eval point
+            # whose score is kept, not again (the restored state is bit-identical to the one scored)
+            due = step % tc.eval_every == 0 or step == tc.steps
+            if not curve or (due and curve[-1][0] != step):
+                try:
+                    # the evaluation carries the commit of the last step: it scores a state every party voted for
+                    score = self.evaluate(tc.loss, tc.eval_batch_size)
+                except PartyUnavailable:
+                    if cfg.retry_s <= 0:
+                        raise
+                    recover()
+                    continue
+                curve.append((step, score))
+                if k:
+                    train_loss.append((step, running / k))
+                running, k = 0.0, 0
+                report(status(rows[-1]["loss"]) if rows else f"L {score:.3f}")
+                if out_dir is not None and len(curve) > 1:
+                    _write_progress(out_dir, curve, rows)
+            if step >= tc.steps:
+                break
             before = {n: (s.sent, s.received, s.seconds) for n, s in self.links.items()}
             ts = time.perf_counter()
             if ahead is not None and ahead[0] == step:
@@ -141,17 +178,9 @@ class SplitDriver(Coordinator):
             try:
                 loss = self._finish_step(step, sent, ahead)
             except PartyUnavailable:
-                ahead, through = None, False  # (the step ahead was waited for by _finish_step)
                 if cfg.retry_s <= 0:
                     raise
-                self.wait_all(time.monotonic() + cfg.retry_s, train=True)
-                step = self.resume_point()
-                resumes += 1
-                batches = rewind(step)
-                curve = [c for c in curve if c[0] <= step]
-                rows = [r for r in rows if r["step"] < step]
-                running, k = 0.0, 0
-                report(f"a party failed: resumed from step {step}")
+                recover()
                 continue
             through = True
             row: dict[str, Any] = {"step": step, "loss": loss, "seconds": time.perf_counter() - ts}
@@ -165,14 +194,6 @@ class SplitDriver(Coordinator):
             if on_step:
                 on_step(step, loss, self.links)
             report(status(loss))
-            if step % tc.eval_every == 0 or step == tc.steps:
-                # the evaluation carries the commit of the last step: it scores a state every party voted for
-                curve.append((step, self.evaluate(tc.loss, tc.eval_batch_size)))
-                train_loss.append((step, running / max(k, 1)))
-                running, k = 0.0, 0
-                report(status(loss))
-                if out_dir is not None:
-                    _write_progress(out_dir, curve, rows)
         self.flush()
         # one status round, all parties at once: the link statistics, and the heads to publish (a control answer
         # comes after its party's audit sync, so they rest on records on stable storage; every answer carries its
@@ -185,6 +206,35 @@ class SplitDriver(Coordinator):
             _write_progress(out_dir, curve, rows)
         sink.done(PROGRESS_KEY, f"test {tc.loss} {curve[-1][1]:.4f}")
         return result
+
+    def train_to_checkpoint(self, progress: ProgressSink | None = None, out_dir: Path | None = None,
+                            export: bool = False) -> tuple[SplitTrainResult, dict[str, dict[str, Any]]]:
+        """:meth:`train`, then make the trained state durable on every party (:meth:`checkpoint_all`). Should a
+        party be unavailable for the checkpoint round, the driver waits for it (``cfg.retry_s``, with backoff)
+        and trains again from where the parties are — nothing if they all still hold the trained state, the
+        steps since their common checkpoint if one restarted from an older one — then checkpoints again.
+
+        Returns:
+            ``(result, {party: checkpoint answer})`` (``export``: each party also writes its parameters).
+
+        Example:
+            >>> with SplitDriver(cfg) as drv:  # doctest: +SKIP
+            ...     res, ckpts = drv.train_to_checkpoint()
+        """
+        deadline = time.monotonic() + self.cfg.retry_s
+        resumes = 0
+        while True:
+            res = self.train(progress, out_dir)
+            resumes += res.resumes
+            try:
+                ckpts = self.checkpoint_all(export=export)
+            except PartyUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                resumes += 1
+                continue
+            res.resumes = resumes
+            return res, ckpts
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
@@ -229,8 +279,7 @@ def run_training(cfg: SplitConfig, progress: ProgressSink | None = None, host: P
     atomic_write_json(sess_file, {"session": session}, indent=None)
     dump_config(cfg, out / "config.json")
     with SplitDriver(cfg, session, connect=None if host is None else hosted_connect(host, cfg)) as drv:
-        res = drv.train(progress, out)
-        drv.checkpoint_all()  # the trained state is durable on every party when `split train` returns
+        res, _ = drv.train_to_checkpoint(progress, out)  # durable on every party when `split train` returns
     summary = {"steps": res.steps_run, "seconds": res.seconds, "resumes": res.resumes,
                "final_loss": res.curve[-1][1], "links": res.links, "audit_heads": res.audit_heads}
     atomic_write_json(out / "summary.json", summary)

@@ -27,7 +27,7 @@ from modelward.governance.consent import Policy
 from modelward.governance.integrity import IntegrityConfig
 from modelward.governance.party.label_protection import LabelProtectionConfig
 from modelward.governance.trust.certs import check_name, read_pem
-from modelward.governance.trust.identity import cert_fingerprint
+from modelward.governance.trust.identity import cert_fingerprint, normalize_fingerprint
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -157,6 +157,9 @@ class PartyConfig(StrictModel):
     checkpoint_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(3, ge=2)
     audit_db: str
+    # the deny-list of revoked peer certificates (fingerprints; `party revoke`), re-read when it changes;
+    # default <checkpoint_dir>/revoked.txt
+    revoked_file: str | None = None
     max_message_mb: float = Field(64.0, gt=0)
     max_batch: int = Field(4096, ge=1)  # hard limit on rows per message, independent of the policy
     max_abs_input: float = Field(1e6, gt=0)  # incoming activations/gradients beyond this magnitude are refused
@@ -172,6 +175,7 @@ class PartyConfig(StrictModel):
     anchor_every_s: float = Field(10.0, gt=0)  # every audit record anchored in the next party's log within this
     threads: int = Field(0, ge=0)  # torch threads (0 = torch default)
     timeout_s: float = Field(60.0, gt=0)  # per request to the next party
+    connect_timeout_s: float = Field(20.0, gt=0)  # one connection attempt to the next party
     # the CPU priority of the late part of a step (weight gradients, optimizer step, check; after the answer):
     # "idle" never delays the step's critical path (the other parties' work and the transport), "normal" competes
     update_priority: Literal["idle", "normal"] = "idle"
@@ -230,6 +234,7 @@ def resolve_paths(cfg: PartyConfig, base: Path) -> PartyConfig:
                         key=_resolve(base, cfg.tls.key))
     cfg.checkpoint_dir = _resolve(base, cfg.checkpoint_dir)
     cfg.audit_db = _resolve(base, cfg.audit_db)
+    cfg.revoked_file = _resolve(base, cfg.revoked_file)
     cfg.address_file = _resolve(base, cfg.address_file)
     for peer in cfg.peers.values():
         peer.cert = _resolve(base, peer.cert)
@@ -256,6 +261,36 @@ def check_test_only(cfg: PartyConfig) -> None:
         raise ConfigError(f"party {cfg.name}: init.test_seed is a test-only option (it makes this party's initial "
                           f"parameters reproducible from the config) and is refused when serving on {cfg.host!r}; "
                           "remove it (the OS CSPRNG is used) or give init.checkpoint (your own file)")
+
+
+def revoked_path(cfg: PartyConfig) -> Path:
+    """The party's deny-list file (``revoked_file``, default ``<checkpoint_dir>/revoked.txt``)."""
+    return Path(cfg.revoked_file) if cfg.revoked_file else Path(cfg.checkpoint_dir) / "revoked.txt"
+
+
+def revoke_peer(cfg: PartyConfig, name: str) -> tuple[Path, str, bool]:
+    """`modelward party revoke NAME`: put peer `name`'s pinned certificate on the party's deny-list; the running
+    party refuses it from its next request on (re-read per request; audited).
+
+    Args:
+        cfg: the party's configuration (its ``[peers.<name>]`` pin and its ``revoked_file``).
+        name: the peer to revoke (a ConfigError lists the pinned peers if it is not one).
+
+    Returns:
+        ``(deny-list file, the revoked fingerprint, whether it was added (False: already revoked))``.
+
+    Example:
+        >>> revoke_peer(load_party_config("party_bob.toml"), "alice")  # doctest: +SKIP
+        (PosixPath('.../revoked.txt'), 'sha256:…', True)
+    """
+    from modelward.governance.trust.revocation import revoke
+
+    table = pins(cfg)
+    if name not in table:
+        raise ConfigError(f"party {cfg.name}: {name!r} is not a pinned peer (pinned: {sorted(table)})")
+    path = revoked_path(cfg)
+    fp = normalize_fingerprint(table[name], f"peers.{name}")
+    return path, fp, revoke(path, fp, name)
 
 
 def pins(cfg: PartyConfig) -> dict[str, str]:

@@ -6,7 +6,8 @@ request (the caller's pinned name, which the transport identified, and the raw b
 audit record, then a :class:`~modelward.errors.ModelwardError`) or hands the request on (Flower's mods around a
 dispatch table: ``flwr/client/mod/utils.py`` ``make_ffn``, the last check innermost):
 
-1. :func:`peer_pin`: the caller is an allowed pinned peer, before a single byte of the body is interpreted;
+1. :func:`peer_pin`: the caller is an allowed pinned peer whose certificate is not revoked (the party's deny-list,
+   ``party revoke``), before a single byte of the body is interpreted;
 2. :func:`decode_body`: the bytes decode into a message within the size limit (the audit fields are taken);
 3. :func:`op_known`: the operation is one of the protocol's;
 4. :func:`in_order`: a pipelined data operation waits for its predecessor; from here on the party's lock is held
@@ -76,11 +77,18 @@ Check = Callable[["Gate", Request, CallNext], Any]
 
 
 def peer_pin(gate: Gate, req: Request, call_next: CallNext) -> bytes:
-    """Refuse a caller that is not an allowed pinned peer, before a single byte of the body is interpreted."""
+    """Refuse a caller that is not an allowed pinned peer, or whose pinned certificate is revoked, before a single
+    byte of the body is interpreted."""
     peer = gate.consent.check_peer(req.caller)
     if not peer.allowed:
         gate.audit.refusal(req.caller, "(undecoded)", peer.reason, gate.refusals_every_s, batch=len(req.data))
         raise ConsentDenied(f"party {gate.name}: {peer.reason}")
+    # a revoked certificate (the deny-list is re-read when it changes: a peer revoked while a session runs is
+    # refused from its next request on)
+    revoked = gate.revoked(req.caller) if gate.revoked is not None else None
+    if revoked:
+        gate.audit.refusal(req.caller, "(revoked)", revoked, gate.refusals_every_s, batch=len(req.data))
+        raise ConsentDenied(f"party {gate.name}: {req.caller!r} is refused: {revoked}")
     return call_next(req)
 
 
@@ -221,6 +229,8 @@ class Gate:
         max_message_bytes: the size limit of a request; refusals_every_s: at most one record per peer per this
             many seconds for refusals of undecoded, malformed or unknown requests.
         max_sessions_per_peer: sessions kept in the sequence cache per peer.
+        revoked: ``revoked(caller) -> reason or None``: whether the caller's pinned certificate is revoked
+            (:class:`~modelward.governance.trust.revocation.DenyList`); None: no deny-list.
         checks: the checks in order (default :data:`CHECKS`).
 
     Returns:
@@ -231,10 +241,11 @@ class Gate:
     def __init__(self, handler: Handler, *, name: str, driver: str, prev: str | None, audit: AuditLog,
                  consent: ConsentChecker, lock: threading.RLock, max_message_bytes: int = 64 * 2**20,
                  refusals_every_s: float = 10.0, max_sessions_per_peer: int = 8,
-                 checks: tuple[Check, ...] = CHECKS) -> None:
+                 checks: tuple[Check, ...] = CHECKS, revoked: Callable[[str], str | None] | None = None) -> None:
         self.handler, self.name, self.driver, self.prev = handler, name, driver, prev
         self.audit, self.consent, self.lock = audit, consent, lock
         self.max_message_bytes, self.refusals_every_s = max_message_bytes, refusals_every_s
+        self.revoked = revoked
         self.guard = SequenceGuard(max_sessions_per_peer,
                                    lambda caller, session: audit.last_seq(session, caller, DATA_OPS))
         self.order = InOrder()

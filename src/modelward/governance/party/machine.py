@@ -54,7 +54,7 @@ from modelward.governance.flow_policy import Release, keep_outputs, receiver_of,
 from modelward.governance.integrity import StepIntegrity
 from modelward.governance.party.backward import input_gradient
 from modelward.governance.party.checkpoints import Checkpoints, state_digest
-from modelward.governance.party.config import PartyConfig, pins
+from modelward.governance.party.config import PartyConfig, pins, revoked_path
 from modelward.governance.party.gate import Gate
 from modelward.governance.party.label_protection import ProtectReply
 from modelward.governance.party.segment import Holding
@@ -69,6 +69,7 @@ from modelward.governance.protocol import (
     anchors_of,
 )
 from modelward.governance.trust.identity import normalize_pins
+from modelward.governance.trust.revocation import DenyList
 from modelward.governance.wire import Message, WireError, expect, message_limit
 
 MAX_RESULTS = 16  # prediction results kept for the driver to fetch (oldest dropped)
@@ -104,6 +105,7 @@ class Party:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.pins = normalize_pins(pins(cfg), f"party {cfg.name}: peers")
+        self.deny = DenyList(revoked_path(cfg))  # revoked peer certificates (`party revoke`), checked per request
         self.holding = Holding(cfg)
         h = self.holding
         self.segment, self.params = h.segment, h.params
@@ -129,7 +131,8 @@ class Party:
         self.gate = Gate(self, name=cfg.name, driver=cfg.driver, prev=cfg.prev, audit=self.audit,
                          consent=self.consent, lock=self.lock, max_message_bytes=self.message_limit,
                          refusals_every_s=cfg.audit_refusals_every_s,
-                         max_sessions_per_peer=cfg.max_sessions_per_peer)
+                         max_sessions_per_peer=cfg.max_sessions_per_peer,
+                         revoked=lambda caller: self.deny.reason(self.pins.get(caller)))
         self.guard = self.gate.guard
         self.ckpt = Checkpoints(cfg.checkpoint_dir, cfg.keep_checkpoints)
         self.step = 0

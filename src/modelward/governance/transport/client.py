@@ -159,12 +159,17 @@ def check_server(name: str, address: str, tls: TLSConfig, pin: str | None, timeo
     return cert_fingerprint(pem)
 
 
+CONNECT_TIMEOUT_S = 20.0  # one connection attempt: several round trips at any RTT a consortium would run across
+
+
 class GrpcPartyClient:
     """A mutual-TLS gRPC channel to one party (see the module docstring for the up-front check)."""
 
     def __init__(self, name: str, address: str, tls: TLSConfig, pin: str | None = None,
-                 max_message_mb: float = 64.0, timeout: float = 60.0, check: bool = True) -> None:
+                 max_message_mb: float = 64.0, timeout: float = 60.0, check: bool = True,
+                 connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
         self.name, self.address, self.tls, self.pin, self.timeout = name, address, tls, pin, timeout
+        self.connect_timeout = connect_timeout
         self.stats = LinkStats()
         self._checked = not check
         self.max_bytes = int(max_message_mb * 2**20) + 65536
@@ -173,14 +178,17 @@ class GrpcPartyClient:
         self.channel = grpc.secure_channel(address, creds, options=[
             ("grpc.ssl_target_name_override", name),
             ("grpc.max_receive_message_length", self.max_bytes), ("grpc.max_send_message_length", self.max_bytes),
-            # a restarted party is found within a second
-            ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 1000)])
+            # a restarted party is found within a second (the first retry after 200 ms, then at most 1 s apart)
+            ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000),
+            # gRPC also takes the *minimum* reconnect backoff as the deadline of one connection attempt (TCP + TLS
+            # 1.3 + HTTP/2, ~3 round trips): at 200 ms no handshake over a 100 ms link ever completed
+            ("grpc.min_reconnect_backoff_ms", int(connect_timeout * 1000))])
         self.stub = self.channel.unary_unary(METHOD)
 
     def check(self) -> None:
         if not self._checked:
-            check_server(self.name, self.address, self.tls, self.pin, timeout=min(self.timeout, 10.0))
+            check_server(self.name, self.address, self.tls, self.pin,
+                         timeout=min(self.timeout, max(self.connect_timeout, 10.0)))
             self._checked = True
 
     def call(self, msg: Message, timeout: float | None = None) -> Message:
@@ -196,7 +204,7 @@ class GrpcPartyClient:
             detail = e.details() if hasattr(e, "details") else str(e)
             if kind is PartyUnavailable:
                 self._checked = False  # check the server again once it is back (it may be another one)
-                detail = f"party {self.name} unreachable: {detail}"
+                detail = f"party {self.name} at {self.address} unreachable: {detail}"
             raise kind(detail) from None
         seconds = time.perf_counter() - t0
         out = decode(resp, max_bytes=self.max_bytes, allow_nonfinite=True)

@@ -246,7 +246,8 @@ def grpc_link(cfg: PartyConfig) -> Connect:
 
     def connect(name: str, address: str) -> PartyClient:
         limit_mb = cfg.max_message_mb if connect.max_bytes is None else connect.max_bytes / 2**20
-        return GrpcPartyClient(name, address, cfg.tls, peer_pins[name], limit_mb, cfg.timeout_s)
+        return GrpcPartyClient(name, address, cfg.tls, peer_pins[name], limit_mb, cfg.timeout_s,
+                               connect_timeout=cfg.connect_timeout_s)
 
     # the party sets its message limit here once it knows its shapes: replies beyond it are dropped unbuffered too
     connect.max_bytes = None  # type: ignore[attr-defined]
