@@ -8,14 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
-from modelward.core.data import DataConfig, load_data
-from modelward.core.init import init_model_
-from modelward.core.io import load_tensors
-from modelward.core.train import TrainConfig, train
-from modelward.core.zoo import ModelConfig, build_model
 from modelward.governance.transport.launch import spawn_party, stop_parties, wait_ready
 
 EX = Path(__file__).resolve().parents[2] / "examples"
@@ -67,7 +61,7 @@ def _split_sets(root, steps=STEPS):
                   "--set", "train.eval_every=3", "--set", "timeout_s=30"]
 
 
-def test_quick_start_trains_like_monolithic_predicts_and_verifies(quickstart):
+def test_quick_start_trains_like_monolithic_predicts_and_verifies(quickstart, assert_split_equals_monolithic):
     root, procs = quickstart
     r = _mw("split", "train", EX / "split_digits.toml", *_split_sets(root), cwd=root)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -87,19 +81,7 @@ def test_quick_start_trains_like_monolithic_predicts_and_verifies(quickstart):
         r = _mw("audit", "verify", root / "bob/audit.db", *extra, cwd=root)
         assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
     # monolithic equivalence through the test-only public seed (refused off loopback)
-    exports = {}
-    for p in ("alice", "bob"):
-        ck = sorted((root / p / "ckpt").glob("step_*.safetensors"))[-1]
-        exports.update({k[6:]: v for k, v in load_tensors(ck).items() if k.startswith("model.")})
-    data = load_data(DataConfig(source="digits", seed=0))
-    model = init_model_(build_model(ModelConfig(arch="cnn", channels=[16, 32], fc=64), (1, 8, 8), 10),
-                        "glorot_uniform", 0)
-    tc = TrainConfig(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-4, batch_size=64, steps=STEPS,
-                     eval_every=3, loss="error")
-    res = train(model, data.x_train, data.y_train, data.x_test, data.y_test, tc, seed=0)
-    for k, v in model.state_dict().items():
-        torch.testing.assert_close(exports[k].to(v.dtype), v, atol=1e-5, rtol=1e-5, msg=k)
-    assert [tuple(c) for c in json.loads((root / "driver/curve.json").read_text())] == res.curve
+    assert_split_equals_monolithic(root, STEPS, 3)
 
 
 def test_a_certificate_mistake_fails_fast_naming_the_certificate(quickstart):

@@ -3,18 +3,11 @@ through the userspace shaping proxy, train exactly like monolithic training (bou
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from modelward.core.data import DataConfig, load_data
-from modelward.core.init import init_model_
-from modelward.core.io import load_tensors
-from modelward.core.train import TrainConfig, train
-from modelward.core.zoo import ModelConfig, build_model
 from modelward.governance.transport.launch import spawn_party, stop_parties, wait_ready
 from modelward.governance.transport.shaping import ShapingProxy
 
@@ -39,7 +32,7 @@ def _mw(*args, cwd):
 
 
 @pytest.mark.slow
-def test_split_training_over_a_150ms_link_matches_monolithic(tmp_path: Path) -> None:
+def test_split_training_over_a_150ms_link_matches_monolithic(tmp_path: Path, assert_split_equals_monolithic) -> None:
     root = tmp_path
     r = _mw("party", "certs", "--out", root / "certs", "--parties", "alice,bob,operator", cwd=root)
     assert r.exit_code == 0, r.output
@@ -76,16 +69,4 @@ def test_split_training_over_a_150ms_link_matches_monolithic(tmp_path: Path) -> 
             px.stop()
         stop_parties(list(procs.values()))
     assert (root / "driver/steps.csv").read_text().count("\n") == STEPS + 1
-    exports = {}
-    for p in ("alice", "bob"):
-        ck = sorted((root / p / "ckpt").glob("step_*.safetensors"))[-1]
-        exports.update({k[6:]: v for k, v in load_tensors(ck).items() if k.startswith("model.")})
-    data = load_data(DataConfig(source="digits", seed=0))
-    model = init_model_(build_model(ModelConfig(arch="cnn", channels=[16, 32], fc=64), (1, 8, 8), 10),
-                        "glorot_uniform", 0)
-    tc = TrainConfig(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-4, batch_size=64, steps=STEPS,
-                     eval_every=2, loss="error")
-    res = train(model, data.x_train, data.y_train, data.x_test, data.y_test, tc, seed=0)
-    for k, v in model.state_dict().items():
-        torch.testing.assert_close(exports[k].to(v.dtype), v, atol=1e-5, rtol=1e-5, msg=k)
-    assert [tuple(c) for c in json.loads((root / "driver/curve.json").read_text())] == res.curve
+    assert_split_equals_monolithic(root, STEPS, 2)
