@@ -39,8 +39,9 @@ def checkpoints(steps: int) -> list[int]:
     p = [0.0, 0.22]
     while p[-1] < 1.0:
         p.append(p[-1] + max(p[-1] - p[-2] - 0.03, 0.06))
-    out = sorted({math.ceil(q * steps) for q in p[1:] if math.ceil(q * steps) <= steps})
-    return [w for w in out if w > 0]
+    # round before the ceiling: 0.22 · 100 is 22.000000000000004 in floating point
+    marks = sorted({math.ceil(round(q * steps, 9)) for q in p[1:]})
+    return [w for w in marks if 0 < w <= steps]
 
 
 def _random_start(x: torch.Tensor, eps: float, norm: str, clip: tuple[float, float],

@@ -150,8 +150,10 @@ class FAB(EvasionAttack):
         _, g, w = self._linearise(x1.view(-1, *shape[1:]), yo, to)
         for _ in range(self.steps):
             b = (w * x1).sum(1) - g  # the linearised boundary w·z = b
-            d1 = min_norm_to_hyperplane(x1, w, b, lo, hi, self.norm)
-            d2 = min_norm_to_hyperplane(xo, w, b, lo, hi, self.norm)
+            # both projections in one call (iterate and original point onto the same hyperplane)
+            d12 = min_norm_to_hyperplane(torch.cat((x1, xo)), torch.cat((w, w)), torch.cat((b, b)), lo, hi,
+                                         self.norm)
+            d1, d2 = d12[: len(x1)], d12[len(x1):]
             n1, n2 = _norm(d1, self.norm), _norm(d2, self.norm)
             alpha = (n1 / (n1 + n2).clamp_min(1e-12)).clamp(0.0, self.alpha_max)[:, None]
             x1 = ((1 - alpha) * (x1 + self.eta * d1) + alpha * (xo + self.eta * d2)).clamp_(lo, hi)
