@@ -57,7 +57,7 @@ def _random_start(x: torch.Tensor, eps: float, norm: str, clip: tuple[float, flo
 
 def apgd_search(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Objective, eps: float, norm: str,
                 steps: int, clip: tuple[float, float], gen: torch.Generator, target: torch.Tensor | None = None,
-                rho: float = 0.75, momentum: float = 0.75) -> tuple[torch.Tensor, torch.Tensor]:
+                rho: float = 0.75, momentum: float = 0.75, eot_iter: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """One run of Algorithm 1 on a batch; returns ``(x_adv, broken)`` (broken: some iterate was misclassified).
 
     Args:
@@ -71,6 +71,8 @@ def apgd_search(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: O
         target: per-row target class for a targeted objective.
         rho: condition 1's fraction of increasing steps.
         momentum: α of the momentum update.
+        eot_iter: forward/backward draws averaged per step (expectation over transformation, for random
+            forward passes; 1 = deterministic model).
 
     Returns:
         ``(x_adv, broken)``.
@@ -89,11 +91,16 @@ def apgd_search(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: O
 
     def evaluate(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         z = z.detach().requires_grad_(True)
-        with torch.enable_grad():
-            logits = model(z)
-            value = objective(logits, yo, to)
-            (g,) = torch.autograd.grad(value.sum(), z)
-        return value.detach(), logits.detach().argmax(1) != yo, g
+        value_sum, g_sum = None, None
+        for _ in range(eot_iter):  # expectation over the forward pass's randomness (EOT) when eot_iter > 1
+            with torch.enable_grad():
+                logits = model(z)
+                value = objective(logits, yo, to)
+                (g,) = torch.autograd.grad(value.sum(), z)
+            value_sum = value.detach() if value_sum is None else value_sum + value.detach()
+            g_sum = g if g_sum is None else g_sum + g
+        assert value_sum is not None and g_sum is not None
+        return value_sum / eot_iter, logits.detach().argmax(1) != yo, g_sum / eot_iter
 
     def ascent(g: torch.Tensor) -> torch.Tensor:
         return g.sign() if norm == "linf" else g / l2_norms(g).clamp_min(1e-12)
@@ -174,6 +181,7 @@ class APGD(EvasionAttack):
         restarts: random restarts (AutoAttack standard: 1).
         loss: ``"ce"`` (APGD-CE) or ``"dlr"`` (APGD-DLR).
         rho: condition 1's fraction (0.75).
+        eot_iter: gradient draws averaged per step (EOT, for a random forward pass; default 1).
         clip: the input box; adversarial inputs never leave it.
         seed: seeds every random choice.
         batch_size: attack this many points at a time (default: all).
@@ -197,17 +205,17 @@ class APGD(EvasionAttack):
 
     def __init__(self, model: nn.Module, eps: float = 8 / 255, norm: Norm = "linf", steps: int = 100,
                  restarts: int = 1, loss: str = "ce", rho: float = 0.75, clip: tuple[float, float] = (0.0, 1.0),
-                 seed: int = 0, batch_size: int | None = None) -> None:
+                 seed: int = 0, batch_size: int | None = None, eot_iter: int = 1) -> None:
         if norm not in ("linf", "l2"):
             raise ConfigError(f"{self.name}: norm must be 'linf' or 'l2', got {norm!r}")
         if loss not in ("ce", "dlr"):
             raise ConfigError(f"{self.name}: loss must be 'ce' or 'dlr', got {loss!r}")
         if steps < 1 or restarts < 1:
             raise ConfigError(f"{self.name}: steps and restarts must be >= 1, got {steps}, {restarts}")
-        if not 0 < rho <= 1:
-            raise ConfigError(f"{self.name}: rho must be in (0, 1], got {rho}")
+        if not 0 < rho <= 1 or eot_iter < 1:
+            raise ConfigError(f"{self.name}: need 0 < rho <= 1 and eot_iter >= 1, got rho={rho}, eot_iter={eot_iter}")
         super().__init__(model, eps, norm, clip, False, seed, batch_size)
-        self.steps, self.restarts, self.loss, self.rho = steps, restarts, loss, rho
+        self.steps, self.restarts, self.loss, self.rho, self.eot_iter = steps, restarts, loss, rho, eot_iter
 
     def _objective(self) -> Objective:
         fn = losses.cross_entropy if self.loss == "ce" else losses.dlr
@@ -223,7 +231,7 @@ class APGD(EvasionAttack):
             if len(rows) == 0:
                 break
             adv, broken = apgd_search(self.model, x[rows], y[rows], self._objective(), self.eps or 0.0,
-                                      self.norm, self.steps, self.clip, gen, rho=self.rho)
+                                      self.norm, self.steps, self.clip, gen, rho=self.rho, eot_iter=self.eot_iter)
             out[rows] = adv
             todo[rows[broken]] = False
         return out

@@ -29,6 +29,7 @@ class APGDT(EvasionAttack):
             capped at classes − 1).
         restarts: random restarts per target class (AutoAttack standard: 1).
         rho: APGD's condition-1 fraction (0.75).
+        eot_iter: gradient draws averaged per step (EOT, for a random forward pass; default 1).
         clip: the input box.
         seed: seeds every random choice.
         batch_size: attack this many points at a time (default: all).
@@ -53,11 +54,13 @@ class APGDT(EvasionAttack):
 
     def __init__(self, model: nn.Module, eps: float = 8 / 255, norm: Norm = "linf", steps: int = 100,
                  n_target_classes: int = 9, restarts: int = 1, rho: float = 0.75,
-                 clip: tuple[float, float] = (0.0, 1.0), seed: int = 0, batch_size: int | None = None) -> None:
+                 clip: tuple[float, float] = (0.0, 1.0), seed: int = 0, batch_size: int | None = None,
+                 eot_iter: int = 1) -> None:
         if norm not in ("linf", "l2"):
             raise ConfigError(f"{self.name}: norm must be 'linf' or 'l2', got {norm!r}")
-        if steps < 1 or restarts < 1 or n_target_classes < 1:
-            raise ConfigError(f"{self.name}: steps, restarts and n_target_classes must be >= 1")
+        if steps < 1 or restarts < 1 or n_target_classes < 1 or eot_iter < 1:
+            raise ConfigError(f"{self.name}: steps, restarts, n_target_classes and eot_iter must be >= 1")
+        self.eot_iter = eot_iter
         super().__init__(model, eps, norm, clip, False, seed, batch_size)
         self.steps, self.n_target_classes, self.restarts, self.rho = steps, n_target_classes, restarts, rho
 
@@ -76,7 +79,7 @@ class APGDT(EvasionAttack):
                     return out
                 adv, broken = apgd_search(self.model, x[rows], y[rows], losses.dlr_targeted, self.eps or 0.0,
                                           self.norm, self.steps, self.clip, gen, target=targets[rows, j],
-                                          rho=self.rho)
+                                          rho=self.rho, eot_iter=self.eot_iter)
                 out[rows] = adv
                 todo[rows[broken]] = False
         return out
