@@ -65,9 +65,10 @@ class EpsResult:
         return out
 
     def row(self) -> dict[str, Any]:
-        lower, broken = self.fraction("certified"), self.fraction("broken")
-        return {"eps": self.eps, "certified_lower": lower, "attacked_upper": 1.0 - broken,
-                "gap": 1.0 - broken - lower, "certified_by": self.counts("certified"),
+        n = max(1, len(self.status))
+        n_cert, n_broken = self.status.count("certified"), self.status.count("broken")
+        return {"eps": self.eps, "certified_lower": n_cert / n, "attacked_upper": (n - n_broken) / n,
+                "gap": (n - n_broken - n_cert) / n, "certified_by": self.counts("certified"),
                 "broken_by": self.counts("broken"), "unresolved": sum(s == "unresolved" for s in self.status),
                 "seconds": dict(self.seconds)}
 
