@@ -57,7 +57,8 @@ def _random_start(x: torch.Tensor, eps: float, norm: str, clip: tuple[float, flo
 
 def apgd_search(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Objective, eps: float, norm: str,
                 steps: int, clip: tuple[float, float], gen: torch.Generator, target: torch.Tensor | None = None,
-                rho: float = 0.75, momentum: float = 0.75, eot_iter: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                rho: float = 0.75, momentum: float = 0.75, eot_iter: int = 1,
+                group: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One run of Algorithm 1 on a batch; returns ``(x_adv, broken)`` (broken: some iterate was misclassified).
 
     Args:
@@ -73,6 +74,8 @@ def apgd_search(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: O
         momentum: α of the momentum update.
         eot_iter: forward/backward draws averaged per step (expectation over transformation, for random
             forward passes; 1 = deterministic model).
+        group: optional point id per row (several rows attacking one point, e.g. one per target class): once a
+            row of a group breaks its point, the group's other rows stop (their results are not needed).
 
     Returns:
         ``(x_adv, broken)``.
@@ -80,6 +83,8 @@ def apgd_search(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: O
     out = x.clone()
     broken = torch.zeros(len(x), dtype=torch.bool, device=x.device)
     idx = torch.arange(len(x), device=x.device)  # rows of the batch still being attacked
+    grp = group if group is not None else idx
+    group_done = torch.zeros(int(grp.max()) + 1 if len(grp) else 0, dtype=torch.bool, device=x.device)
     xo, yo, to = x, y, target
     if norm == "linf":
         low, high = (x - eps).clamp_(min=clip[0]), (x + eps).clamp_(max=clip[1])
@@ -120,11 +125,12 @@ def apgd_search(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: O
     def retire(mask: torch.Tensor, cand: torch.Tensor) -> None:
         """Store the broken rows' adversarial iterates and drop them from every state tensor."""
         nonlocal idx, xo, yo, to, x_adv, x_prev, grad, step, x_best, g_best, v_best, v_prev, n_incr
-        nonlocal v_best_check, reduced_check, low, high
+        nonlocal v_best_check, reduced_check, low, high, grp
         out[idx[mask]] = cand[mask]
         broken[idx[mask]] = True
-        keep = ~mask
-        idx, xo, yo = idx[keep], xo[keep], yo[keep]
+        group_done[grp[mask]] = True
+        keep = ~group_done[grp]
+        idx, xo, yo, grp = idx[keep], xo[keep], yo[keep], grp[keep]
         to = to[keep] if to is not None else None
         x_adv, x_prev, grad, step = x_adv[keep], x_prev[keep], grad[keep], step[keep]
         x_best, g_best, v_best, v_prev = x_best[keep], g_best[keep], v_best[keep], v_prev[keep]

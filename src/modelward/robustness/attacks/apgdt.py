@@ -2,7 +2,8 @@
 
 For each of the ``n_target_classes`` classes with the highest clean logits other than the label (AutoAttack
 standard: 9), Algorithm 1 maximises the targeted DLR loss ``−(z_y − z_t)/(z_π1 − (z_π3 + z_π4)/2)`` on the points not
-broken yet. A point counts as broken when it is *misclassified* (not necessarily as the target): the target only
+broken yet (here all targets run side by side, one row per point and target; a point's rows stop as soon as one of
+them breaks it, so no point is attacked after it is broken). A point counts as broken when it is *misclassified* (not necessarily as the target): the target only
 steers the search, as in AutoAttack.
 """
 
@@ -72,14 +73,21 @@ class APGDT(EvasionAttack):
         todo = logits.argmax(1) == y
         k = min(self.n_target_classes, logits.shape[1] - 1)
         targets = losses.top_other_classes(logits, y, k)
-        for j in range(k):
-            for _ in range(self.restarts):
-                rows = todo.nonzero().squeeze(1)
-                if len(rows) == 0:
-                    return out
-                adv, broken = apgd_search(self.model, x[rows], y[rows], losses.dlr_targeted, self.eps or 0.0,
-                                          self.norm, self.steps, self.clip, gen, target=targets[rows, j],
-                                          rho=self.rho, eot_iter=self.eot_iter)
-                out[rows] = adv
-                todo[rows[broken]] = False
+        # all target classes at once: one row per (point, target), a point's rows stop once one breaks it. Each
+        # row runs Algorithm 1 independently, so this is the paper's loop over targets without k times the
+        # per-iteration overhead (the rows of points broken by an earlier target simply stop early).
+        for _ in range(self.restarts):
+            rows = todo.nonzero().squeeze(1)
+            if len(rows) == 0:
+                break
+            xr = x[rows].repeat(k, *([1] * (x.dim() - 1)))
+            group = torch.arange(len(rows), device=x.device).repeat(k)
+            adv, broken = apgd_search(self.model, xr, y[rows].repeat(k), losses.dlr_targeted, self.eps or 0.0,
+                                      self.norm, self.steps, self.clip, gen, target=targets[rows].t().flatten(),
+                                      rho=self.rho, eot_iter=self.eot_iter, group=group)
+            hit = broken.view(k, len(rows))
+            first = hit.float().argmax(0)  # the first target that broke the point (0 if none did)
+            pick = first * len(rows) + torch.arange(len(rows), device=x.device)
+            out[rows] = adv[pick]
+            todo[rows[hit.any(0)]] = False
         return out

@@ -13,8 +13,8 @@ exactly here by sorting the break-points of the one-dimensional dual):
 and when ``x⁽ⁱ⁺¹⁾`` is misclassified it is kept if it is the closest found so far and pulled back towards the
 original point, ``x⁽ⁱ⁺¹⁾ ← (1 − β) x_orig + β x⁽ⁱ⁺¹⁾`` (the "backward step"). FAB minimises the perturbation; as an
 ε-attack, a point counts as broken once an adversarial example within ε is found (it then leaves the batch).
-The targets are the ``n_target_classes`` highest other clean logits (AutoAttack standard: 9), each run only on the
-points not yet broken.
+The targets are the ``n_target_classes`` highest other clean logits (AutoAttack standard: 9); they run side by
+side (one row per point and target, independent iterations), and a point's rows stop once one breaks it.
 """
 
 from __future__ import annotations
@@ -137,14 +137,18 @@ class FAB(EvasionAttack):
             (grad,) = torch.autograd.grad(g.sum(), z)
         return logits.detach(), g.detach(), grad.flatten(1)
 
-    def _run(self, x0: torch.Tensor, y: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """FAB-T on one batch towards targets ``t``: (adversarial within ε or x0, broken mask)."""
+    def _run(self, x0: torch.Tensor, y: torch.Tensor, t: torch.Tensor,
+             group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """FAB-T on rows towards targets ``t``: (adversarial within ε or x0, broken mask). ``group`` is the point
+        of each row: once a row breaks its point within ε, the point's other rows stop."""
         eps, lo, hi = self.eps or 0.0, *self.clip
         shape = x0.shape
         x0f = x0.flatten(1)
         out = x0f.clone()
         broken = torch.zeros(len(x0), dtype=torch.bool, device=x0.device)
         idx = torch.arange(len(x0), device=x0.device)
+        grp = group
+        group_done = torch.zeros(int(group.max()) + 1, dtype=torch.bool, device=x0.device)
         xo, yo, to = x0f, y, t
         x1 = x0f.clone()
         _, g, w = self._linearise(x1.view(-1, *shape[1:]), yo, to)
@@ -164,8 +168,10 @@ class FAB(EvasionAttack):
                 if bool(within.any()):  # broken within ε: keep the example, drop the row
                     out[idx[within]] = x1[within]
                     broken[idx[within]] = True
-                    keep = ~within
+                    group_done[grp[within]] = True
+                    keep = ~group_done[grp]
                     idx, xo, yo, to, x1, adv = idx[keep], xo[keep], yo[keep], to[keep], x1[keep], adv[keep]
+                    grp = grp[keep]
                     g, w = g[keep], w[keep]
                     if len(idx) == 0:
                         break
@@ -183,11 +189,15 @@ class FAB(EvasionAttack):
         todo = logits.argmax(1) == y
         k = min(self.n_target_classes, logits.shape[1] - 1)
         targets = losses.top_other_classes(logits, y, k)
-        for j in range(k):
-            rows = todo.nonzero().squeeze(1)
-            if len(rows) == 0:
-                break
-            adv, broken = self._run(x[rows], y[rows], targets[rows, j])
-            out[rows[broken]] = adv[broken]
-            todo[rows[broken]] = False
+        rows = todo.nonzero().squeeze(1)
+        if len(rows) == 0:
+            return out
+        # all targets side by side, one row per (point, target); a point's rows stop once one breaks it
+        xr = x[rows].repeat(k, *([1] * (x.dim() - 1)))
+        group = torch.arange(len(rows), device=x.device).repeat(k)
+        adv, broken = self._run(xr, y[rows].repeat(k), targets[rows].t().flatten(), group)
+        hit = broken.view(k, len(rows))
+        pick = hit.float().argmax(0) * len(rows) + torch.arange(len(rows), device=x.device)
+        done = hit.any(0)
+        out[rows[done]] = adv[pick][done]
         return out

@@ -149,7 +149,8 @@ class Square(EvasionAttack):
             with torch.no_grad():
                 m = losses.margin(self.model(cand), yo)
             better = m < mb
-            xb[better], mb[better] = cand[better], m[better]
+            xb = torch.where(better.view(-1, 1, 1, 1), cand, xb)
+            mb = torch.where(better, m, mb)
             fooled = mb <= 0
             if bool(fooled.any()):
                 out[idx[fooled]] = xb[fooled]
