@@ -120,7 +120,7 @@ def _certify(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps:
         return (c.robust_correct & (c.set_size <= 1)).cpu()
     from modelward.robustness.bounds import certify_bounds
 
-    return certify_bounds(model, x, y, eps, norm, name).certified.cpu()  # type: ignore[arg-type]
+    return certify_bounds(_base(model), x, y, eps, norm, name).certified.cpu()  # type: ignore[arg-type]
 
 
 def _base(model: nn.Module) -> nn.Module:
