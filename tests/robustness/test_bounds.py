@@ -102,3 +102,14 @@ def test_unsupported_layers_are_refused_all_at_once():
     net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Tanh(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8, 3))
     with pytest.raises(UnsupportedLayerError, match=r"2 layer\(s\): 1 \(Tanh\), 2 \(MaxPool2d\); supported"):
         certify_bounds(net, torch.rand(1, 1, 6, 6), torch.tensor([0]), 0.1)
+
+
+def test_the_zoo_mlp_is_verified_through_its_sequential_form():
+    from modelward.core.zoo import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    mlp = build_model(ModelConfig(arch="mlp", hidden=[12, 8]), (1, 4, 4), 3).eval()
+    x = torch.rand(4, 1, 4, 4)
+    lo, hi = output_bounds(mlp, x, 0.05, "linf", "crown")
+    z = mlp(_ball_samples(x, 0.05, "linf", 100, torch.Generator().manual_seed(0))).double().view(100, 4, 3)
+    assert bool((z >= lo - 1e-6).all()) and bool((z <= hi + 1e-6).all())

@@ -56,6 +56,19 @@ def _leaves(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
     return [(prefix.rstrip(".") or type(model).__name__, model)]
 
 
+def as_sequential(model: nn.Module) -> nn.Module:
+    """The project's zoo MLP (``modelward.core.zoo.MLP``: flatten, Linear+ReLU per hidden layer, logits) as the
+    equivalent ``nn.Sequential`` sharing its layers; any other model is returned unchanged."""
+    from modelward.core.zoo import MLP
+
+    if type(model) is MLP:
+        layers: list[nn.Module] = [nn.Flatten()]
+        for i in range(1, model.n_hidden + 1):
+            layers += [getattr(model, f"fc{i}"), nn.ReLU()]
+        return nn.Sequential(*layers, model.logits)
+    return model
+
+
 def check_supported(model: nn.Module) -> None:
     """UnsupportedLayerError naming every layer that is not Linear/Conv2d/ReLU/Flatten/BatchNorm/Dropout/Identity."""
     if not isinstance(model, nn.Sequential):
@@ -262,12 +275,24 @@ def point_bounds(seq: list[Affine | str], x: torch.Tensor, eps: float, norm: str
     return torch.maximum(crown, ibp[-1][0])
 
 
+def _checked_sequential(model: nn.Module, x: torch.Tensor) -> nn.Module:
+    """``as_sequential`` plus a check that the converted net computes the model's logits on ``x``."""
+    seq = as_sequential(model)
+    if seq is not model and len(x):
+        with torch.no_grad():
+            xb = x[:8].to(model_device(model))
+            if not torch.allclose(seq(xb), model(xb), atol=1e-5, rtol=1e-5):
+                raise UnsupportedLayerError(f"{type(model).__name__}: its sequential form disagrees with it")
+    return seq
+
+
 def certify_bounds(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, norm: str = "linf",
                    method: BoundMethod = "crown", clip: tuple[float, float] = (0.0, 1.0)) -> BoundCertificate:
     """Certify every point by bound propagation: certified iff every margin ``z_y − z_j`` has lower bound > 0.
 
     Args:
-        model: an ``nn.Sequential`` of Linear / Conv2d / ReLU / Flatten / BatchNorm (eval) / Dropout / Identity.
+        model: an ``nn.Sequential`` of Linear / Conv2d / ReLU / Flatten / BatchNorm (eval) / Dropout / Identity
+            (or the project's zoo MLP, converted by :func:`as_sequential`).
         x, y: the points (any input shape) and labels.
         eps: the radius.
         norm: ``"linf"`` (ball ∩ box) or ``"l2"`` (ball).
@@ -291,6 +316,7 @@ def certify_bounds(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: floa
         raise ConfigError(f"bounds: method must be 'ibp' or 'crown', got {method!r}")
     if eps < 0:
         raise ConfigError(f"bounds: eps must be >= 0, got {eps}")
+    model = _checked_sequential(model, x)
     seq = linearize(model, tuple(x.shape[1:]))
     dev = model_device(model)
     num_classes = seq[-1].weight.shape[0]  # type: ignore[union-attr]
@@ -307,6 +333,7 @@ def certify_bounds(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: floa
 def output_bounds(model: nn.Module, x: torch.Tensor, eps: float, norm: str = "linf", method: BoundMethod = "crown",
                   clip: tuple[float, float] = (0.0, 1.0)) -> tuple[torch.Tensor, torch.Tensor]:
     """Lower and upper bounds of every logit over the input set around each point (n × classes each)."""
+    model = _checked_sequential(model, x)
     seq = linearize(model, tuple(x.shape[1:]))
     num_classes = seq[-1].weight.shape[0]  # type: ignore[union-attr]
     eye = torch.eye(num_classes, dtype=torch.float64)
