@@ -101,8 +101,10 @@ class Square(EvasionAttack):
         return torch.randint(0, 2, shape, generator=gen, device=x.device).to(x.dtype).mul_(2).sub_(1)
 
     def _randint(self, high: int, gen: torch.Generator) -> int:
-        """Uniform in 0..high (inclusive)."""
-        return int(torch.randint(0, high + 1, (1,), generator=gen).item())
+        """Uniform in 0..high (inclusive), from a block of uniforms drawn ahead (one draw per 4,096 calls)."""
+        if not self._uniforms:
+            self._uniforms = torch.rand(4096, generator=gen, dtype=torch.float64).tolist()
+        return min(int(self._uniforms.pop() * (high + 1)), high)
 
     def _init(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         n, c, h, w = x.shape
@@ -125,13 +127,16 @@ class Square(EvasionAttack):
     def _run(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         n, c, h, w = x.shape
         eps, lo, hi = self.eps or 0.0, *self.clip
+        self._uniforms: list[float] = []
         best = self._init(x, gen)
         with torch.no_grad():
-            m_best = losses.margin(self.model(best), y)
+            logits = self.model(best)
+        m_best = losses.margin(logits, y)
         idx = torch.arange(n, device=x.device)
         out, broken = best.clone(), m_best <= 0
         live = ~broken
         idx, xo, yo, xb, mb = idx[live], x[live], y[live], best[live], m_best[live]
+        own = torch.nn.functional.one_hot(yo, logits.shape[1]).bool()  # the label's logit, masked out of the runner-up
         if self.norm == "linf":
             low, high = (xo - eps).clamp_(min=lo), (xo + eps).clamp_(max=hi)
         for i in range(1, self.n_queries):
@@ -147,7 +152,8 @@ class Square(EvasionAttack):
             else:
                 cand = self._l2_candidate(xo, xb, p, gen)
             with torch.no_grad():
-                m = losses.margin(self.model(cand), yo)
+                z = self.model(cand)
+                m = z.gather(1, yo[:, None]).squeeze(1) - z.masked_fill(own, float("-inf")).amax(1)
             better = m < mb
             xb = torch.where(better.view(-1, 1, 1, 1), cand, xb)
             mb = torch.where(better, m, mb)
@@ -156,7 +162,7 @@ class Square(EvasionAttack):
                 out[idx[fooled]] = xb[fooled]
                 broken[idx[fooled]] = True
                 keep = ~fooled
-                idx, xo, yo, xb, mb = idx[keep], xo[keep], yo[keep], xb[keep], mb[keep]
+                idx, xo, yo, xb, mb, own = idx[keep], xo[keep], yo[keep], xb[keep], mb[keep], own[keep]
                 if self.norm == "linf":
                     low, high = low[keep], high[keep]
         out[idx] = xb
@@ -178,7 +184,7 @@ class Square(EvasionAttack):
         norm_win1 = delta[win1].pow(2).sum((-2, -1), keepdim=True).sqrt()
         norm_all = l2_norms(delta)
         norm_windows = l2_norms(delta * mask)
-        flip = bool(torch.rand(1, generator=gen).item() > 0.5)
+        flip = self._randint(1, gen) == 1
         new = square_pattern(s, x.device, x.dtype, flip).view(1, 1, s, s) * self._signs((n, c, 1, 1), x, gen)
         new = new + delta[win1] / (norm_win1 + 1e-12)
         # the window receives the norm freed by the emptied window plus what is left below ε, split over channels
