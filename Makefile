@@ -17,6 +17,9 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml Makefile
 	$(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q -e ".[$(EXTRAS)]"
+	# torchattacks is the reference of the AutoAttack agreement test; it declares torchvision, which would replace
+	# the CPU torch, so it is installed without its dependencies (it does not need torchvision to run)
+	$(PIP) install -q --no-deps "torchattacks>=3.5"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

@@ -117,3 +117,70 @@ def test_attack_sweep_is_checked_before_it_runs_and_errors_keep_brackets(tmp_pat
               "--set", 'evaluate.attacks=[{name = "fgsm"}, {name = "bim"}]'])
     err = " ".join(capsys.readouterr().err.split())
     assert "evaluate.attacks[1] (bim)" in err and "linf" in err and "no trained model" not in err
+
+
+# -- issue 28: AutoAttack with the sandwich, and the other certificates ------------------------------------------
+AA = ["--set", "evaluate.max_points=24", "--set", "evaluate.epsilons=[0.1, 0.5]", "--steps", "10", "--queries", "50"]
+
+
+@pytest.fixture(scope="module")
+def relu_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny ReLU net (so IBP and CROWN apply) trained for three epochs."""
+    out = tmp_path_factory.mktemp("relu")
+    _run("robust", "train", str(EXAMPLES / "robust_gloro.toml"), "--out", str(out), *TINY,
+         "--set", "train.mode=standard", "--set", "model.activation=relu")
+    return out
+
+
+def test_attack_suite_autoattack_writes_the_sandwich_and_one_status_per_point(relu_run: Path) -> None:
+    out = relu_run / "aa"
+    text = _run("robust", "attack", str(EXAMPLES / "robust_gloro.toml"), "--model", str(relu_run), "--out", str(out),
+                "--suite", "autoattack", *AA)
+    assert "certified ≥" in text and "AutoAttack ≤" in text
+    data = json.loads((out / "points.json").read_text())
+    assert data["certificates"] == ["gloro", "crown", "ibp"]
+    for row in data["rows"]:
+        assert row["certified_lower"] <= row["attacked_upper"]
+        assert row["gap"] == pytest.approx(row["unresolved"] / 24)
+        statuses = data["points"][str(row["eps"])]
+        assert len(statuses) == 24 and {p["status"] for p in statuses} <= {"certified", "broken", "unresolved"}
+        assert sum(p["status"] == "broken" for p in statuses) == sum(row["broken_by"].values())
+    assert data["rows"][1]["attacked_upper"] <= data["rows"][0]["attacked_upper"]
+    assert (out / "sandwich.md").read_text().startswith("# Robust accuracy sandwich")
+    arows = json.loads((out / "attack.json").read_text())
+    assert [a["attack"] for a in arows] == ["autoattack", "autoattack"]
+
+
+def test_certify_methods_ibp_crown_smoothing(relu_run: Path) -> None:
+    cfg = str(EXAMPLES / "robust_gloro.toml")
+    ev = ["--set", "evaluate.max_points=20", "--set", "evaluate.epsilons=[0.05, 0.2]"]
+    got = {}
+    for method in ("ibp", "crown"):
+        out = relu_run / method
+        _run("robust", "certify", cfg, "--model", str(relu_run), "--out", str(out), "--method", method, *ev)
+        got[method] = json.loads((out / "certify.json").read_text())
+    for i, c in zip(got["ibp"], got["crown"], strict=True):
+        assert c["certified_accuracy"] >= i["certified_accuracy"]
+        assert c["certified_accuracy"] <= c["clean_accuracy"]
+    out = relu_run / "smoothing"
+    _run("robust", "certify", cfg, "--model", str(relu_run), "--out", str(out), "--method", "smoothing",
+         "--sigma", "0.25", "--n0", "20", "--n", "200", *ev)
+    rows = json.loads((out / "certify.json").read_text())
+    assert rows[0]["certified_accuracy"] >= rows[1]["certified_accuracy"]
+    radii = json.loads((out / "radii.json").read_text())
+    assert len(radii["radii"]) == 20 and max(radii["radii"]) > 0
+
+
+def test_certify_refuses_unknown_methods_and_unsupported_layers(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    cfg = str(EXAMPLES / "robust_gloro.toml")
+    with pytest.raises(SystemExit):
+        main(["robust", "certify", cfg, "--model", str(tmp_path), "--method", "magic"])
+    assert "gloro, smoothing, ibp, crown" in " ".join(capsys.readouterr().err.split())
+    out = tmp_path / "minmax"
+    _run("robust", "train", cfg, "--out", str(out), *TINY, "--set", "train.epochs=1")
+    with pytest.raises(SystemExit):
+        main(["robust", "certify", cfg, "--model", str(out), "--out", str(out), "--method", "crown",
+              "--set", "evaluate.max_points=4"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert "MinMax" in err and "supported: Linear" in err

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from modelward.cli._device import DEVICE_HELP, require_device, with_device
 from modelward.cli._outdir import check_out_dir, refuse_other_config
@@ -17,18 +18,23 @@ from modelward.core.data import load_data
 from modelward.core.progress import RichProgress
 from modelward.errors import ConfigError
 from modelward.robustness.experiment import (
+    CERTIFY_METHODS,
     GLORO_MODES,
     RobustConfig,
     attack_experiment,
+    autoattack_experiment,
+    bound_certify_experiment,
     certify_experiment,
     check_attacks,
     check_shapes,
     eval_points,
     load_model,
+    smoothing_certify_experiment,
     train_experiment,
 )
 
-app = typer.Typer(no_args_is_help=True, help="Evasion attacks, adversarial training and GloRo certification.")
+app = typer.Typer(no_args_is_help=True, help="Evasion attacks (AutoAttack), adversarial training and certification "
+                                             "(GloRo, randomized smoothing, IBP, CROWN).")
 console = Console()
 
 SET_HELP = "Override a config value, e.g. --set train.epochs=20 (repeatable)."
@@ -93,15 +99,33 @@ def certify(config: Path = typer.Argument(..., help="TOML config (\\[data] and \
             model: Path | None = typer.Option(None, "--model", help="model.safetensors or its run directory."),
             out: Path = typer.Option(Path("."), "--out", help="Output directory."),
             set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-            attacks: bool = typer.Option(True, "--attacks/--no-attacks", help="Also report robust accuracy."),
+            method: str = typer.Option("gloro", "--method", help=f"Certificate: {' | '.join(CERTIFY_METHODS)}."),
+            attacks: bool = typer.Option(True, "--attacks/--no-attacks", help="gloro: also report robust accuracy."),
+            sigma: float = typer.Option(0.25, "--sigma", help="smoothing: noise level σ."),
+            n0: int = typer.Option(100, "--n0", help="smoothing: samples to pick the class."),
+            n: int = typer.Option(10_000, "--n", help="smoothing: samples to bound its probability."),
+            alpha: float = typer.Option(0.001, "--alpha", help="smoothing: failure probability per point."),
             device: str | None = typer.Option(None, "--device", help=DEVICE_HELP)) -> None:
-    """Clean accuracy, VRA and rejection per ε (GloRo certificate), plus robust accuracy under the attacks."""
+    """Certified accuracy per ε: GloRo (VRA, rejection), randomized smoothing, IBP or CROWN."""
+    if method not in CERTIFY_METHODS:
+        raise ConfigError(f"--method {method!r}: choose one of {', '.join(CERTIFY_METHODS)}")
     cfg, net, x, y, eps = _prepare_evaluation(config, model, out, set_, device=device)
-    with RichProgress(console) as progress:
-        rows = certify_experiment(cfg, net, x, y, out, attacks, progress)
-    for r in rows:
-        console.print(f"ε={r['epsilon']:.3f}  clean {r['clean_accuracy']:.3f}  VRA {r['vra']:.3f}  "
-                      f"rejected {r['rejection_rate']:.3f}")
+    if method == "smoothing":
+        rows = smoothing_certify_experiment(cfg, net, x, y, out, sigma, n0, n, alpha)
+        for r in rows:
+            console.print(f"ε={r['epsilon']:.3f}  smoothing (σ={sigma}) certified {r['certified_accuracy']:.3f}  "
+                          f"abstain {r['abstain_rate']:.3f}")
+    elif method in ("ibp", "crown"):
+        rows = bound_certify_experiment(cfg, net, x, y, out, method)
+        for r in rows:
+            console.print(f"ε={r['epsilon']:.3f}  clean {r['clean_accuracy']:.3f}  {method.upper()} certified "
+                          f"{r['certified_accuracy']:.3f}")
+    else:
+        with RichProgress(console) as progress:
+            rows = certify_experiment(cfg, net, x, y, out, attacks, progress)
+        for r in rows:
+            console.print(f"ε={r['epsilon']:.3f}  clean {r['clean_accuracy']:.3f}  VRA {r['vra']:.3f}  "
+                          f"rejected {r['rejection_rate']:.3f}")
     console.print(f"wrote {out / 'certify.csv'}, certify.md, certify.png")
 
 
@@ -110,9 +134,27 @@ def attack(config: Path = typer.Argument(..., help="TOML config (\\[data] and \\
            model: Path | None = typer.Option(None, "--model", help="model.safetensors or its run directory."),
            out: Path = typer.Option(Path("."), "--out", help="Output directory."),
            set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+           suite: str = typer.Option("config", "--suite",
+                                     help="config: the attacks of [evaluate.attacks]; autoattack: AutoAttack "
+                                          "(standard) with every applicable certificate (the sandwich)."),
+           steps: int = typer.Option(100, "--steps", help="autoattack: APGD / APGD-T / FAB-T iterations."),
+           queries: int = typer.Option(5000, "--queries", help="autoattack: Square's query budget."),
            device: str | None = typer.Option(None, "--device", help=DEVICE_HELP)) -> None:
-    """Robust accuracy per ε for each configured attack (CSV/MD + robustness curve)."""
-    cfg, net, x, y, eps = _prepare_evaluation(config, model, out, set_, need_attacks=True, device=device)
+    """Robust accuracy per ε: the configured attacks, or AutoAttack with the certified/attacked sandwich."""
+    if suite not in ("config", "autoattack"):
+        raise ConfigError(f"--suite {suite!r}: choose 'config' or 'autoattack'")
+    cfg, net, x, y, eps = _prepare_evaluation(config, model, out, set_, need_attacks=suite == "config",
+                                              device=device)
+    if suite == "autoattack":
+        with RichProgress(console) as progress:
+            data = autoattack_experiment(cfg, net, x, y, out, {"steps": steps, "n_queries": queries}, progress)
+        for r in data["rows"]:
+            console.print(f"ε={r['eps']:.3f}  certified ≥ {r['certified_lower']:.3f}  AutoAttack ≤ "
+                          f"{r['attacked_upper']:.3f}  gap {r['gap']:.3f}  (unresolved {r['unresolved']})")
+        for d in data["diagnostics"]:
+            console.print(f"[bold yellow]FLAG[/] {d['flag']} (ε={d['eps']}): {escape(d['detail'])}")
+        console.print(f"wrote {out / 'sandwich.md'}, points.json, attack.csv, attack.png")
+        return
     with RichProgress(console) as progress:
         rows = attack_experiment(cfg, net, x, y, out, progress)
     for r in rows:

@@ -3,7 +3,12 @@
 The main verbs, imported lazily (``from modelward.robustness import PGD, certify``):
 
 - attacks (:mod:`.attacks`): ``FGSM``, ``BIM``, ``ILCM``, ``PGD``, ``CarliniWagnerL2``, ``LBFGS``, ``JSMA``,
-  ``TransferAttack``, or by name ``make_attack("pgd", model, eps=0.1)``; ``robust_accuracy`` sweeps ε;
+  ``TransferAttack``, AutoAttack (``AutoAttack``, ``APGD``, ``APGDT``, ``FAB``, ``Square``), or by name
+  ``make_attack("pgd", model, eps=0.1)``; ``robust_accuracy`` sweeps ε;
+- certificates: randomized smoothing (:mod:`.smoothing`: ``SmoothedClassifier``, ``train_gaussian``), IBP / CROWN
+  (:mod:`.bounds`: ``certify_bounds``, ``output_bounds``), GloRo (below);
+- one status per point and the robust-accuracy sandwich (:mod:`.evaluation`: ``evaluate_points``,
+  ``robustness_sandwich``) with gradient-masking diagnostics;
 - defenses (:mod:`.defenses`): ``defensive_distillation``, ``FeatureSqueezingDetector``, ``NonLocalMeans``;
 - training procedures (:mod:`.training`): ``pgd_adversarial_training`` (Madry), ``trades_training``;
 - GloRo (:mod:`.gloro`): ``GloroNet``, ``build_gloro_model``, ``train_gloro``, ``certify``, ``certified_radius``;
@@ -17,6 +22,14 @@ _EXPORTS = {
     "FGSM": f"{_A}.fgsm:FGSM", "BIM": f"{_A}.bim:BIM", "ILCM": f"{_A}.ilcm:ILCM", "PGD": f"{_A}.pgd:PGD",
     "CarliniWagnerL2": f"{_A}.cw:CarliniWagnerL2", "LBFGS": f"{_A}.lbfgs:LBFGS", "JSMA": f"{_A}.jsma:JSMA",
     "TransferAttack": f"{_A}.transfer:TransferAttack",
+    "APGD": f"{_A}.apgd:APGD", "APGDT": f"{_A}.apgdt:APGDT", "FAB": f"{_A}.fab:FAB", "Square": f"{_A}.square:Square",
+    "AutoAttack": f"{_A}.autoattack:AutoAttack",
+    "SmoothedClassifier": "modelward.robustness.smoothing:SmoothedClassifier",
+    "train_gaussian": "modelward.robustness.smoothing:train_gaussian",
+    "certify_bounds": "modelward.robustness.bounds:certify_bounds",
+    "output_bounds": "modelward.robustness.bounds:output_bounds",
+    "evaluate_points": "modelward.robustness.evaluation:evaluate_points",
+    "robustness_sandwich": "modelward.robustness.evaluation:robustness_sandwich",
     "ATTACKS": f"{_A}:ATTACKS", "make_attack": f"{_A}:make_attack", "EvasionAttack": f"{_A}.base:EvasionAttack",
     "AttackResult": f"{_A}.base:AttackResult",
     "robust_accuracy": "modelward.robustness.metrics:robust_accuracy",

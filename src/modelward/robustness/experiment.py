@@ -365,6 +365,103 @@ def attack_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: torc
     return rows
 
 
-__all__ = ["GloroModelConfig", "RobustConfig", "RobustEvalConfig", "RobustTrainConfig", "attack_experiment",
+# -- AutoAttack and the other certificates (issue 28) ------------------------------------------------------------
+CERTIFY_METHODS = ("gloro", "smoothing", "ibp", "crown")
+
+
+def autoattack_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: torch.Tensor, out: str | Path,
+                          attack_params: dict[str, Any] | None = None,
+                          progress: ProgressSink | None = None) -> dict[str, Any]:
+    """AutoAttack (standard) at every ε of ``cfg.evaluate`` in its norm, with every applicable certificate: one
+    status per point, the sandwich and the gradient-masking flags. Writes ``attack.{csv,md,json,png}`` (the
+    AutoAttack robust accuracy per ε), ``sandwich.{csv,md,json}`` (the rows) and ``points.json`` (the status of
+    every point at every ε). Returns :meth:`RobustnessEvaluation.to_dict` with the points."""
+    from modelward.core.plots import line_plot
+    from modelward.robustness.evaluation import evaluate_points
+
+    out = Path(out)
+    eps = cfg.evaluate.epsilons
+    sink = as_sink(progress)
+    sink.start("autoattack", len(eps), "AutoAttack + certificates")
+    ev = evaluate_points(net, x, y, eps, cfg.evaluate.norm, "auto", cfg.seed, attack_params)
+    sink.advance("autoattack", len(eps), "done")
+    sink.done("autoattack")
+    data = ev.to_dict(include_points=True)
+    rows = [{"attack": "autoattack", "threat": f"{cfg.evaluate.norm} ball", "eps": r["eps"],
+             "clean_accuracy": data["clean_accuracy"], "robust_accuracy": r["attacked_upper"], "n": data["n"],
+             **{f"broken_by_{k}": v for k, v in r["broken_by"].items()}} for r in data["rows"]]
+    write_table(out, "attack", rows, title=f"AutoAttack (standard) robust accuracy ({len(y)} test points)")
+    sand = [{"eps": r["eps"], "certified_lower": r["certified_lower"], "attacked_upper": r["attacked_upper"],
+             "gap": r["gap"], "unresolved": r["unresolved"],
+             "certified_by": ", ".join(f"{k} {v}" for k, v in r["certified_by"].items()) or "-",
+             "broken_by": ", ".join(f"{k} {v}" for k, v in r["broken_by"].items()) or "-"} for r in data["rows"]]
+    notes = [f"certificates: {', '.join(data['certificates']) or 'none'}"]
+    notes += [f"skipped {k}: {v}" for k, v in data["skipped_certificates"].items()]
+    notes += [f"FLAG {d['flag']} (ε={d['eps']}): {d['detail']}" for d in data["diagnostics"]]
+    write_table(out, "sandwich", sand, title=f"Robust accuracy sandwich ({cfg.evaluate.norm}, {len(y)} points)",
+                notes=notes)
+    atomic_write_json(out / "points.json", data)
+    line_plot(out / "attack.png", {"AutoAttack (upper bound)": (eps, [r["attacked_upper"] for r in data["rows"]]),
+                                   "certified (lower bound)": (eps, [r["certified_lower"] for r in data["rows"]])},
+              "Robust accuracy sandwich", f"ε ({cfg.evaluate.norm})", "accuracy")
+    return data
+
+
+def bound_certify_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: torch.Tensor, out: str | Path,
+                             method: str) -> list[dict[str, Any]]:
+    """IBP or CROWN certified accuracy of the underlying model per ε (``cfg.evaluate``'s norm); writes
+    ``certify.{csv,md,json,png}``. Refuses (naming them) layers the bound propagation does not support."""
+    from modelward.core.plots import line_plot
+    from modelward.robustness.bounds import certify_bounds
+
+    if method not in ("ibp", "crown"):
+        raise ConfigError(f"method must be one of {', '.join(CERTIFY_METHODS)}, got {method!r}")
+    out = Path(out)
+    rows = []
+    from modelward.robustness.attacks.base import predict
+
+    clean = float((predict(net.f, x) == y).float().mean())
+    for e in cfg.evaluate.epsilons:
+        c = certify_bounds(net.f, x, y, e, cfg.evaluate.norm, method)  # type: ignore[arg-type]
+        rows.append({"method": method, "norm": cfg.evaluate.norm, "epsilon": e, "clean_accuracy": clean,
+                     "certified_accuracy": c.certified_accuracy})
+    write_table(out, "certify", rows, title=f"{method.upper()} certification ({len(y)} test points)")
+    eps = cfg.evaluate.epsilons
+    line_plot(out / "certify.png", {f"{method.upper()} certified": (eps, [r["certified_accuracy"] for r in rows]),
+                                    "clean accuracy": (eps, [clean] * len(eps))},
+              f"{method.upper()} certified accuracy", f"ε ({cfg.evaluate.norm})", "accuracy")
+    return rows
+
+
+def smoothing_certify_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: torch.Tensor,
+                                 out: str | Path, sigma: float, n0: int = 100, n: int = 10_000,
+                                 alpha: float = 0.001, batch_size: int = 1000) -> list[dict[str, Any]]:
+    """Randomized-smoothing certificates (Cohen et al. 2019) of the smoothed underlying model: certified
+    accuracy at every ε (ℓ2) and the abstention rate; ``radii.json`` holds every point's class and radius. Writes
+    ``certify.{csv,md,json,png}``. The certificate is for the smoothed classifier g, not the model itself."""
+    from modelward.core.plots import line_plot
+    from modelward.robustness.smoothing import SmoothedClassifier
+
+    if cfg.evaluate.norm != "l2":
+        raise ConfigError("randomized smoothing certifies ℓ2 radii; set evaluate.norm = \"l2\"")
+    out = Path(out)
+    g = SmoothedClassifier(net.f, net.num_classes, sigma, batch_size, cfg.seed)
+    cert = g.certify(x, y, n0, n, alpha)
+    rows = [{"method": "smoothing", "sigma": sigma, "n0": n0, "n": n, "alpha": alpha, "epsilon": e,
+             "certified_accuracy": cert.certified_accuracy(e), "abstain_rate": cert.abstain_rate}
+            for e in cfg.evaluate.epsilons]
+    write_table(out, "certify", rows, title=f"Randomized smoothing, σ = {sigma} ({len(y)} test points)",
+                notes=["certifies the smoothed classifier g(x) = argmax P(f(x + δ) = c), δ ~ N(0, σ²I); each "
+                       f"certificate holds with probability ≥ 1 − α = {1 - alpha}"])
+    atomic_write_json(out / "radii.json", {"predictions": cert.predictions.tolist(), "radii": cert.radii.tolist(),
+                                           "labels": cert.labels.tolist(), "sigma": sigma, "alpha": alpha})
+    eps = cfg.evaluate.epsilons
+    line_plot(out / "certify.png", {"smoothing certified": (eps, [r["certified_accuracy"] for r in rows])},
+              f"Randomized smoothing (σ = {sigma})", "ε (l2)", "certified accuracy")
+    return rows
+
+
+__all__ = ["CERTIFY_METHODS", "GloroModelConfig", "RobustConfig", "RobustEvalConfig", "RobustTrainConfig",
+           "attack_experiment", "autoattack_experiment", "bound_certify_experiment", "smoothing_certify_experiment",
            "attack_table", "build_net", "certify_experiment", "certify_table", "check_attacks", "check_shapes",
            "eval_points", "load_gloro_checkpoint", "load_model", "save_model", "train_experiment", "train_robust"]

@@ -1,7 +1,8 @@
 """Evasion attacks (seed 004 ch. 2): one class per module, all built on :class:`EvasionAttack`.
 
 ``make_attack(name, model, **params)`` builds one by name from :data:`ATTACKS` (a
-:class:`~modelward.core.registry.Registry`); ``ATTACK_NAMES`` lists the valid names. The classes themselves are
+:class:`~modelward.core.registry.Registry`); ``ATTACK_NAMES`` lists the classic attacks, ``AUTOATTACK_NAMES``
+AutoAttack and its members (``ATTACKS.names()``: all valid names). The classes themselves are
 exported lazily, torchattacks-style::
 
     from modelward.robustness.attacks import PGD
@@ -28,11 +29,18 @@ _CLASSES: dict[str, str] = {
     "LBFGS": "modelward.robustness.attacks.lbfgs:LBFGS",
     "JSMA": "modelward.robustness.attacks.jsma:JSMA",
     "TransferAttack": "modelward.robustness.attacks.transfer:TransferAttack",
+    "APGD": "modelward.robustness.attacks.apgd:APGD",
+    "APGDT": "modelward.robustness.attacks.apgdt:APGDT",
+    "FAB": "modelward.robustness.attacks.fab:FAB",
+    "Square": "modelward.robustness.attacks.square:Square",
+    "AutoAttack": "modelward.robustness.attacks.autoattack:AutoAttack",
 }
 #: config name -> attack class (imported on first use)
 ATTACKS = Registry("attack")
 ATTACK_NAMES: tuple[str, ...] = ("fgsm", "bim", "ilcm", "pgd", "cw", "lbfgs", "jsma", "transfer")
-for _name, _target in zip(ATTACK_NAMES, _CLASSES.values(), strict=True):
+#: AutoAttack (Croce & Hein 2020) and its members, registered beside the classic attacks of ATTACK_NAMES
+AUTOATTACK_NAMES: tuple[str, ...] = ("apgd", "apgdt", "fab", "square", "autoattack")
+for _name, _target in zip(ATTACK_NAMES + AUTOATTACK_NAMES, _CLASSES.values(), strict=True):
     ATTACKS.add(_name, _target)
 del _name, _target
 
@@ -100,5 +108,5 @@ def make_attack(name: str, model: nn.Module, **params: Any) -> EvasionAttack:
     return ATTACKS.create(name.lower(), model, **params)
 
 
-__all__ = ["ATTACKS", "ATTACK_NAMES", "AttackResult", "EvasionAttack", "ThreatModel", "attack_class",
+__all__ = ["ATTACKS", "ATTACK_NAMES", "AUTOATTACK_NAMES", "AttackResult", "EvasionAttack", "ThreatModel", "attack_class",
            "attack_mode", "attack_params", "make_attack", "predict", "threat_model", *_CLASSES]
