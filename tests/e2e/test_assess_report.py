@@ -60,6 +60,13 @@ def test_report_json_has_every_section_with_a_reason_or_a_verdict(report: Path) 
     assert {f["section"] for f in findings} >= {"robustness", "privacy", "extraction", "explanations", "supply_chain"}
     assert by["privacy"]["status"] == "assessed"  # members: the split recorded in the checkpoint's metadata
     assert data["warnings"] == [] and data["clean_accuracy"] > 0.8  # the model matches its own record
+    # issue 28: the AutoAttack sandwich at the reference radii joins the threat models the headline is the worst of
+    sandwich = {t["name"]: t for t in by["robustness"]["tables"]}["sandwich"]["rows"]
+    assert {r["norm"] for r in sandwich} == {"L∞", "ℓ2"}
+    assert all(r["certified_lower"] <= r["autoattack_upper"] for r in sandwich)
+    threats = [m for m in by["robustness"]["metrics"] if m["context"].get("threat")]
+    assert any(m["context"]["attack"] == "autoattack" for m in threats)
+    assert by["robustness"]["headline"]["value"] == min(m["value"] for m in threats)
     rob = [f for f in findings if f["section"] == "robustness" and f["headline"]][0]
     assert rob["ci"][0] <= rob["value"] <= rob["ci"][1] and rob["n"] in (200, 50)  # C&W: 50 points
     assert data["model_files"][0]["clean"] and data["model_files"][0]["format"] == "safetensors"
