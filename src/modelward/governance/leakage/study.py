@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Literal
@@ -25,11 +26,11 @@ from pydantic import Field, field_validator
 from modelward.core.config import StrictModel, load_config
 from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.init import init_model_
-from modelward.core.ledger import RunLedger
 from modelward.core.progress import ProgressSink
 from modelward.core.records import atomic_write_json, write_table
-from modelward.core.runner import RunSpec, run_plan
+from modelward.core.runner import Execute, RunOutcome, RunSpec
 from modelward.core.stats import summarize
+from modelward.core.study import Study, StudyContext, run_study
 from modelward.core.train import TrainConfig, batch_order, evaluate, make_optimizer
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, ModelwardError
@@ -226,15 +227,65 @@ def audit_notes(cfg: LeakageAuditConfig, data: DataSplit, positive: int) -> list
     ]
 
 
-def run_audit(cfg: LeakageAuditConfig, out_dir: str | Path, *, workers: int = 1,
-              progress: ProgressSink | None = None, transport: Transport = "inprocess") -> list[dict]:
+class LeakageStudy(Study[LeakageAuditConfig, list[dict]]):
+    """The label-leakage sweep in the core study frame (one run per method × scale × seed).
+
+    Args:
+        transport: ``inprocess`` or ``parties`` (see :func:`run_audit`).
+    """
+
+    name = "leakage audit"
+    config_model = LeakageAuditConfig
+
+    def __init__(self, transport: Transport = "inprocess") -> None:
+        self.transport = transport
+
+    def label(self, cfg: LeakageAuditConfig) -> str:
+        return self.name + (" (party processes)" if self.transport == "parties" else "")
+
+    def plan(self, cfg: LeakageAuditConfig, ctx: StudyContext) -> list[RunSpec]:
+        data = load_data(cfg.data)
+        return plan_runs(cfg, _positive(data, cfg.audit.positive), self.transport)
+
+    def execute(self, cfg: LeakageAuditConfig, ctx: StudyContext) -> Execute:
+        if self.transport == "parties":
+            return functools.partial(execute_run, root=str(ctx.out / "parties"))
+        return execute_run
+
+    def summarize(self, cfg: LeakageAuditConfig, ctx: StudyContext, outcome: RunOutcome) -> list[dict]:
+        data = load_data(cfg.data)
+        positive = _positive(data, cfg.audit.positive)
+        plan = plan_runs(cfg, positive, self.transport)
+        if outcome.failed:
+            first = next(iter(outcome.failed.items()))
+            raise ModelwardError(f"{len(outcome.failed)} of {len(plan)} runs failed (re-run to retry); first: "
+                                 f"{first[0]}: {first[1].strip().splitlines()[-1]}")
+        results = ctx.ledger.results()
+        runs = [results[r.run_id] for r in plan]
+        rows = aggregate(runs)
+        suffix = "_parties" if self.transport == "parties" else ""
+        notes = audit_notes(cfg, data, positive)
+        if self.transport == "parties":
+            notes.append("- over real party processes (mutual TLS, 127.0.0.1): each party drew its own initial "
+                         "parameters and Bob his own noise from the OS CSPRNG; Alice's server recorded the gradients.")
+        write_table(ctx.out, f"results{suffix}", rows, COLUMNS, title=f"Label leakage audit: {data.name}"
+                    + (" (party processes)" if suffix else ""), notes=notes)
+        atomic_write_json(ctx.out / f"runs{suffix}.json", runs)
+        tradeoff_plot(ctx.out / f"tradeoff{suffix}.png", rows, f"label leakage vs accuracy: {data.name}")
+        return rows
+
+
+def run_audit(cfg: LeakageAuditConfig, out_dir: str | Path, progress: ProgressSink | None = None, *,
+              workers: int = 1, executor: str = "local", address: str | None = None,
+              transport: Transport = "inprocess") -> list[dict]:
     """Run (or resume) the sweep in `out_dir`; write results.csv/md/json, runs.json and tradeoff.png.
 
     Args:
         cfg: the audit configuration.
-        out_dir: output folder; its ledger (``ledger.sqlite``) makes a re-run resume.
-        workers: parallel runs (processes).
+        out_dir: output folder; its ledger (``ledger.sqlite``) makes a re-run resume (on resume only execution
+            settings may change, as for every study: :data:`modelward.core.study.EXECUTION_SETTINGS`).
         progress: receives one unit per run.
+        workers, executor, address: where the runs execute (see :func:`modelward.core.runner.run_plan`).
         transport: ``inprocess`` (the split simulated in this process, fast) or ``parties`` (every run trains
             over two real ``party serve`` processes with mutual TLS on 127.0.0.1; Alice's server records what it
             receives). The parties results go to ``results_parties.*``, ``runs_parties.json`` and
@@ -245,35 +296,8 @@ def run_audit(cfg: LeakageAuditConfig, out_dir: str | Path, *, workers: int = 1,
     Example:
         >>> rows = run_audit(LeakageAuditConfig(), "leakage-out")  # doctest: +SKIP
     """
-    import functools
-
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    data = load_data(cfg.data)
-    positive = _positive(data, cfg.audit.positive)
-    ledger = RunLedger(out / "ledger.sqlite")
-    ledger.bind_config(cfg)
-    plan = plan_runs(cfg, positive, transport)
-    execute = functools.partial(execute_run, root=str(out / "parties")) if transport == "parties" else execute_run
-    outcome = run_plan(ledger, plan, execute, workers=workers, progress=progress,
-                       description="leakage audit" + (" (party processes)" if transport == "parties" else ""))
-    if outcome.failed:
-        first = next(iter(outcome.failed.items()))
-        raise ModelwardError(f"{len(outcome.failed)} of {len(plan)} runs failed (re-run to retry); first: "
-                             f"{first[0]}: {first[1].strip().splitlines()[-1]}")
-    results = ledger.results()
-    runs = [results[r.run_id] for r in plan]
-    rows = aggregate(runs)
-    suffix = "_parties" if transport == "parties" else ""
-    notes = audit_notes(cfg, data, positive)
-    if transport == "parties":
-        notes.append("- over real party processes (mutual TLS, 127.0.0.1): each party drew its own initial "
-                     "parameters and Bob his own noise from the OS CSPRNG; Alice's server recorded the gradients.")
-    write_table(out, f"results{suffix}", rows, COLUMNS, title=f"Label leakage audit: {data.name}"
-                + (" (party processes)" if suffix else ""), notes=notes)
-    atomic_write_json(out / f"runs{suffix}.json", runs)
-    tradeoff_plot(out / f"tradeoff{suffix}.png", rows, f"label leakage vs accuracy: {data.name}")
-    return rows
+    return run_study(LeakageStudy(transport), cfg, Path(out_dir).resolve(), workers=workers, executor=executor,
+                     address=address, progress=progress)
 
 
 def tradeoff_plot(path: Path, rows: list[dict], title: str) -> Path:
