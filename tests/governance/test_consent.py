@@ -90,7 +90,8 @@ def test_python_hook_per_pass_and_per_session(audit, tmp_path, monkeypatch):
     import myhooks
 
     calls = myhooks.calls
-    pol = Policy(allow_peers=["alice"], training=True, approval="myhooks:even", approval_scope="pass")
+    pol = Policy(allow_peers=["alice"], training=True, approval="myhooks:even", approval_scope="pass",
+                 trust_code=True)
     c = ConsentChecker(pol, audit)
     assert c.check(req(step=0)).allowed and not c.check(req(step=1)).allowed
     c2 = ConsentChecker(pol.model_copy(update={"approval_scope": "session"}), audit)
@@ -101,7 +102,7 @@ def test_python_hook_per_pass_and_per_session(audit, tmp_path, monkeypatch):
 def test_command_hook(audit, tmp_path):
     script = tmp_path / "hook.py"
     script.write_text("import json,sys\nr=json.load(sys.stdin)\nprint('yes' if r['batch'] <= 8 else 'no')\n")
-    pol = Policy(allow_peers=["alice"], training=True, approval_command=[sys.executable, str(script)],
+    pol = Policy(allow_peers=["alice"], training=True, approval_command=[sys.executable, str(script)], trust_code=True,
                  approval_scope="pass")
     c = ConsentChecker(pol, audit)
     assert c.check(req(batch=8)).allowed
@@ -114,3 +115,22 @@ def test_policy_validation_errors():
         validate(Policy, {"window_utc": "8-18"}, "p.toml")
     with pytest.raises(ConfigError, match="unknown field"):
         validate(Policy, {"allow_peer": ["alice"]}, "p.toml")
+
+
+def test_approval_code_in_a_policy_runs_only_when_trusted(audit, tmp_path, monkeypatch):
+    """Issue 31 item 1: an approval hook or command is code named by a config; without trust_code it is refused
+    before it is imported or run."""
+    from modelward.core.entrypoints import trust_code
+    from modelward.errors import UntrustedCodeError
+
+    trust_code(False)
+    marker = tmp_path / "ran"
+    (tmp_path / "evilhook.py").write_text(f"open({str(marker)!r}, 'w').write('x')\ndef ok(r):\n    return True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UntrustedCodeError, match="policy.approval"):
+        ConsentChecker(Policy(allow_peers=["alice"], approval="evilhook:ok"), audit)
+    assert not marker.exists()  # refused before the import
+    with pytest.raises(UntrustedCodeError, match="policy.approval_command"):
+        ConsentChecker(Policy(allow_peers=["alice"], approval_command=["touch", str(marker)]), audit)
+    assert not marker.exists()
+    assert "trust_code" not in Policy(allow_peers=["alice"], trust_code=True).model_dump()  # never written out

@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from modelward.core.entrypoints import check_trusted
 from modelward.errors import ConfigError
 from modelward.governance.audit import AuditLog
 from modelward.governance.flow_policy import Decision, FlowPolicy, FlowRequest, admit
@@ -91,6 +92,9 @@ class Policy(FlowPolicy):
     approval_command: list[str] | None = None  # command reading the request JSON on stdin, printing yes/no
     approval_scope: Literal["session", "pass"] = "session"
     approval_timeout_s: float = Field(10.0, gt=0)
+    # approval and approval_command are code named by a config: they run only with trust_code = true here or
+    # --trust-code (core/entrypoints.py); never written out, so a dumped policy cannot grant it
+    trust_code: bool = Field(False, exclude=True)
 
     @field_validator("window_utc")
     @classmethod
@@ -134,9 +138,12 @@ def in_window(window: str, now: dt.datetime) -> bool:
     return start <= t < end if start <= end else (t >= start or t < end)
 
 
-def load_hook(spec: str) -> Callable[[dict], object]:
+def load_hook(spec: str, trusted: bool = False) -> Callable[[dict], object]:
+    """The approval hook ``package.module:function`` a policy names: code, so imported only when the user trusts the
+    policy's code (``trust_code = true`` in it, or ``--trust-code``); refused before any import otherwise."""
     if ":" not in spec:
         raise ConfigError(f"policy.approval {spec!r}: expected 'package.module:function'")
+    check_trusted(spec, field="policy.approval", trusted=trusted, switch="trust_code = true in the policy")
     mod, fn = spec.split(":", 1)
     try:
         return getattr(importlib.import_module(mod), fn)
@@ -168,7 +175,10 @@ class ConsentChecker:
     def __init__(self, policy: Policy, audit: AuditLog, now: Callable[[], dt.datetime] | None = None) -> None:
         self.policy, self.audit = policy, audit
         self.now = now or (lambda: dt.datetime.now(dt.UTC))
-        self.hook = load_hook(policy.approval) if policy.approval else None
+        self.hook = load_hook(policy.approval, policy.trust_code) if policy.approval else None
+        if policy.approval_command:  # a command the party would run on every request: code, too
+            check_trusted(" ".join(policy.approval_command), field="policy.approval_command",
+                          trusted=policy.trust_code, switch="trust_code = true in the policy")
         self._approved: dict[tuple[str, str, str], Decision] = {}
         self._lock = threading.Lock()
 
