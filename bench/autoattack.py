@@ -1,6 +1,7 @@
 """AutoAttack (standard) — modelward vs torchattacks: robust accuracy and wall time, same models, same points, one run.
 
     .venv/bin/python bench/autoattack.py [--points 100] [--epochs 30] [--threads 1] [--models cnn,pgd,gloro]
+                                         [--device cpu|cuda]
 
 Models (digits, 1×8×8 in [0, 1]):
 
@@ -61,6 +62,11 @@ def _trained(example: str, epochs: int) -> torch.nn.Module:
     return outcome.model.eval()
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _points(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = RobustConfig()
     data = load_data(cfg.data)
@@ -75,7 +81,9 @@ def main() -> None:
     ap.add_argument("--models", default="cnn,pgd,gloro")
     ap.add_argument("--ta-steps", type=int, default=100)
     ap.add_argument("--ta-shipped", action="store_true", help="also run torchattacks' shipped 10-step setting")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N: models and points are moved there")
     args = ap.parse_args()
+    device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     try:
         import torchattacks
@@ -83,11 +91,13 @@ def main() -> None:
         torchattacks = None
         print("torchattacks not installed (pip install --no-deps 'torchattacks>=3.5'): ours only")
     x, y = _points(args.points)
+    x, y = x.to(device), y.to(device)
     rows = []
     for name in args.models.split(","):
         t0 = time.perf_counter()
         model = _cnn() if name == "cnn" else _trained("robust_pgd.toml" if name == "pgd" else "robust_gloro.toml",
                                                        args.epochs)
+        model = model.to(device)
         clean = float((predict(model, x) == y).float().mean())
         print(f"== {name}: clean accuracy {clean:.3f} on {len(y)} test points (trained in "
               f"{time.perf_counter() - t0:.0f} s)", flush=True)
@@ -95,6 +105,7 @@ def main() -> None:
         for eps in epsilons:
             t = time.perf_counter()
             res = AutoAttack(model, eps=eps, norm=norm, seed=0)(x, y)
+            _sync(device)
             ours_s = time.perf_counter() - t
             ours = 1 - res.success_rate
             line = f"{name:>5} {norm} ε={eps:<5} ours {ours:.3f} ({ours_s:6.1f} s; {res.counts()})"
@@ -109,6 +120,7 @@ def main() -> None:
                     member.steps = args.ta_steps
                 t = time.perf_counter()
                 adv = ref(x, y)
+                _sync(device)
                 ta_s = time.perf_counter() - t
                 theirs = float((predict(model, adv) == y).float().mean())
                 row |= {"theirs": theirs, "theirs_s": ta_s}

@@ -88,7 +88,7 @@ def _dense(layer: nn.Module, shape: tuple[int, ...]) -> tuple[Affine | None, tup
     if isinstance(layer, nn.Flatten | nn.Identity | nn.Dropout):
         return None, ((d_in,) if isinstance(layer, nn.Flatten) else shape)
     if isinstance(layer, nn.Linear):
-        return Affine(layer.weight.detach().double(), _bias(layer.bias, layer.out_features)), (layer.out_features,)
+        return Affine(layer.weight.detach().double(), _bias(layer.bias, layer.out_features, layer.weight.device)), (layer.out_features,)
     if isinstance(layer, nn.Conv2d):
         if layer.padding_mode != "zeros":
             raise UnsupportedLayerError(f"Conv2d with padding_mode={layer.padding_mode!r}: only 'zeros' is supported")
@@ -100,7 +100,7 @@ def _dense(layer: nn.Module, shape: tuple[int, ...]) -> tuple[Affine | None, tup
         if d_out * d_in > MAX_ENTRIES:
             raise ConfigError(f"Conv2d {shape} -> {oshape}: its dense matrix would have {d_out * d_in:,} entries "
                               f"(limit {MAX_ENTRIES:,}); bound propagation here is for small nets")
-        bias = _bias(layer.bias, oshape[0]).repeat_interleave(oshape[1] * oshape[2])
+        bias = _bias(layer.bias, oshape[0], layer.weight.device).repeat_interleave(oshape[1] * oshape[2])
         return Affine(out.reshape(d_in, d_out).t().contiguous(), bias), oshape
     if isinstance(layer, nn.BatchNorm1d | nn.BatchNorm2d):
         if layer.running_mean is None or layer.running_var is None:
@@ -113,8 +113,8 @@ def _dense(layer: nn.Module, shape: tuple[int, ...]) -> tuple[Affine | None, tup
     raise UnsupportedLayerError(f"unsupported layer {type(layer).__name__}")
 
 
-def _bias(b: torch.Tensor | None, n: int) -> torch.Tensor:
-    return b.detach().double() if b is not None else torch.zeros(n, dtype=torch.float64)
+def _bias(b: torch.Tensor | None, n: int, device: torch.device | None = None) -> torch.Tensor:
+    return b.detach().double() if b is not None else torch.zeros(n, dtype=torch.float64, device=device)
 
 
 def linearize(model: nn.Module, input_shape: tuple[int, ...]) -> list[Affine | str]:
@@ -137,8 +137,9 @@ def linearize(model: nn.Module, input_shape: tuple[int, ...]) -> list[Affine | s
     if not seq or not isinstance(seq[-1], Affine):
         raise UnsupportedLayerError("the net must end with an affine layer (Linear / Conv2d / BatchNorm)")
     if not isinstance(seq[0], Affine):
-        seq.insert(0, Affine(torch.eye(_numel(input_shape), dtype=torch.float64),
-                             torch.zeros(_numel(input_shape), dtype=torch.float64)))
+        dev = seq[-1].weight.device  # type: ignore[union-attr]
+        seq.insert(0, Affine(torch.eye(_numel(input_shape), dtype=torch.float64, device=dev),
+                             torch.zeros(_numel(input_shape), dtype=torch.float64, device=dev)))
     return seq
 
 
@@ -183,7 +184,7 @@ def _backward_lower(spec: torch.Tensor, seq: list[Affine | str], k: int, bounds:
                     inp: _InputSet) -> torch.Tensor:
     """Lower bound of ``spec @ h_k`` (h_k: output of affine map k) by CROWN's backward pass."""
     lam = spec
-    const = torch.zeros(spec.shape[0], dtype=torch.float64)
+    const = torch.zeros(spec.shape[0], dtype=torch.float64, device=spec.device)
     affines = [i for i, s in enumerate(seq) if isinstance(s, Affine)]
     pos = affines.index(k)
     for j in range(pos, -1, -1):
@@ -263,8 +264,8 @@ def point_bounds(seq: list[Affine | str], x: torch.Tensor, eps: float, norm: str
         if j > 0:  # CROWN bounds for the neurons IBP leaves unstable, intersected with IBP's
             unstable = ((lo < 0) & (hi > 0)).nonzero().squeeze(1)
             if len(unstable):
-                eye = torch.zeros(len(unstable), len(lo), dtype=torch.float64)
-                eye[torch.arange(len(unstable)), unstable] = 1.0
+                eye = torch.zeros(len(unstable), len(lo), dtype=torch.float64, device=lo.device)
+                eye[torch.arange(len(unstable), device=lo.device), unstable] = 1.0
                 cl = _backward_lower(eye, seq, k, relax, inp)
                 cu = -_backward_lower(-eye, seq, k, relax, inp)
                 lo, hi = lo.clone(), hi.clone()
@@ -336,8 +337,9 @@ def output_bounds(model: nn.Module, x: torch.Tensor, eps: float, norm: str = "li
     model = _checked_sequential(model, x)
     seq = linearize(model, tuple(x.shape[1:]))
     num_classes = seq[-1].weight.shape[0]  # type: ignore[union-attr]
-    eye = torch.eye(num_classes, dtype=torch.float64)
-    xs = x.detach().double().flatten(1)
+    dev = seq[-1].weight.device  # type: ignore[union-attr]
+    eye = torch.eye(num_classes, dtype=torch.float64, device=dev)
+    xs = x.detach().to(dev).double().flatten(1)
     lows, ups = [], []
     for i in range(len(x)):
         lows.append(point_bounds(seq, xs[i], float(eps), norm, method, eye, clip))

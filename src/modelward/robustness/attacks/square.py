@@ -103,7 +103,7 @@ class Square(EvasionAttack):
     def _randint(self, high: int, gen: torch.Generator) -> int:
         """Uniform in 0..high (inclusive), from a block of uniforms drawn ahead (one draw per 4,096 calls)."""
         if not self._uniforms:
-            self._uniforms = torch.rand(4096, generator=gen, dtype=torch.float64).tolist()
+            self._uniforms = torch.rand(4096, generator=gen, device=gen.device, dtype=torch.float64).tolist()
         return min(int(self._uniforms.pop() * (high + 1)), high)
 
     def _init(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
