@@ -70,6 +70,29 @@ def test_masked_gradients_are_flagged(victim, batch):
     assert ev.results[0].counts("broken").get("square", 0) > 0  # the black-box attack does the breaking
 
 
+class _Confident(nn.Module):
+    """An honest net with its logits scaled ×1000: the cross-entropy is exactly 0 in float32 at most points (its
+    gradient too, so APGD-CE cannot move), but the scale-free DLR loss of APGD-T still leads uphill."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 1000 * self.inner(x)
+
+
+def test_a_confident_honest_net_is_not_flagged_but_zero_gradients_are(victim, batch):
+    x, y = batch[0][:20], batch[1][:20]
+    # saturated points are noted, not counted as masking (the DLR loss of APGD-T still attacks them)
+    honest = evaluate_points(_Confident(victim), x, y, 0.02, norm="linf", certificates=[], attack_params=FAST)
+    flags = {d["flag"] for d in honest.diagnostics}
+    assert "loss_not_increased" not in flags and "ce_saturated" in flags
+    white_box = {**FAST, "attacks": ("apgd-ce",)}
+    masked = evaluate_points(_Masked(victim), x, y, 0.05, norm="linf", certificates=[], attack_params=white_box)
+    assert "loss_not_increased" in {d["flag"] for d in masked.diagnostics}
+
+
 def test_random_forward_is_flagged_and_attacked_with_eot(victim, batch):
     x, y = batch[0][:12], batch[1][:12]
     s = robustness_sandwich(_Noisy(victim), x, y, 0.05, "linf", certificates=[],

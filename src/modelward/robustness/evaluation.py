@@ -16,7 +16,9 @@ Diagnostics (Athalye et al. 2018; Croce & Hein 2020, §5), flagged in ``diagnost
 
 - ``black_box_beats_white_box``: Square broke points that APGD-CE, APGD-T and FAB-T all missed;
 - ``loss_not_increased``: at points the attack did not break, APGD-CE's final loss is not above the clean loss for
-  a large share of them (the gradient does not lead uphill);
+  a large share (> 10 %) of them (the gradient does not lead uphill); points whose softmax is saturated in float32
+  (cross-entropy and gradient exactly 0) are left out of it and reported as ``ce_saturated`` (information: APGD-T's
+  scale-free DLR loss attacks them);
 - ``not_monotone_in_eps``: the attacked robust accuracy rises with ε;
 - ``stochastic_forward``: two eval-mode forward passes on the same input differ; the APGD members then average
   their gradients over ``eot_iter`` draws (expectation over transformation) and the flag says so.
@@ -237,14 +239,28 @@ def _one_eps(model: nn.Module, base: nn.Module, x: torch.Tensor, y: torch.Tensor
                                       "and FAB-T missed: gradients may be masked"})
     alive = ~res.success
     if bool(alive.any()) and eps > 0:
+        # unbroken points keep APGD-CE's highest-loss point. A point whose softmax is saturated (p_y == 1 in
+        # float32: cross-entropy and its gradient exactly 0) cannot be moved by APGD-CE on an honest net either;
+        # it is not counted as masking but noted (the scale-free DLR loss of APGD-T covers it)
         with attack_mode(base), torch.no_grad():
-            loss_clean = F.cross_entropy(base(x[alive]), y[alive], reduction="none")
-            loss_adv = F.cross_entropy(base(res.x_adv[alive]), y[alive], reduction="none")
-        flat = float((loss_adv <= loss_clean + 1e-6).float().mean())
-        if flat > 0.1:
-            diagnostics.append({"flag": "loss_not_increased", "eps": eps,
-                                "detail": f"at {100 * flat:.0f}% of the unbroken points the attack's final loss is "
-                                          "not above the clean loss: the gradient does not lead uphill"})
+            z = base(x[alive])
+            saturated = z.softmax(1).gather(1, y[alive].view(-1, 1)).squeeze(1) == 1.0
+            loss_clean = F.cross_entropy(z.double(), y[alive], reduction="none")
+            loss_adv = F.cross_entropy(base(res.x_adv[alive]).double(), y[alive], reduction="none")
+        live = ~saturated
+        if bool(live.any()):
+            flat = float((loss_adv[live] <= loss_clean[live] * (1 + 1e-4)).float().mean())
+            if flat > 0.1:
+                diagnostics.append({"flag": "loss_not_increased", "eps": eps,
+                                    "detail": f"at {100 * flat:.0f}% of the unbroken points whose softmax is not "
+                                              "saturated, APGD-CE's final loss is not above the clean loss: the "
+                                              "gradient does not lead uphill"})
+        share = float(saturated.float().mean())
+        if share > 0.1:
+            diagnostics.append({"flag": "ce_saturated", "eps": eps,
+                                "detail": f"at {100 * share:.0f}% of the unbroken points the softmax is saturated "
+                                          "(cross-entropy and its gradient are 0 in float32): APGD-CE cannot move "
+                                          "them; APGD-T's scale-free DLR loss attacks them (information, not masking)"})
     return EpsResult(eps, status, by, examples, seconds)
 
 
