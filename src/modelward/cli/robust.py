@@ -152,7 +152,8 @@ def attack(config: Path = typer.Argument(..., help="TOML config (\\[data] and \\
             console.print(f"ε={r['eps']:.3f}  certified ≥ {r['certified_lower']:.3f}  AutoAttack ≤ "
                           f"{r['attacked_upper']:.3f}  gap {r['gap']:.3f}  (unresolved {r['unresolved']})")
         for d in data["diagnostics"]:
-            console.print(f"[bold yellow]FLAG[/] {d['flag']} (ε={d['eps']}): {escape(d['detail'])}")
+            tag = "[bold]NOTE[/]" if d.get("info") else "[bold yellow]FLAG[/]"
+            console.print(f"{tag} {d['flag']} (ε={d['eps']}): {escape(d['detail'])}")
         console.print(f"wrote {out / 'sandwich.md'}, points.json, attack.csv, attack.png")
         return
     with RichProgress(console) as progress:

@@ -18,7 +18,7 @@ Diagnostics (Athalye et al. 2018; Croce & Hein 2020, §5), flagged in ``diagnost
 - ``loss_not_increased``: at points the attack did not break, APGD-CE's final loss is not above the clean loss for
   a large share (> 10 %) of them (the gradient does not lead uphill); points whose softmax is saturated in float32
   (cross-entropy and gradient exactly 0) are left out of it and reported as ``ce_saturated`` (information: APGD-T's
-  scale-free DLR loss attacks them);
+  scale-free DLR loss attacks them; such entries carry ``"info": True`` and are printed as NOTE, not FLAG);
 - ``not_monotone_in_eps``: the attacked robust accuracy rises with ε;
 - ``stochastic_forward``: two eval-mode forward passes on the same input differ; the APGD members then average
   their gradients over ``eot_iter`` draws (expectation over transformation) and the flag says so.
@@ -257,7 +257,7 @@ def _one_eps(model: nn.Module, base: nn.Module, x: torch.Tensor, y: torch.Tensor
                                               "gradient does not lead uphill"})
         share = float(saturated.float().mean())
         if share > 0.1:
-            diagnostics.append({"flag": "ce_saturated", "eps": eps,
+            diagnostics.append({"flag": "ce_saturated", "eps": eps, "info": True,
                                 "detail": f"at {100 * share:.0f}% of the unbroken points the softmax is saturated "
                                           "(cross-entropy and its gradient are 0 in float32): APGD-CE cannot move "
                                           "them; APGD-T's scale-free DLR loss attacks them (information, not masking)"})

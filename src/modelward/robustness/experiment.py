@@ -397,7 +397,8 @@ def autoattack_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: 
              "broken_by": ", ".join(f"{k} {v}" for k, v in r["broken_by"].items()) or "-"} for r in data["rows"]]
     notes = [f"certificates: {', '.join(data['certificates']) or 'none'}"]
     notes += [f"skipped {k}: {v}" for k, v in data["skipped_certificates"].items()]
-    notes += [f"FLAG {d['flag']} (ε={d['eps']}): {d['detail']}" for d in data["diagnostics"]]
+    notes += [f"{'NOTE' if d.get('info') else 'FLAG'} {d['flag']} (ε={d['eps']}): {d['detail']}"
+              for d in data["diagnostics"]]
     write_table(out, "sandwich", sand, title=f"Robust accuracy sandwich ({cfg.evaluate.norm}, {len(y)} points)",
                 notes=notes)
     atomic_write_json(out / "points.json", data)

@@ -257,7 +257,8 @@ def _sandwich(res: SectionResult, out: Path, model: nn.Module, x: torch.Tensor, 
         rows.append({"norm": _NORM[norm], "epsilon": round(eps, 6), "points": s["n"],
                      "certified_lower": r["certified_lower"], "autoattack_upper": r["attacked_upper"],
                      "gap": r["gap"], "certified_by": str(r["certified_by"]), "broken_by": str(r["broken_by"]),
-                     "flags": "; ".join(str(d) for d in s["diagnostics"]) or "none"})
+                     "flags": "; ".join(str(d) for d in s["diagnostics"] if not d.get("info")) or "none"})
+        notes += [f"{_NORM[norm]} note: {d['detail']}" for d in s["diagnostics"] if d.get("info")]
         if s["skipped_certificates"]:
             notes.append(f"{_NORM[norm]} certificates skipped: " + "; ".join(f"{k}: {v}" for k, v in
                                                                             s["skipped_certificates"].items()))
