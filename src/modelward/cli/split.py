@@ -148,3 +148,16 @@ def audit_extraction(
     console.print(f"test accuracy {summary['test_accuracy']:.3f}; completion from scratch with labels: "
                   f"{summary['completion_rows']} rows to agreement {summary['completion_target']:.3f}")
     console.print(f"results in {out.resolve()} (extraction.csv, extraction.json, extraction.png)")
+
+
+@app.command("revoke")
+def revoke(
+    name: Annotated[str, typer.Argument(help="the party to revoke, e.g. bob")],
+    config: Annotated[Path, typer.Argument(help="SPLIT.toml (the driver's)")],
+) -> None:
+    """Revoke party NAME at the driver: its pin goes on the driver's deny-list (revoked_file), checked at every
+    connection and before every call; a running driver stops calling NAME from its next call on."""
+    from modelward.governance.driver.config import load_split_config, revoke_party
+
+    path, fp, added = revoke_party(load_split_config(config), name)
+    print(f"{'revoked' if added else 'already revoked'}: {name} {fp} (deny-list {path})")
