@@ -237,13 +237,22 @@ class Coordinator:
         if ahead:
             if self._sender_pool is None:
                 self._sender_pool = ThreadPoolExecutor(2, thread_name_prefix="driver-send")
-            return self._sender_pool.submit(self.call, *args)
+            return self._sender_pool.submit(self._chain_call, *args)
         done: Future = Future()
         try:
-            done.set_result(self.call(*args))
+            done.set_result(self._chain_call(*args))
         except ModelwardError as e:
             done.set_exception(e)
         return done
+
+    def _chain_call(self, *args: Any) -> Message:
+        """A step sent along the chain: every party of it is first checked against the driver's deny-list (a
+        party the driver revoked is refused within one step even though only the first party is called)."""
+        for c in self.clients.values():
+            check = getattr(c, "check_peer", None)
+            if check is not None:
+                check()
+        return self.call(*args)
 
     def _finish_step(self, step: int, sent: Future, ahead: tuple[int, Future] | None) -> float:
         """The answer to step `step` (its loss). On an error, the step sent after it (`ahead`, if any) is waited

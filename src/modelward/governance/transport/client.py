@@ -200,7 +200,12 @@ class GrpcPartyClient:
                          timeout=min(self.timeout, max(self.connect_timeout, 10.0)),
                          peer_check=None if self.peer_check is None else self._seen)
             self._checked = True
-        elif self.peer_check is not None:
+        else:
+            self.check_peer()
+
+    def check_peer(self) -> None:
+        """Ask the ``peer_check`` hook about the server seen at the last check (no network; e.g. revoked since)."""
+        if self.peer_check is not None:
             self.peer_check(self.name, self.address, self.pin, self._server_pem)
 
     def _seen(self, name: str, address: str, pin: str | None, pem: bytes | None) -> None:
