@@ -2,8 +2,8 @@
 the provisioner writes signed kits from their certificates, and
 
 - a tampered kit (changed policy, changed pin, swapped certificate, added file, re-signed with another key, a kit of
-  another party replayed, no consortium key given) is refused by `party serve` before the party starts: exit code 2,
-  one line naming the file, no state written;
+  another party replayed, no consortium key given, the manifest deleted) is refused by `party serve` before the
+  party starts: exit code 2, one line naming the file, no state written;
 - the untampered kits start two real party servers and the driver's kit trains over them;
 - a server revoked on the client side is refused by the caller within one step: by the driver (its deny-list), and by
   a party dialling its next party (its deny-list), which audits the refusal.
@@ -106,6 +106,8 @@ def _tamper(case: str, kit: Path, hosts: dict[str, Path]) -> list[str]:
         shutil.copytree(hosts["alice"] / "kit", kit)
     elif case == "no consortium key":
         return []
+    elif case == "manifest deleted":  # served as a plain PARTY.toml on a host that serves verified kits only
+        (kit / "MANIFEST.json").unlink()
     return ["--party", "bob"]
 
 
@@ -117,6 +119,7 @@ ATTACKS = {
     "re-signed with another key": "MANIFEST.json is signed by consortium key spki-sha256:[0-9a-f]+, not the expected",
     "kit of another party": "this kit is for party 'alice', not 'bob'",
     "no consortium key": "give the consortium key to check it against",
+    "manifest deleted": "not a kit \\(no MANIFEST.json next to it\\), but a consortium key is given",
 }
 
 
@@ -129,12 +132,13 @@ def test_a_tampered_kit_is_refused_before_the_party_starts(consortium):
         shutil.copytree(hosts["bob"] / "keys", kit.parent / "keys")
         extra = _tamper(case, kit, hosts)
         key = ["--consortium-key", res.key_fingerprint] if case != "no consortium key" else []
-        procs[case] = (kit, _serve(kit, kit.parent / "serve.log", *key, *extra))
+        target = kit / "party.toml" if case == "manifest deleted" else kit
+        procs[case] = (kit, _serve(target, kit.parent / "serve.log", *key, *extra))
     for case, (kit, proc) in procs.items():  # (they run in parallel: ~1.5 s each, no torch imported)
         assert proc.wait(timeout=120) == 2, case
         out = (kit.parent / "serve.log").read_text()
         lines = [ln for ln in out.splitlines() if ln.strip()]
-        assert len(lines) == 1 and lines[0].startswith("error: kit "), (case, out)
+        assert len(lines) == 1 and lines[0].startswith("error: "), (case, out)
         assert re.search(ATTACKS[case], lines[0]), (case, lines[0])
         assert "READY" not in out
         assert not (kit.parent / "bob-state").exists(), case  # nothing started, nothing written
