@@ -145,3 +145,45 @@ def test_the_client_side_check_refuses_a_revoked_server_by_any_of_its_fingerprin
         check("bob", "h:1", cert_fingerprint(pem), pem)
     with pytest.raises(RevokedPeer):
         check("bob", "h:1", public_key_fingerprint(pem), None)  # the pin alone, before any handshake
+
+
+def test_one_rule_for_every_command_started_on_a_config(tmp_path, monkeypatch):
+    """`party serve` and `split train` (and its --host party) use a configuration in a kit only once the kit
+    verifies; with a consortium key on the host they use kits only; a kit takes no --set."""
+    import subprocess
+
+    from typer.testing import CliRunner
+
+    from modelward.cli.split import app as split_app
+    from modelward.governance.trust.manifest import ENV_KEY, check_kit_of
+
+    monkeypatch.delenv(ENV_KEY, raising=False)
+    monkeypatch.delenv("MODELWARD_PARTY", raising=False)
+    res = provision(write(tmp_path / "c.toml", consortium()), tmp_path / "kits")
+    split = res.kits["operator"] / "split.toml"
+    plain = tmp_path / "plain.toml"
+    plain.write_text(split.read_text())
+    assert check_kit_of(plain) is None
+    with pytest.raises(KitError, match="not a kit .* this host uses verified kits only"):
+        check_kit_of(plain, res.key_fingerprint)
+    with pytest.raises(KitError, match="give the consortium key"):
+        check_kit_of(split)
+    with pytest.raises(KitError, match="--set train.steps=9: a kit's configuration is signed"):
+        check_kit_of(split, res.key_fingerprint, None, ["train.steps=9"])
+    monkeypatch.setenv(ENV_KEY, res.key_fingerprint)
+    assert check_kit_of(split).party == "operator"
+    with pytest.raises(KitError, match="this kit is for party 'operator', not 'alice'"):
+        check_kit_of(split, None, "alice")
+    # the driver's kit, tampered: `split train` refuses it before dialling anyone
+    text = split.read_text()
+    split.write_text(text.replace('name = "bob"', 'name = "bob"\nfingerprint_note = 1', 1))
+    r = CliRunner().invoke(split_app, ["train", str(split)])
+    assert isinstance(r.exception, KitError) and "file split.toml was changed" in str(r.exception)
+    split.write_text(text)
+    r = CliRunner().invoke(split_app, ["train", str(split), "--host", str(tmp_path / "kits/bob/party.toml"),
+                                       "--consortium-key", "spki-sha256:" + "0" * 64])
+    assert isinstance(r.exception, KitError) and "not the expected spki-sha256:000" in str(r.exception)
+    # start.sh never carries the key it is checked against: without it, it stops before running anything
+    monkeypatch.delenv(ENV_KEY)
+    out = subprocess.run(["sh", str(res.kits["bob"] / "start.sh")], capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "set MODELWARD_CONSORTIUM_KEY to the consortium key fingerprint" in out.stderr

@@ -204,31 +204,19 @@ def serve(
 
     A kit (a folder with MANIFEST.json) is verified first and does not start unless it verifies."""
     from modelward.governance.trust.manifest import (
-        ENV_KEY,
-        KitError,
+        check_kit_of,
         expected_key_from_env,
         expected_party_from_env,
-        find_kit,
-        verify_kit,
     )
 
-    key = expected_key_from_env(consortium_key)
-    kit = find_kit(config)
-    if kit is not None:
-        if not key:
-            raise KitError(f"kit {kit}: give the consortium key to check it against (--consortium-key "
-                           f"spki-sha256:… or {ENV_KEY}), as the provisioner told you out of band; a kit is never "
-                           "started unverified")
-        verify_kit(kit, key, expected_party_from_env(party))  # before anything heavy is imported: refused at once
+    # before anything heavy is imported: a kit that does not verify is refused at once
+    if check_kit_of(config, consortium_key, party, set_) is not None:
         from modelward.governance.provision import open_party_kit
 
-        config, m = open_party_kit(kit, key, expected_party_from_env(party), set_)
+        config, m = open_party_kit(config if config.is_dir() else config.parent, expected_key_from_env(consortium_key),
+                                   expected_party_from_env(party), set_)
         print(f"kit verified: {m.party} ({m.role}) of consortium {m.consortium}, created {m.created}, "
               f"{len(m.files)} files{'; DEV/TEST kit' if m.dev_generated_key else ''}", flush=True)
-        set_ = None
-    elif key:
-        raise KitError(f"{config}: not a kit (no MANIFEST.json next to it), but a consortium key is given "
-                       f"(--consortium-key or {ENV_KEY}): this host serves verified kits only")
 
     from modelward.governance.party.config import load_party_config
     from modelward.governance.transport.server import serve as run

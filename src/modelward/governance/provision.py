@@ -438,8 +438,7 @@ def provision(path: str | Path, out: str | Path, force: bool = False) -> Provisi
                          "out_dir": f"{state}/split", "revoked_file": f"{state}/revoked.txt", **p.settings}
                 validate(SplitConfig, split, f"{source}: parties.{p.name} (its split.toml)")
                 (kit / "split.toml").write_text(to_toml(split))
-                command = (f'modelward party verify-kit . --consortium-key "${ENV_KEY}" --party {p.name}\n'
-                           f'exec modelward split train split.toml "$@"')
+                command = f'exec modelward split train split.toml --consortium-key "${ENV_KEY}" "$@"'
             else:
                 j = chain.index(p)
                 policy = p.policy if p.policy is not None else load_config(_rel(base, p.policy_file or ""), Policy)

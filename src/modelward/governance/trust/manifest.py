@@ -299,3 +299,35 @@ def expected_key_from_env(option: str | None) -> str | None:
 def expected_party_from_env(option: str | None) -> str | None:
     """``--party`` if given, else ``MODELWARD_PARTY`` (None when neither is set)."""
     return option or os.environ.get(ENV_PARTY) or None
+
+
+def check_kit_of(config: str | Path, option_key: str | None = None, option_party: str | None = None,
+                 overrides: list[str] | None = None) -> KitManifest | None:
+    """The one rule for a command started on a configuration (``party serve``, ``split train``): a configuration
+    in a kit (a folder with ``MANIFEST.json``) is used only once the kit verifies against the consortium key;
+    with a consortium key given (``--consortium-key`` or ``MODELWARD_CONSORTIUM_KEY`` on the host) only kits are
+    accepted; ``--set`` overrides are refused for a kit (its configuration is signed).
+
+    Args:
+        config: the configuration file or kit folder the command was given.
+        option_key / option_party: ``--consortium-key`` / ``--party`` (default: the environment variables).
+        overrides: the command's ``--set`` items.
+    Returns:
+        The verified manifest, or None for a plain configuration (no kit, no key).
+    Raises:
+        KitError: one line (no key for a kit, a kit that does not verify, a plain config where only kits go).
+    """
+    key = expected_key_from_env(option_key)
+    kit = find_kit(config)
+    if kit is None:
+        if key:
+            raise KitError(f"{config}: not a kit (no {MANIFEST} next to it), but a consortium key is given "
+                           f"(--consortium-key or {ENV_KEY}): this host uses verified kits only")
+        return None
+    if not key:
+        raise KitError(f"kit {kit}: give the consortium key to check it against (--consortium-key spki-sha256:… "
+                       f"or {ENV_KEY}), as the provisioner told you out of band; a kit is never used unverified")
+    if overrides:
+        raise KitError(f"kit {kit}: --set {overrides[0]}: a kit's configuration is signed; change it in the "
+                       "consortium file and provision again")
+    return verify_kit(kit, key, expected_party_from_env(option_party))
