@@ -187,3 +187,32 @@ def test_one_rule_for_every_command_started_on_a_config(tmp_path, monkeypatch):
     monkeypatch.delenv(ENV_KEY)
     out = subprocess.run(["sh", str(res.kits["bob"] / "start.sh")], capture_output=True, text=True, timeout=30)
     assert out.returncode != 0 and "set MODELWARD_CONSORTIUM_KEY to the consortium key fingerprint" in out.stderr
+
+
+def test_a_middle_party_pins_its_two_neighbours_and_the_driver_and_the_cli_prints_the_key(tmp_path):
+    from typer.testing import CliRunner
+
+    from modelward.cli.party import app as party_app
+
+    cfg = consortium()
+    cfg["model"] = {"arch": "mlp", "hidden": [8, 8]}
+    cfg["input_shape"] = [64]
+    layers = ["fc1", "fc2", "logits"]
+    cfg["parties"][0]["layers"], cfg["parties"][1]["layers"] = layers[:1], layers[2:]
+    cfg["parties"].insert(1, {"name": "carol", "role": "middle", "address": "127.0.0.1:50063", "layers": layers[1:2],
+                              "generate": True, "policy": {"allow_peers": ["alice", "operator"], "training": True}})
+    cfg["parties"][2]["policy"]["allow_peers"] = ["carol", "operator"]
+    write(tmp_path / "c.toml", cfg)
+    r = CliRunner().invoke(party_app, ["provision", str(tmp_path / "c.toml"), "--out", str(tmp_path / "kits")])
+    assert r.exit_code == 0, r.output
+    fp = next(ln.split(": ", 1)[1] for ln in r.output.splitlines() if ln.startswith("consortium key fingerprint"))
+    assert "WARNING: dev/test kits for alice, carol, bob, operator" in r.output
+    carol = tomllib.loads((tmp_path / "kits/carol/party.toml").read_text())
+    assert (carol["prev"], carol["next"], sorted(carol["peers"])) == ("alice", "bob", ["alice", "bob", "operator"])
+    assert "data" not in carol and carol["peers"]["bob"]["address"] == "127.0.0.1:50062"
+    bob = tomllib.loads((tmp_path / "kits/bob/party.toml").read_text())
+    assert bob["prev"] == "carol" and "next" not in bob and sorted(bob["peers"]) == ["carol", "operator"]
+    r = CliRunner().invoke(party_app, ["verify-kit", str(tmp_path / "kits/carol"), "--consortium-key", fp,
+                                       "--party", "carol"])
+    assert r.exit_code == 0 and "kit OK: carol (middle) of consortium test-consortium" in r.output, r.output
+    assert "DEV/TEST kit" in r.output
