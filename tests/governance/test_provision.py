@@ -216,3 +216,12 @@ def test_a_middle_party_pins_its_two_neighbours_and_the_driver_and_the_cli_print
                                        "--party", "carol"])
     assert r.exit_code == 0 and "kit OK: carol (middle) of consortium test-consortium" in r.output, r.output
     assert "DEV/TEST kit" in r.output
+
+
+def test_a_certificate_made_out_to_another_name_or_expired_is_refused(tmp_path):
+    old = keygen("alice", tmp_path / "old", days=0)["cert"]  # valid until 5 minutes ago (clock-skew margin)
+    other = keygen("mallory", tmp_path / "m")["cert"]
+    with pytest.raises(ConfigError, match="parties.alice: the certificate expired on"):
+        provision(write(tmp_path / "c.toml", consortium(alice={"cert": str(old)})), tmp_path / "kits")
+    with pytest.raises(ConfigError, match=r"parties.alice: the certificate is made out to \['mallory'\]"):
+        provision(write(tmp_path / "c.toml", consortium(alice={"cert": str(other)})), tmp_path / "kits")

@@ -36,6 +36,7 @@ import re
 import secrets
 import shutil
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -299,6 +300,9 @@ def _identity(p: ConsortiumParty, cfg: ConsortiumConfig, base: Path, kit: Path, 
     if cns != [p.name]:
         raise ConfigError(f"{source}: parties.{p.name}: the certificate is made out to {cns}, not {p.name!r}; "
                           f"give the one `modelward party keygen {p.name}` made on its host")
+    if cert.not_valid_after_utc <= datetime.now(UTC):
+        raise ConfigError(f"{source}: parties.{p.name}: the certificate expired on {cert.not_valid_after_utc:%Y-%m-%d}; "
+                          f"ask {p.name} for a new one (`modelward party keygen {p.name} --force` on its host)")
     return pem, False
 
 
@@ -308,7 +312,7 @@ def _self_signed(cert: x509.Certificate) -> bool:
     try:
         cert.verify_directly_issued_by(cert)
         return True
-    except (ValueError, TypeError, Exception):  # noqa: BLE001 - any failure: not self-signed
+    except Exception:  # noqa: BLE001 - any failure (bad signature, unsupported key): not self-signed
         return False
 
 

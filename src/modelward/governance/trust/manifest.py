@@ -209,7 +209,8 @@ def _read_manifest(kit: Path) -> tuple[bytes, bytes]:
         p = kit / name
         if p.is_symlink() or not p.is_file():
             raise KitError(f"kit {kit}: {name} is missing (not a kit, or an incomplete copy); provision it again")
-    data = (kit / MANIFEST).read_bytes()[:MAX_MANIFEST_BYTES + 1]
+    with (kit / MANIFEST).open("rb") as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1)
     if len(data) > MAX_MANIFEST_BYTES:
         raise KitError(f"kit {kit}: {MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes; not a kit manifest")
     try:
