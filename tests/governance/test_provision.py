@@ -225,3 +225,36 @@ def test_a_certificate_made_out_to_another_name_or_expired_is_refused(tmp_path):
         provision(write(tmp_path / "c.toml", consortium(alice={"cert": str(old)})), tmp_path / "kits")
     with pytest.raises(ConfigError, match=r"parties.alice: the certificate is made out to \['mallory'\]"):
         provision(write(tmp_path / "c.toml", consortium(alice={"cert": str(other)})), tmp_path / "kits")
+
+
+def test_a_client_refuses_a_revoked_pin_before_connecting(tmp_path):
+    """A GrpcPartyClient with the deny-list hook raises RevokedPeer, not PartyUnavailable, for a revoked pin
+    whose address nothing listens on: the check comes before any connection."""
+    from modelward.governance.party.config import TLSConfig
+    from modelward.governance.transport.client import GrpcPartyClient
+    from modelward.governance.wire import Message
+
+    me = keygen("alice", tmp_path / "a")
+    bob = keygen("bob", tmp_path / "b")["cert"].read_bytes()
+    deny = DenyList(tmp_path / "revoked.txt")
+    tls = TLSConfig(ca=str(tmp_path / "b/bob.pem"), cert=str(me["cert"]), key=str(me["key"]))
+    with socket_free_port() as port:
+        c = GrpcPartyClient("bob", f"127.0.0.1:{port}", tls, cert_fingerprint(bob), timeout=5,
+                            peer_check=revoked_server_check(deny))
+        revoke(deny.path, cert_fingerprint(bob), "bob")
+        with pytest.raises(RevokedPeer, match=f"party bob at 127.0.0.1:{port} is refused by this side"):
+            c.call(Message("status"))
+        c.close()
+
+
+def socket_free_port():
+    import contextlib
+    import socket
+
+    @contextlib.contextmanager
+    def port():
+        with socket.socket() as s:  # bound, not listening: a connection would be refused
+            s.bind(("127.0.0.1", 0))
+            yield s.getsockname()[1]
+
+    return port()

@@ -5,9 +5,10 @@ the server before the first call with a plain TLS handshake: it fails fast with 
 at fault (our CA file, our certificate, the server's certificate) instead of a gRPC retry loop, and it compares
 the server's certificate with the pinned fingerprint (a valid certificate with the right name from another trusted
 CA is refused). An optional ``peer_check`` hook (the caller's deny-list,
-:func:`~modelward.governance.trust.revocation.revoked_server_check`) sees the server's certificate at that check and
-is asked again before every call. :class:`InProcessClient` calls an :class:`~modelward.governance.protocol.Endpoint` (a party) directly
-(unit tests: a whole chain in one process, same code path from the wire bytes on).
+:func:`~modelward.governance.trust.revocation.revoked_server_check`) is asked with the pin before that check, with
+the server's certificate at it, and again before every call. :class:`InProcessClient` calls an
+:class:`~modelward.governance.protocol.Endpoint` (a party) directly (unit tests: a whole chain in one process, same
+code path from the wire bytes on).
 """
 
 from __future__ import annotations
@@ -196,6 +197,7 @@ class GrpcPartyClient:
 
     def check(self) -> None:
         if not self._checked:
+            self.check_peer()  # a pin revoked already is refused before any connection
             check_server(self.name, self.address, self.tls, self.pin,
                          timeout=min(self.timeout, max(self.connect_timeout, 10.0)),
                          peer_check=None if self.peer_check is None else self._seen)
