@@ -258,3 +258,14 @@ def socket_free_port():
             yield s.getsockname()[1]
 
     return port()
+
+
+def test_the_shipped_example_consortium_file_is_valid():
+    from modelward.core.config import load_config
+    from modelward.governance.provision import ConsortiumConfig, _check_layers
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "consortium_digits.toml"
+    cfg = load_config(path, ConsortiumConfig)
+    _check_layers(cfg, str(path))
+    assert [(p.name, p.role) for p in cfg.parties] == [("alice", "inputs"), ("bob", "labels"), ("operator", "driver")]
+    assert not any(p.generate for p in cfg.parties)  # the documented flow: certificates made on the parties' hosts
