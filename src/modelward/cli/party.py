@@ -127,12 +127,97 @@ def revoke(
     print(f"{'revoked' if added else 'already revoked'}: {name} {fp} (deny-list {path})")
 
 
+@app.command("provision")
+def provision(
+    consortium: Annotated[Path, typer.Argument(help="CONSORTIUM.toml (the parties, their identities, the model)")],
+    out: Annotated[Path, typer.Option("--out", help="folder for the kits: one sub-folder per party")],
+    force: Annotated[bool, typer.Option("--force", help="replace existing kits in --out")] = False,
+) -> None:
+    """Write one signed start-up kit per party (config, pins, policy, peers' certificates, deny-list, start.sh).
+
+    Each party's certificate comes from its own host (`party keygen` there; the key never leaves it) or its CSR
+    (signed by the consortium CA); `generate = true` makes a key here, for dev/test only. The manifests are
+    signed with the consortium key (created if absent, mode 0600, stays here): give its fingerprint to every
+    party out of band.
+    """
+    from modelward.governance.provision import ENV_KEY
+    from modelward.governance.provision import provision as run
+
+    res = run(consortium, out, force)
+    for name, kit in res.kits.items():
+        dev = "  DEV/TEST: its private key was made here and is in the kit" if name in res.generated else ""
+        print(f"kit {name}: {_show(kit)}{dev}")
+    made = "created now" if res.key_created else "existing"
+    print(f"consortium signing key {_show(res.key_path)} ({made}; mode 0600, keep it here)")
+    print(f"consortium key fingerprint: {res.key_fingerprint}")
+    print(f"  give it to every party out of band (phone, signed e-mail) and check it there: {ENV_KEY}=<it> "
+          "./start.sh, or `modelward party verify-kit KIT --consortium-key <it>`")
+    if res.generated:
+        print(f"WARNING: dev/test kits for {', '.join(res.generated)}: their private keys were generated here; "
+              "for real use each party runs `modelward party keygen` on its own host and you give its cert or csr")
+
+
+@app.command("verify-kit")
+def verify_kit(
+    kit: Annotated[Path, typer.Argument(help="a kit folder (from `party provision`)")],
+    consortium_key: Annotated[str | None, typer.Option(
+        "--consortium-key", help="the consortium key: spki-sha256:<hex> or its .pub file, obtained out of band "
+        "(default: $MODELWARD_CONSORTIUM_KEY)")] = None,
+    party: Annotated[str | None, typer.Option(
+        "--party", help="the party this host runs: a kit of another party is refused (default: $MODELWARD_PARTY)")]
+    = None,
+) -> None:
+    """Check a kit: the manifest's signature against the consortium key and every file's hash (no extra, missing
+    or changed file). Exit code 0 only if it verifies."""
+    from modelward.governance.trust.manifest import KitError, expected_key_from_env, expected_party_from_env
+    from modelward.governance.trust.manifest import verify_kit as run
+
+    key = expected_key_from_env(consortium_key)
+    if not key:
+        raise KitError(f"kit {kit}: give --consortium-key spki-sha256:… (or MODELWARD_CONSORTIUM_KEY), as the "
+                       "provisioner told you out of band")
+    m = run(kit, key, expected_party_from_env(party))
+    dev = "; DEV/TEST kit: its private key was made by the provisioner" if m.dev_generated_key else ""
+    print(f"kit OK: {m.party} ({m.role}) of consortium {m.consortium}, created {m.created}, {len(m.files)} files, "
+          f"signed by {_kit_key(m)}{dev}")
+
+
+def _kit_key(m) -> str:  # the fingerprint of the key that signed a verified manifest
+    from cryptography.hazmat.primitives import serialization
+
+    from modelward.governance.trust.manifest import key_fingerprint
+
+    return key_fingerprint(serialization.load_pem_public_key(m.signing_key.encode()))
+
+
 @app.command("serve")
 def serve(
-    config: Annotated[Path, typer.Argument(help="PARTY.toml")],
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
+    config: Annotated[Path, typer.Argument(help="PARTY.toml, or a kit folder (from `party provision`)")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value (not for a kit)")] = None,
+    consortium_key: Annotated[str | None, typer.Option(
+        "--consortium-key", help="for a kit: the consortium key (spki-sha256:<hex> or its .pub file), obtained out "
+        "of band (default: $MODELWARD_CONSORTIUM_KEY; when set, only verified kits are served)")] = None,
+    party: Annotated[str | None, typer.Option(
+        "--party", help="for a kit: the party this host runs (default: $MODELWARD_PARTY)")] = None,
 ) -> None:
-    """Serve this party's segment over gRPC with mutual TLS until SIGTERM / Ctrl-C."""
+    """Serve this party's segment over gRPC with mutual TLS until SIGTERM / Ctrl-C.
+
+    A kit (a folder with MANIFEST.json) is verified first and does not start unless it verifies."""
+    from modelward.governance.trust.manifest import (
+        check_kit_of,
+        expected_key_from_env,
+        expected_party_from_env,
+    )
+
+    # before anything heavy is imported: a kit that does not verify is refused at once
+    if check_kit_of(config, consortium_key, party, set_) is not None:
+        from modelward.governance.provision import open_party_kit
+
+        config, m = open_party_kit(config if config.is_dir() else config.parent, expected_key_from_env(consortium_key),
+                                   expected_party_from_env(party), set_)
+        print(f"kit verified: {m.party} ({m.role}) of consortium {m.consortium}, created {m.created}, "
+              f"{len(m.files)} files{'; DEV/TEST kit' if m.dev_generated_key else ''}", flush=True)
+
     from modelward.governance.party.config import load_party_config
     from modelward.governance.transport.server import serve as run
 

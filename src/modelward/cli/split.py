@@ -24,8 +24,12 @@ def train(
     host: Annotated[Path | None, typer.Option("--host", help="PARTY.toml of a party to run inside this process "
                                               "(your own, normally the first): one network hop less per step; "
                                               "do not also `party serve` it")] = None,
+    consortium_key: Annotated[str | None, typer.Option(
+        "--consortium-key", help="for a kit: the consortium key (spki-sha256:<hex> or its .pub file), obtained out "
+        "of band (default: $MODELWARD_CONSORTIUM_KEY; when set, only verified kits are used)")] = None,
 ) -> None:
-    """Train over the parties; resumable (rerun the same command after an interruption)."""
+    """Train over the parties; resumable (rerun the same command after an interruption). A SPLIT.toml (or a
+    --host PARTY.toml) in a kit is used only once the kit verifies."""
     from contextlib import nullcontext
 
     from modelward.core.process import keep_freed_memory
@@ -33,7 +37,13 @@ def train(
     from modelward.governance.driver import load_split_config, run_training
     from modelward.governance.party.config import load_party_config
     from modelward.governance.transport.server import hosted_party
+    from modelward.governance.trust.manifest import check_kit_of, expected_key_from_env
 
+    check_kit_of(config, consortium_key, None, set_)
+    if host is not None and check_kit_of(host, consortium_key) is not None:
+        from modelward.governance.provision import open_party_kit
+
+        host, _ = open_party_kit(host if host.is_dir() else host.parent, expected_key_from_env(consortium_key))
     cfg = load_split_config(config, set_)
     keep_freed_memory()  # this process handles a batch and its messages per step, like a party server
     hosted = hosted_party(load_party_config(host)) if host is not None else nullcontext()
@@ -148,3 +158,16 @@ def audit_extraction(
     console.print(f"test accuracy {summary['test_accuracy']:.3f}; completion from scratch with labels: "
                   f"{summary['completion_rows']} rows to agreement {summary['completion_target']:.3f}")
     console.print(f"results in {out.resolve()} (extraction.csv, extraction.json, extraction.png)")
+
+
+@app.command("revoke")
+def revoke(
+    name: Annotated[str, typer.Argument(help="the party to revoke, e.g. bob")],
+    config: Annotated[Path, typer.Argument(help="SPLIT.toml (the driver's)")],
+) -> None:
+    """Revoke party NAME at the driver: its pin goes on the driver's deny-list (revoked_file), checked at every
+    connection and before every call; a running driver stops calling NAME from its next call on."""
+    from modelward.governance.driver.config import load_split_config, revoke_party
+
+    path, fp, added = revoke_party(load_split_config(config), name)
+    print(f"{'revoked' if added else 'already revoked'}: {name} {fp} (deny-list {path})")

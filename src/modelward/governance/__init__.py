@@ -14,7 +14,8 @@ The package in layers, bottom up: ``wire``, ``plan``, ``audit`` and ``trust/`` (
 ``consent`` and ``protocol`` (operations, errors, the client interface); ``party/`` (gate, state machine,
 tentative step, holding); ``transport/`` (gRPC server and client, in-process client, launcher); ``driver/``
 (config, coordinator, training loop); ``demo``; ``leakage/`` (attacks, study, real-process audit);
-``extraction_audit``. ``flow_policy`` and ``integrity`` sit in the bottom layer, ``neighbour_audit`` beside
+``extraction_audit``, ``provision`` (one signed start-up kit per party; ``verify_kit`` checks one).
+``flow_policy`` and ``integrity`` sit in the bottom layer, ``neighbour_audit`` beside
 ``consent``.
 """
 
@@ -40,6 +41,8 @@ _EXPORTS = {
     "ExtractionAuditConfig": f"{_G}.extraction_audit:ExtractionAuditConfig",
     "load_extraction_config": f"{_G}.extraction_audit:load_extraction_config",
     "run_extraction_audit": f"{_G}.extraction_audit:run_extraction_audit",
+    "provision": f"{_G}.provision:provision", "ConsortiumConfig": f"{_G}.provision:ConsortiumConfig",
+    "verify_kit": f"{_G}.trust.manifest:verify_kit",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

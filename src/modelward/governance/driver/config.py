@@ -85,6 +85,9 @@ class SplitConfig(StrictModel):
     connect_timeout_s: float = Field(20.0, gt=0)  # one connection attempt (TCP + TLS + HTTP/2: ~3 round trips)
     retry_s: float = Field(120.0, ge=0)  # how long to wait for a crashed party to come back
     max_message_mb: float = Field(64.0, gt=0)
+    # the driver's deny-list of revoked party certificates (`modelward split revoke NAME SPLIT.toml`), checked at
+    # every connection and before every call; default <out_dir>/revoked.txt
+    revoked_file: str | None = None
 
     @model_validator(mode="after")
     def _chain(self) -> SplitConfig:
@@ -115,7 +118,43 @@ def load_split_config(path: str | Path, overrides: list[str] | None = None) -> S
     cfg.tls = TLSConfig(ca=_resolve(base, cfg.tls.ca), cert=_resolve(base, cfg.tls.cert),
                         key=_resolve(base, cfg.tls.key))
     cfg.out_dir = _resolve(base, cfg.out_dir)
+    cfg.revoked_file = _resolve(base, cfg.revoked_file)
     for p in cfg.parties:
         p.address_file = _resolve(base, p.address_file)
         p.cert = _resolve(base, p.cert)
     return cfg
+
+
+def split_revoked_path(cfg: SplitConfig) -> Path:
+    """The driver's deny-list file (``revoked_file``, default ``<out_dir>/revoked.txt``)."""
+    return Path(cfg.revoked_file) if cfg.revoked_file else Path(cfg.out_dir) / "revoked.txt"
+
+
+def revoke_party(cfg: SplitConfig, name: str) -> tuple[Path, str, bool]:
+    """`modelward split revoke NAME SPLIT.toml`: put party `name`'s pinned certificate on the driver's deny-list;
+    the driver's clients refuse that party from their next call on (checked per call, no restart).
+
+    Args:
+        cfg: the split configuration (the party's pin: ``fingerprint`` or ``cert``; the driver's ``revoked_file``).
+        name: the party to revoke (a ConfigError lists the parties if it is not one, or if it has no pin).
+
+    Returns:
+        ``(deny-list file, the revoked fingerprint, whether it was added (False: already revoked))``.
+
+    Example:
+        >>> revoke_party(load_split_config("split.toml"), "bob")  # doctest: +SKIP
+        (PosixPath('.../revoked.txt'), 'sha256:…', True)
+    """
+    from modelward.governance.trust.identity import normalize_fingerprint
+    from modelward.governance.trust.revocation import revoke
+
+    refs = {p.name: p for p in cfg.parties}
+    if name not in refs:
+        raise ConfigError(f"{name!r} is not a party of this split (parties: {list(refs)})")
+    pin = refs[name].pin()
+    if pin is None:
+        raise ConfigError(f"parties.{name}: no fingerprint or cert is pinned, so there is nothing to revoke; pin "
+                          "the party first")
+    path = split_revoked_path(cfg)
+    fp = normalize_fingerprint(pin, f"parties.{name}")
+    return path, fp, revoke(path, fp, name)

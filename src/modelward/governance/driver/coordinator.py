@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from modelward.errors import ConfigError, ModelwardError
-from modelward.governance.driver.config import PartyRef, SplitConfig
+from modelward.governance.driver.config import PartyRef, SplitConfig, split_revoked_path
 from modelward.governance.party.machine import Party
 from modelward.governance.protocol import (
     LinkStats,
@@ -35,14 +35,18 @@ from modelward.governance.protocol import (
     StepRolledBack,
 )
 from modelward.governance.transport.client import GrpcPartyClient, InProcessClient
+from modelward.governance.trust.revocation import DenyList, revoked_server_check
 from modelward.governance.wire import Message
 
 Connect = Callable[[PartyRef, SplitConfig], PartyClient]
 
 
 def grpc_connect(ref: PartyRef, cfg: SplitConfig) -> PartyClient:
+    """A gRPC + mutual TLS client to party `ref`, pinned, and checked against the driver's deny-list
+    (``revoked_file``) at every connection and before every call: a revoked party is not called."""
     return GrpcPartyClient(ref.name, ref.resolved_address(), cfg.tls, ref.pin(), cfg.max_message_mb, cfg.timeout_s,
-                           connect_timeout=cfg.connect_timeout_s)
+                           connect_timeout=cfg.connect_timeout_s,
+                           peer_check=revoked_server_check(DenyList(split_revoked_path(cfg))))
 
 
 def hosted_connect(host: Party, cfg: SplitConfig) -> Connect:
@@ -233,13 +237,22 @@ class Coordinator:
         if ahead:
             if self._sender_pool is None:
                 self._sender_pool = ThreadPoolExecutor(2, thread_name_prefix="driver-send")
-            return self._sender_pool.submit(self.call, *args)
+            return self._sender_pool.submit(self._chain_call, *args)
         done: Future = Future()
         try:
-            done.set_result(self.call(*args))
+            done.set_result(self._chain_call(*args))
         except ModelwardError as e:
             done.set_exception(e)
         return done
+
+    def _chain_call(self, *args: Any) -> Message:
+        """A step sent along the chain: every party of it is first checked against the driver's deny-list (a
+        party the driver revoked is refused within one step even though only the first party is called)."""
+        for c in self.clients.values():
+            check = getattr(c, "check_peer", None)
+            if check is not None:
+                check()
+        return self.call(*args)
 
     def _finish_step(self, step: int, sent: Future, ahead: tuple[int, Future] | None) -> float:
         """The answer to step `step` (its loss). On an error, the step sent after it (`ahead`, if any) is waited

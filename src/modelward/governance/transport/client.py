@@ -4,8 +4,11 @@ The driver and every party (towards its next neighbour) use the same interface. 
 the server before the first call with a plain TLS handshake: it fails fast with a message naming the certificate
 at fault (our CA file, our certificate, the server's certificate) instead of a gRPC retry loop, and it compares
 the server's certificate with the pinned fingerprint (a valid certificate with the right name from another trusted
-CA is refused). :class:`InProcessClient` calls an :class:`~modelward.governance.protocol.Endpoint` (a party) directly
-(unit tests: a whole chain in one process, same code path from the wire bytes on).
+CA is refused). An optional ``peer_check`` hook (the caller's deny-list,
+:func:`~modelward.governance.trust.revocation.revoked_server_check`) is asked with the pin before that check, with
+the server's certificate at it, and again before every call. :class:`InProcessClient` calls an
+:class:`~modelward.governance.protocol.Endpoint` (a party) directly (unit tests: a whole chain in one process, same
+code path from the wire bytes on).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from modelward.governance.protocol import (
 )
 from modelward.governance.trust.certs import read_pem
 from modelward.governance.trust.identity import cert_fingerprint, identify_peer
+from modelward.governance.trust.revocation import PeerCheck
 from modelward.governance.wire import Message, WireError, decode, encode
 
 SERVICE = "modelward.Party"
@@ -101,10 +105,12 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def check_server(name: str, address: str, tls: TLSConfig, pin: str | None, timeout: float = 10.0) -> str:
+def check_server(name: str, address: str, tls: TLSConfig, pin: str | None, timeout: float = 10.0,
+                 peer_check: PeerCheck | None = None) -> str:
     """One TLS handshake with the server at `address`, presenting our certificate: returns the server
     certificate's fingerprint. Raises TLSSetupError naming the certificate at fault, IdentityError when the server
-    is not the pinned one, PartyUnavailable when nothing listens (the only retryable outcome)."""
+    is not the pinned one (or `peer_check`, given the server's certificate, refuses it: e.g. revoked),
+    PartyUnavailable when nothing listens (the only retryable outcome)."""
     host, port = split_address(address)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False  # who the server is follows from the pin (or, without one, from gRPC's name check)
@@ -156,6 +162,8 @@ def check_server(name: str, address: str, tls: TLSConfig, pin: str | None, timeo
             identify_peer(pem, {name: pin})
         except IdentityError as e:
             raise IdentityError(f"the server at {address} is not the pinned party {name}: {e}") from None
+    if peer_check is not None:
+        peer_check(name, address, pin, pem)
     return cert_fingerprint(pem)
 
 
@@ -167,9 +175,11 @@ class GrpcPartyClient:
 
     def __init__(self, name: str, address: str, tls: TLSConfig, pin: str | None = None,
                  max_message_mb: float = 64.0, timeout: float = 60.0, check: bool = True,
-                 connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT_S, peer_check: PeerCheck | None = None) -> None:
         self.name, self.address, self.tls, self.pin, self.timeout = name, address, tls, pin, timeout
         self.connect_timeout = connect_timeout
+        self.peer_check = peer_check  # e.g. the caller's deny-list: at every connection check and before every call
+        self._server_pem: bytes | None = None  # the certificate the server presented at the last check
         self.stats = LinkStats()
         self._checked = not check
         self.max_bytes = int(max_message_mb * 2**20) + 65536
@@ -187,9 +197,22 @@ class GrpcPartyClient:
 
     def check(self) -> None:
         if not self._checked:
+            self.check_peer()  # a pin revoked already is refused before any connection
             check_server(self.name, self.address, self.tls, self.pin,
-                         timeout=min(self.timeout, max(self.connect_timeout, 10.0)))
+                         timeout=min(self.timeout, max(self.connect_timeout, 10.0)),
+                         peer_check=None if self.peer_check is None else self._seen)
             self._checked = True
+        else:
+            self.check_peer()
+
+    def check_peer(self) -> None:
+        """Ask the ``peer_check`` hook about the server seen at the last check (no network; e.g. revoked since)."""
+        if self.peer_check is not None:
+            self.peer_check(self.name, self.address, self.pin, self._server_pem)
+
+    def _seen(self, name: str, address: str, pin: str | None, pem: bytes | None) -> None:
+        self._server_pem = pem
+        self.peer_check(name, address, pin, pem)
 
     def call(self, msg: Message, timeout: float | None = None) -> Message:
         self.check()

@@ -25,12 +25,13 @@ import grpc
 from modelward.core.lock import FolderLock
 from modelward.core.process import keep_freed_memory
 from modelward.errors import ConfigError, IdentityError, ModelwardError
-from modelward.governance.party.config import PartyConfig, check_test_only, pins
+from modelward.governance.party.config import PartyConfig, check_test_only, pins, revoked_path
 from modelward.governance.party.machine import Connect, Party
 from modelward.governance.protocol import PartyClient
 from modelward.governance.transport.client import SERVICE, GrpcPartyClient, code_of
 from modelward.governance.trust.certs import read_pem
 from modelward.governance.trust.identity import cert_fingerprint, identify_peer, normalize_pins
+from modelward.governance.trust.revocation import DenyList, revoked_server_check
 
 
 class PartyServer:
@@ -231,7 +232,8 @@ def _shut_down(party: Party) -> None:
 
 def grpc_link(cfg: PartyConfig) -> Connect:
     """How a party served here reaches its next neighbour: gRPC + mutual TLS with the party's certificate, the
-    neighbour pinned by its fingerprint.
+    neighbour pinned by its fingerprint and checked against the party's deny-list at every connection and call
+    (a revoked next party is refused by this side too).
 
     Args:
         cfg: the party's configuration.
@@ -243,11 +245,12 @@ def grpc_link(cfg: PartyConfig) -> Connect:
         >>> party = Party(cfg, connect=grpc_link(cfg))  # doctest: +SKIP
     """
     peer_pins = normalize_pins(pins(cfg), f"party {cfg.name}: peers")
+    not_revoked = revoked_server_check(DenyList(revoked_path(cfg)))
 
     def connect(name: str, address: str) -> PartyClient:
         limit_mb = cfg.max_message_mb if connect.max_bytes is None else connect.max_bytes / 2**20
         return GrpcPartyClient(name, address, cfg.tls, peer_pins[name], limit_mb, cfg.timeout_s,
-                               connect_timeout=cfg.connect_timeout_s)
+                               connect_timeout=cfg.connect_timeout_s, peer_check=not_revoked)
 
     # the party sets its message limit here once it knows its shapes: replies beyond it are dropped unbuffered too
     connect.max_bytes = None  # type: ignore[attr-defined]

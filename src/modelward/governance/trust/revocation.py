@@ -8,6 +8,11 @@ and every refusal is audited (:func:`modelward.governance.party.gate.not_revoked
 name: the revoked key stays refused even if it is later pinned under another name; re-admitting a peer is a new
 key (``party keygen --force``) and a new pin.
 
+The same list is checked on the client side (:func:`revoked_server_check`): the driver's and a party's gRPC
+clients compare the server's certificate (its pin, its certificate and public-key fingerprints) with their own
+deny-list when they connect and before every call, so a revoked server is refused by the caller too, from its
+next call on, without a byte of the request leaving.
+
 Example:
     >>> deny = DenyList(tmp_path / "revoked.txt")  # doctest: +SKIP
     >>> revoke(deny.path, "sha256:ab…", "alice"); deny.reason("sha256:ab…")  # doctest: +SKIP
@@ -18,11 +23,24 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
 from modelward.core.records import atomic_write_text
-from modelward.governance.trust.identity import normalize_fingerprint
+from modelward.errors import IdentityError
+from modelward.governance.trust.identity import (
+    cert_fingerprint,
+    normalize_fingerprint,
+    public_key_fingerprint,
+)
+
+#: ``check(name, address, pin, server_cert_pem) -> None``, raising when the server must not be called
+PeerCheck = Callable[[str, str, "str | None", "bytes | None"], None]
+
+
+class RevokedPeer(IdentityError):
+    """The peer's certificate is on this side's deny-list: it is not called (client) or not answered (server)."""
 
 
 class DenyList:
@@ -62,6 +80,49 @@ class DenyList:
         if note is None:
             return None
         return f"certificate {fingerprint} is revoked" + (f" ({note})" if note else "")
+
+    def first_reason(self, fingerprints: Iterable[str]) -> str | None:
+        """Why the first revoked one of `fingerprints` is refused (one ``stat`` for all of them), or None."""
+        entries = self._load()
+        for fp in fingerprints:
+            note = entries.get(fp)
+            if note is not None:
+                return f"certificate {fp} is revoked" + (f" ({note})" if note else "")
+        return None
+
+
+def revoked_server_check(deny: DenyList) -> PeerCheck:
+    """The client-side check (a hook of :class:`~modelward.governance.transport.client.GrpcPartyClient`): refuse
+    a server whose pin, certificate fingerprint or public-key fingerprint is on `deny`.
+
+    Args:
+        deny: the caller's deny-list (a party's ``revoked_file``, the driver's ``revoked_file``).
+    Returns:
+        ``check(name, address, pin, server_cert_pem)``, called at every connection check (with the certificate
+        the server presented) and before every call (with the last one seen); raises :class:`RevokedPeer`.
+    Example:
+        >>> check = revoked_server_check(DenyList("revoked.txt"))  # doctest: +SKIP
+        >>> check("bob", "10.0.0.2:50062", "sha256:ab…", None)  # doctest: +SKIP
+        Traceback (most recent call last):
+        RevokedPeer: party bob at 10.0.0.2:50062 is refused by this side: certificate sha256:ab… is revoked (…)
+    """
+    seen: dict[bytes, tuple[str, str]] = {}  # the last certificate's fingerprints (parsed once, not per call)
+
+    def check(name: str, address: str, pin: str | None, cert_pem: bytes | None) -> None:
+        fps = [normalize_fingerprint(pin, f"pin of {name}")] if pin else []
+        if cert_pem:
+            got = seen.get(cert_pem)
+            if got is None:
+                got = (cert_fingerprint(cert_pem), public_key_fingerprint(cert_pem))
+                seen.clear()
+                seen[cert_pem] = got
+            fps += got
+        reason = deny.first_reason(fps)
+        if reason:
+            raise RevokedPeer(f"party {name} at {address} is refused by this side: its {reason} (deny-list "
+                              f"{deny.path})")
+
+    return check
 
 
 def read_deny_list(path: str | Path) -> dict[str, str]:
