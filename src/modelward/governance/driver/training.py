@@ -34,6 +34,7 @@ from modelward.governance.driver.config import SplitConfig
 from modelward.governance.driver.coordinator import Coordinator, hosted_connect
 from modelward.governance.party.machine import Party
 from modelward.governance.protocol import LinkStats, PartyUnavailable
+from modelward.governance.wire import WireError
 
 PROGRESS_KEY = "split train"
 
@@ -127,7 +128,7 @@ class SplitDriver(Coordinator):
         # the next step to send, and whether the drain before the next evaluation point is sent
         stale = self.staleness
         pending: list[tuple[int, Future]] = []
-        next_send, drained = step, False
+        next_send, drained, reordered = step, False, 0
 
         def recover() -> None:
             """After a party failed (during a step or an evaluation): wait for every party within cfg.retry_s
@@ -206,10 +207,17 @@ class SplitDriver(Coordinator):
                     step = self.settle_pipeline(others, step)
                     rows = [r for r in rows if r["step"] < step]
                     batches, next_send, drained, through = rewind(step), step, False, False
+                    # a request sent ahead that the first party took out of turn (its predecessor was still running
+                    # after InOrder's wait) was refused unread: send it again, at most a few times in a row
+                    reorder = isinstance(e, WireError) and "out-of-order" in str(e) and reordered < 3
+                    reordered = reordered + 1 if reorder else 0
+                    if reorder:
+                        continue
                     if not isinstance(e, PartyUnavailable) or cfg.retry_s <= 0:
                         raise
                     recover()
                     continue
+                reordered = 0
                 through = True
                 for i, (s_done, loss) in enumerate(done):
                     self.uncommitted = int(s_done)

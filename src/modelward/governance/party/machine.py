@@ -466,9 +466,9 @@ class Party:
         if t.opt is None:
             raise PartyError(f"party {self.cfg.name}: open a training session first")
         stale = self._staleness(msg)
-        carried, held = self._carried_commit(msg)
         if stale and self.is_first:
-            return self._op_step_stale(msg, caller, stale, carried, held)
+            return self._op_step_stale(msg, caller, stale)
+        carried, held = self._carried_commit(msg)
         at = self.step + t.count()
         if msg.step != at:
             raise PartyError(f"party {self.cfg.name} is at step {at}, request is for step {msg.step} "
@@ -607,8 +607,7 @@ class Party:
         f.set_exception(e)
         return f
 
-    def _op_step_stale(self, msg: Message, caller: str, stale: int, carried: int | None, held: int | None
-                       ) -> Message:
+    def _op_step_stale(self, msg: Message, caller: str, stale: int) -> Message:
         """A pipelined step at the first party, with bounded staleness (``meta.stale`` = k): run the forward
         pass of step s on a copy of the parameters (weight stashing), send the activation on *without waiting for
         its gradient*, then finish the oldest step in flight once more than k are: its gradient (back from the
@@ -628,9 +627,10 @@ class Party:
         drain = msg.meta.get("drain", False)
         if not isinstance(drain, bool):
             raise WireError(f"meta.drain must be true or false, got {drain!r}")
-        if drain and carried is not None:
+        if drain and msg.meta.get("commit") is not None:
             raise WireError("a drain carries no commit (it reaches no other party); carry it with a step or an "
                             "evaluation")
+        carried, held = self._carried_commit(msg)
         at = self.step + t.count() + len(self._flight)
         if msg.step != at:
             raise PartyError(f"party {self.cfg.name} is at step {at} (committed {self.step}, prepared "
