@@ -659,7 +659,7 @@ class Party:
         while self._flight and (drain or len(self._flight) > stale):
             step, loss, down = self._land(msg.session)
             done.append([step, loss])
-        self.note = f"; pipelined (staleness {stale}): finished steps {[d[0] for d in done]}"
+        self.note += f"; pipelined (staleness {stale}): finished steps {[d[0] for d in done]}"
         return Message("step", step=msg.step, meta={"done": done, "_anchors": down})
 
     def _land(self, session: str) -> tuple[int, float, dict]:
