@@ -31,9 +31,9 @@ def _mw(*args, cwd):
         os.chdir(old)
 
 
-@pytest.mark.slow
-def test_split_training_over_a_150ms_link_matches_monolithic(tmp_path: Path, assert_split_equals_monolithic) -> None:
-    root = tmp_path
+def _train_through_proxies(root: Path, one_way_ms: float, train_args: list[str]) -> tuple[float, list]:
+    """Certificates, the two shipped parties (alice, bob; driver "operator") each behind a ShapingProxy of
+    `one_way_ms`, then ``split train`` with `train_args`; returns (seconds of split train, the proxies)."""
     r = _mw("party", "certs", "--out", root / "certs", "--parties", "alice,bob,operator", cwd=root)
     assert r.exit_code == 0, r.output
     sets = {}
@@ -46,7 +46,7 @@ def test_split_training_over_a_150ms_link_matches_monolithic(tmp_path: Path, ass
     sets["bob"].append("label_protection.method=none")  # exact gradients: compared with monolithic below
     spawned = {p: spawn_party(EX / f"party_{p}.toml", root / f"{p}.log", sets[p]) for p in sets}
     procs = {p: wait_ready(proc, EX / f"party_{p}.toml", root / f"{p}.log", off) for p, (proc, off) in spawned.items()}
-    proxies = [ShapingProxy((root / p / "address").read_text().strip(), delay_ms=ONE_WAY_MS).start()
+    proxies = [ShapingProxy((root / p / "address").read_text().strip(), delay_ms=one_way_ms).start()
                for p in ("alice", "bob")]
     try:
         cfg = (EX / "split_digits.toml").read_text()
@@ -58,16 +58,23 @@ def test_split_training_over_a_150ms_link_matches_monolithic(tmp_path: Path, ass
         cfg = cfg.replace('out_dir = "../runs/governance/split"', f'out_dir = "{root / "driver"}"')
         (root / "split.toml").write_text(cfg)
         t0 = time.monotonic()
-        r = _mw("split", "train", root / "split.toml", "--set", f"train.steps={STEPS}", "--set", "train.eval_every=2",
-                "--set", "timeout_s=60", cwd=root)
+        r = _mw("split", "train", root / "split.toml", *train_args, "--set", "timeout_s=60", cwd=root)
         seconds = time.monotonic() - t0
         assert r.exit_code == 0, r.output[-3000:]
-        assert all(px.bytes_forwarded > 0 for px in proxies)  # every link really went through the 150 ms proxy
-        assert seconds > STEPS * 2 * ONE_WAY_MS / 1000  # and paid its round trips
+        assert all(px.bytes_forwarded > 0 for px in proxies)  # every link really went through the proxy
+        return seconds, proxies
     finally:
         for px in proxies:
             px.stop()
         stop_parties(list(procs.values()))
+
+
+@pytest.mark.slow
+def test_split_training_over_a_150ms_link_matches_monolithic(tmp_path: Path, assert_split_equals_monolithic) -> None:
+    root = tmp_path
+    seconds, _ = _train_through_proxies(root, ONE_WAY_MS, ["--set", f"train.steps={STEPS}", "--set",
+                                                           "train.eval_every=2"])
+    assert seconds > STEPS * 2 * ONE_WAY_MS / 1000  # and paid its round trips
     assert (root / "driver/steps.csv").read_text().count("\n") == STEPS + 1
     assert_split_equals_monolithic(root, STEPS, 2)
 
@@ -92,39 +99,9 @@ def test_bounded_staleness_over_a_120ms_link_lands_near_monolithic_faster_than_a
     from modelward.core.zoo import ModelConfig, build_model
 
     root = tmp_path
-    r = _mw("party", "certs", "--out", root / "certs", "--parties", "alice,bob,operator", cwd=root)
-    assert r.exit_code == 0, r.output
-    sets = {}
-    for p, other in (("alice", "bob"), ("bob", "alice")):
-        sets[p] = [f"checkpoint_dir={root / p / 'ckpt'}", f"audit_db={root / p / 'audit.db'}",
-                   f"address_file={root / p / 'address'}", f"tls.ca={root / 'certs/ca.pem'}",
-                   f"tls.cert={root / f'certs/{p}.pem'}", f"tls.key={root / f'certs/{p}.key'}",
-                   f"peers.{other}.cert={root / f'certs/{other}.pem'}",
-                   f"peers.operator.cert={root / 'certs/operator.pem'}", "init.test_seed=0", "threads=1"]
-    sets["bob"].append("label_protection.method=none")  # exact gradients, as in the monolithic run compared with
-    spawned = {p: spawn_party(EX / f"party_{p}.toml", root / f"{p}.log", sets[p]) for p in sets}
-    procs = {p: wait_ready(proc, EX / f"party_{p}.toml", root / f"{p}.log", off) for p, (proc, off) in spawned.items()}
-    proxies = [ShapingProxy((root / p / "address").read_text().strip(), delay_ms=STALE_ONE_WAY_MS).start()
-               for p in ("alice", "bob")]
-    try:
-        cfg = (EX / "split_digits.toml").read_text()
-        cfg = cfg.replace('address_file = "../runs/governance/alice/address"', f'address = "{proxies[0].address}"')
-        cfg = cfg.replace('address_file = "../runs/governance/bob/address"', f'address = "{proxies[1].address}"')
-        for p in ("alice", "bob", "operator"):
-            cfg = cfg.replace(f"../runs/governance/certs/{p}", str(root / f"certs/{p}"))
-        cfg = cfg.replace("../runs/governance/certs/ca.pem", str(root / "certs/ca.pem"))
-        cfg = cfg.replace('out_dir = "../runs/governance/split"', f'out_dir = "{root / "driver"}"')
-        (root / "split.toml").write_text(cfg)
-        t0 = time.monotonic()
-        r = _mw("split", "train", root / "split.toml", "--set", f"train.steps={STALE_STEPS}", "--set",
-                f"train.eval_every={STALE_STEPS}", "--set", "staleness=1", "--set", "timeout_s=60", cwd=root)
-        assert r.exit_code == 0, r.output[-3000:]
-        assert time.monotonic() - t0 < 120  # bounded
-        assert all(px.bytes_forwarded > 0 for px in proxies)
-    finally:
-        for px in proxies:
-            px.stop()
-        stop_parties(list(procs.values()))
+    seconds, _ = _train_through_proxies(root, STALE_ONE_WAY_MS, [
+        "--set", f"train.steps={STALE_STEPS}", "--set", f"train.eval_every={STALE_STEPS}", "--set", "staleness=1"])
+    assert seconds < 120  # bounded
     rows = (root / "driver/steps.csv").read_text().splitlines()
     assert [int(r.split(",")[0]) for r in rows[1:]] == list(range(STALE_STEPS))
     seconds = sum(float(r.split(",")[2]) for r in rows[1:])
