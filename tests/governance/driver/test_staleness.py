@@ -197,3 +197,34 @@ def test_the_first_party_refuses_an_evaluation_or_a_checkpoint_with_steps_in_fli
     drv.flush()
     assert {(p.step, p.prepared) for p in c.parties.values()} == {(1, None)}
     drv.close()
+
+
+def test_a_checkpoint_due_mid_pipeline_is_the_state_its_step_starts_from(make_chain):
+    """Checkpoints every 5 steps while later steps are already applied (alice) or prepared (bob): the checkpoint of
+    step m holds the parameters after the update of step m-1 exactly, and BatchNorm statistics of exactly m
+    forward passes (num_batches_tracked = m), not the live state of the steps in flight. A resume from it is then a
+    resume from step m."""
+    from modelward.core.io import load_tensors
+
+    c = make_chain(checkpoint_every=5)
+    after: dict[str, dict[int, dict[str, torch.Tensor]]] = {n: {} for n in c.names}
+    for n, p in c.parties.items():
+        t = p.tentative
+        orig = t.update
+
+        def update(step, snapshot, t=t, orig=orig, n=n):
+            orig(step, snapshot)
+            after[n][step] = {k: v.detach().clone() for k, v in t.params.items()}
+
+        t.update = update
+    tc = TC.model_copy(update={"steps": 20, "eval_every": 20})
+    with c.driver(tc, seed=1, pipeline=True, staleness=1) as drv:
+        drv.train()
+    for n, p in c.parties.items():
+        assert p.checkpoints()[-3:] == [10, 15, 20] or set(p.checkpoints()) >= {10, 15}, p.checkpoints()
+        for m in (10, 15):
+            saved = load_tensors(p.ckpt.path(m))
+            for k, v in after[n][m - 1].items():
+                assert torch.equal(saved[f"model.{k}"], v), (n, m, k)
+            tracked = [v for k, v in saved.items() if k.endswith("num_batches_tracked")]
+            assert tracked and all(int(v) == m for v in tracked), (n, m, tracked)

@@ -676,9 +676,10 @@ class Party:
             self._reset_flight(f.step)
             raise
         self._link_through.add(session)
-        self._flight.popleft()
         if f.held is not None:  # the next party committed it on arrival (its vote passed): every party voted
-            self._commit(f.held)
+            self._commit(f.held)  # (while this step is still the first in flight: a checkpoint due now is of the
+            # state it starts from, its buffers before its forward pass)
+        self._flight.popleft()
         snap = t.begin(f.step)()
         with torch.no_grad():
             for k, v in f.buffers.items():  # the state before this step: the buffers before its forward pass
