@@ -4,8 +4,11 @@ Data order, learning-rate schedule and optimizer are exactly those of :func:`mod
 training reproduces monolithic training when the parties start from the same parameters. When a party disappears
 mid-step, the loop waits for it, every party is restored to the latest checkpoint step they all hold
 (:meth:`~modelward.governance.driver.coordinator.Coordinator.resume_point`), the seeded batch order is rewound to
-that step and training continues: no step is lost or applied twice. Progress goes to a
-:class:`~modelward.core.progress.ProgressSink`; the outputs are written through :mod:`modelward.core.records`
+that step and training continues: no step is lost or applied twice. With ``staleness`` = k (opt-in) the loop
+keeps the first party's link k + 1 steps deep (:meth:`SplitDriver.train`): each answer lists the steps finished, a
+drain empties the pipeline before every evaluation and at the end, and a failure settles the last finished step
+everywhere and aborts the rest before resuming. Progress goes to a :class:`~modelward.core.progress.ProgressSink`;
+the outputs are written through :mod:`modelward.core.records`
 (atomic: a reader, or a resumed run, never sees half a file).
 
 Example:

@@ -21,6 +21,13 @@ caller sends. Who may ask for what is fixed by the chain: data operations (step,
 previous party (the driver for the first party), control operations from the driver. Every decision goes into the
 hash-chained audit log together with the other parties' latest heads (cross-anchoring).
 
+Bounded-staleness pipelining (opt-in, ``meta.stale`` = k on a step; :meth:`Party._op_step_stale`): the first
+party sends the activations of step s+1 before the gradient of step s is back (k + 1 steps in flight on its link),
+its update of each step applied k steps late on the weights its forward pass used (weight stashing; PipeDream-2BW,
+Narayanan et al. 2021). A party then keeps up to MAX_PREPARED steps prepared at once (the commit of step s
+travels with a later step); ``abort(s)`` undoes s and every step after it, a commit keeps every step up to it.
+Every request still takes the gate.
+
 The party is assembled from four parts, each owning its state:
 
 - :class:`~modelward.governance.party.gate.Gate`: the admission path (peer pin → decode → op → order → role →
