@@ -228,3 +228,15 @@ def test_a_checkpoint_due_mid_pipeline_is_the_state_its_step_starts_from(make_ch
                 assert torch.equal(saved[f"model.{k}"], v), (n, m, k)
             tracked = [v for k, v in saved.items() if k.endswith("num_batches_tracked")]
             assert tracked and all(int(v) == m for v in tracked), (n, m, tracked)
+
+
+def test_drains_are_not_counted_as_training_steps_by_the_step_limits(make_chain):
+    """Alice allows the driver 8 steps per session: 8 pipelined steps with a drain before each of 2 evaluations
+    pass (a drain finishes steps already admitted; it carries no batch), the 9th step is refused."""
+    pol = {"alice": {"allow_peers": ["alice"], "training": True, "inference": True, "max_steps_per_session": 8}}
+    c = make_chain(policies=pol)
+    with c.driver(TC.model_copy(update={"steps": 8, "eval_every": 4}), seed=1, staleness=1) as drv:
+        assert drv.train().steps_run == 8
+    with c.driver(TC.model_copy(update={"steps": 9, "eval_every": 4}), seed=1, staleness=1, session=drv.session
+                  ) as drv2, pytest.raises(ConsentDenied, match="max_steps_per_session"):
+        drv2.train()
