@@ -40,12 +40,13 @@ class Chain:
     def client(self, party: str, caller: str) -> InProcessClient:
         return InProcessClient(self.parties[party], caller)
 
-    def driver(self, tc, seed: int = 0, session: str | None = None, pipeline: bool | None = None) -> SplitDriver:
+    def driver(self, tc, seed: int = 0, session: str | None = None, pipeline: bool | None = None,
+               staleness: int = 0) -> SplitDriver:
         cfg = SplitConfig(parties=[PartyRef(name=n, address="in-process") for n in self.names], tls=self.split.tls,
                           train=tc, seed=seed, out_dir=str(self.root / "driver"))
         driver = self.split.tls.cert.rsplit("/", 1)[-1][:-4]
         return SplitDriver(cfg, session, connect=lambda ref, c: InProcessClient(self.parties[ref.name], driver),
-                           pipeline=pipeline)
+                           pipeline=pipeline, staleness=staleness)
 
     def digests(self) -> dict[str, str]:
         return {n: p.state_digest() for n, p in self.parties.items()}

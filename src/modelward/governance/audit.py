@@ -256,9 +256,14 @@ class AuditLog:
             return [self.last_id, self.head]
 
     def count(self, ops: tuple[str, ...], session: str | None = None, since: float | None = None,
-              decision: str = "allow", caller: str | None = None) -> int:
+              decision: str = "allow", caller: str | None = None, min_batch: int = 0) -> int:
+        """Records of `ops` with `decision` (by caller, session, since a time; `min_batch`: of at least that many
+        rows — a pipelined drain, which carries no batch, is not a training step)."""
         q = f"SELECT COUNT(*) FROM audit WHERE decision = ? AND op IN ({','.join('?' * len(ops))})"
         args: list[Any] = [decision, *ops]
+        if min_batch > 0:
+            q += " AND batch >= ?"
+            args.append(min_batch)
         if caller is not None:
             q += " AND caller = ?"
             args.append(caller)

@@ -209,13 +209,14 @@ class ConsentChecker:
         if p.window_utc and not in_window(p.window_utc, now):
             return Decision(False, f"outside the allowed time window {p.window_utc} UTC (now {now:%H:%M})")
         midnight = now.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
-        if req.op in STEP_OPS:
+        if req.op in STEP_OPS and req.batch > 0:  # (a pipelined drain, no batch, only finishes steps admitted)
             limits = [(p.max_steps_per_session, {"session": req.session}, f"session {req.session!r}",
                        "max_steps_per_session"),
                       (p.max_steps_per_day, {"since": midnight}, "today (UTC)", "max_steps_per_day"),
                       (p.max_steps_total, {}, "in total", "max_steps_total")]
             for limit, where, what, key in limits:
-                if limit is not None and self.audit.count(STEP_OPS, caller=req.caller, **where) >= limit:
+                if limit is not None and \
+                        self.audit.count(STEP_OPS, caller=req.caller, min_batch=1, **where) >= limit:
                     return Decision(False, f"peer {req.caller!r} has used its {limit} training steps {what} "
                                            f"(policy.{key}; counted from the audit log)")
         if p.max_passes_per_day is not None and req.op in PASS_OPS:

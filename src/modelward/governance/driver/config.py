@@ -63,6 +63,8 @@ class SplitConfig(StrictModel):
         out_dir: where curves, steps and the session id go; session: the session id (default: a fresh one kept
             in ``out_dir/session.json`` so reruns resume).
         timeout_s: per request; retry_s: how long to wait for a crashed party; max_message_mb: message size limit.
+        staleness: 0 (default: exact steps) or k = 1..2: bounded-staleness pipelining, k steps in flight on the
+            first party's link, its updates delayed by k steps (weight stashing, PipeDream-2BW).
 
     Returns:
         A strict config for :func:`run_training`.
@@ -88,6 +90,9 @@ class SplitConfig(StrictModel):
     # the driver's deny-list of revoked party certificates (`modelward split revoke NAME SPLIT.toml`), checked at
     # every connection and before every call; default <out_dir>/revoked.txt
     revoked_file: str | None = None
+    # bounded-staleness pipelining (opt-in; 0 = the exact synchronous steps): the first party keeps this many steps
+    # in flight on its link, its updates delayed by as many steps (PipeDream-2BW; see docs/governance.md)
+    staleness: int = Field(0, ge=0, le=2)
 
     @model_validator(mode="after")
     def _chain(self) -> SplitConfig:

@@ -88,10 +88,12 @@ class Coordinator:
         connect: ``connect(ref, cfg) -> PartyClient`` (default gRPC + mTLS; tests pass in-process clients).
         pipeline: in :meth:`train`, send step s+1 before step s is answered (default: when the first party is
             reached over the network, not when it runs in this process).
+        staleness: 0 (exact steps) or k = 1..2: bounded-staleness pipelining on the first party's link (default:
+            ``cfg.staleness``; see :meth:`SplitDriver.train`).
     """
 
     def __init__(self, cfg: SplitConfig, session: str | None = None, connect: Connect | None = None,
-                 pipeline: bool | None = None) -> None:
+                 pipeline: bool | None = None, staleness: int | None = None) -> None:
         self.cfg = cfg
         self._pool: ThreadPoolExecutor | None = None  # rounds sent to every party at once
         self._sender_pool: ThreadPoolExecutor | None = None  # steps sent ahead (train)
@@ -110,6 +112,10 @@ class Coordinator:
         # send step s+1 before step s is answered (train()): by default when the first party is across the network
         # (its round trip then overlaps the step before; a party hosted in this process answers at once anyway)
         self.pipeline = pipeline
+        self.staleness = cfg.staleness if staleness is None else staleness
+        if not isinstance(self.staleness, int) or not 0 <= self.staleness <= 2:
+            self.close()
+            raise ConfigError(f"staleness {self.staleness!r}: valid choices: 0 (exact), 1, 2")
         self.status: dict[str, dict[str, Any]] = {}
         self.received: list[tuple[str, str, list[str]]] = []  # (party, op, tensor names) of replies with tensors
         self.heads: dict[str, list] = {}  # the latest audit head each party reported
@@ -253,6 +259,47 @@ class Coordinator:
             if check is not None:
                 check()
         return self.call(*args)
+
+    def _send_stale(self, step: int, idx: torch.Tensor | None, commit: int | None) -> Future:
+        """A pipelined step (bounded staleness) on a sender thread, numbered now: batch `idx` of step `step`, or,
+        with `idx` None, a drain (the first party finishes every step in flight). The answer lists the steps
+        finished (``meta.done``)."""
+        with self._seq_lock:
+            seq = self._sent_seq = max(self.seq, self._sent_seq) + 1
+        meta: dict[str, Any] = {"stale": self.staleness}
+        if idx is None:
+            meta["drain"] = True
+        elif commit is not None:
+            meta["commit"] = commit
+        if self._sender_pool is None:
+            self._sender_pool = ThreadPoolExecutor(2, thread_name_prefix="driver-send")
+        return self._sender_pool.submit(self._chain_call, self.names[0], "step", step, meta,
+                                        {} if idx is None else {"idx": idx}, None, seq)
+
+    def settle_pipeline(self, pending: list[Future], step: int) -> int:
+        """After a pipelined (bounded-staleness) request failed: wait for the other requests in flight, settle the
+        last finished step (committed everywhere, or aborted everywhere if a party's check refused it) and abort
+        every later step on every party, in chain order (the first party first waits for its own requests to the
+        next party: none arrives after the abort). Returns the step to continue from; raises StepRolledBack when a
+        party refused the last finished step."""
+        for f in pending:
+            try:
+                f.result()
+            except ModelwardError:
+                pass
+        with self._seq_lock:
+            self._sent_seq = self.seq
+        late: StepRolledBack | None = None
+        try:
+            self.flush()
+        except StepRolledBack as r:
+            late, step = r, step - 1
+        except ModelwardError:
+            pass
+        self.abort_all(step)
+        if late is not None:
+            raise late
+        return step
 
     def _finish_step(self, step: int, sent: Future, ahead: tuple[int, Future] | None) -> float:
         """The answer to step `step` (its loss). On an error, the step sent after it (`ahead`, if any) is waited

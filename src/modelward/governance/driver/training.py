@@ -4,8 +4,11 @@ Data order, learning-rate schedule and optimizer are exactly those of :func:`mod
 training reproduces monolithic training when the parties start from the same parameters. When a party disappears
 mid-step, the loop waits for it, every party is restored to the latest checkpoint step they all hold
 (:meth:`~modelward.governance.driver.coordinator.Coordinator.resume_point`), the seeded batch order is rewound to
-that step and training continues: no step is lost or applied twice. Progress goes to a
-:class:`~modelward.core.progress.ProgressSink`; the outputs are written through :mod:`modelward.core.records`
+that step and training continues: no step is lost or applied twice. With ``staleness`` = k (opt-in) the loop
+keeps the first party's link k + 1 steps deep (:meth:`SplitDriver.train`): each answer lists the steps finished, a
+drain empties the pipeline before every evaluation and at the end, and a failure settles the last finished step
+everywhere and aborts the rest before resuming. Progress goes to a :class:`~modelward.core.progress.ProgressSink`;
+the outputs are written through :mod:`modelward.core.records`
 (atomic: a reader, or a resumed run, never sees half a file).
 
 Example:
@@ -29,10 +32,12 @@ from modelward.core.config import dump_config
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.records import atomic_write_json, write_csv
 from modelward.core.train import batch_order
+from modelward.errors import ModelwardError
 from modelward.governance.driver.config import SplitConfig
 from modelward.governance.driver.coordinator import Coordinator, hosted_connect
 from modelward.governance.party.machine import Party
 from modelward.governance.protocol import LinkStats, PartyUnavailable
+from modelward.governance.wire import WireError
 
 PROGRESS_KEY = "split train"
 
@@ -122,12 +127,17 @@ class SplitDriver(Coordinator):
         # the first party delivers a step sent ahead in order once it has answered one from us (InOrder): not
         # before the first step of the loop, nor before the first after a resume
         through = False
+        # bounded staleness (self.staleness = k > 0): requests sent and not answered (at most 2 when pipelined),
+        # the next step to send, and whether the drain before the next evaluation point is sent
+        stale = self.staleness
+        pending: list[tuple[int, Future]] = []
+        next_send, drained, reordered = step, False, 0
 
         def recover() -> None:
             """After a party failed (during a step or an evaluation): wait for every party within cfg.retry_s
             (backing off), restore them to the step they all hold and rewind the data order to it; what was
             recorded after that step is dropped (it is recomputed, so every eval point appears once)."""
-            nonlocal step, batches, curve, rows, train_loss, running, k, resumes, ahead, through
+            nonlocal step, batches, curve, rows, train_loss, running, k, resumes, ahead, through, next_send, drained
             ahead, through = None, False  # (a step ahead was waited for by _finish_step)
             was = step
             self.wait_all(time.monotonic() + cfg.retry_s, train=True)
@@ -139,7 +149,23 @@ class SplitDriver(Coordinator):
             rows = [r for r in rows if r["step"] < step]
             if step != was:
                 running, k = 0.0, 0
+            next_send, drained = step, False
             report(f"a party failed: resumed from step {step}")
+
+        def record(s: int, loss: float, ts: float, before: dict) -> None:
+            """A finished step's row (the link statistics since `before`), progress and hook."""
+            nonlocal step, running, k
+            row: dict[str, Any] = {"step": s, "loss": loss, "seconds": time.perf_counter() - ts}
+            for n, st in self.links.items():
+                row[f"{n}_sent"] = st.sent - before[n][0]
+                row[f"{n}_received"] = st.received - before[n][1]
+                row[f"{n}_seconds"] = round(st.seconds - before[n][2], 6)
+            rows.append(row)
+            step = s + 1
+            running, k = running + loss, k + 1
+            if on_step:
+                on_step(step, loss, self.links)
+            report(status(loss))
 
         while True:
             # an evaluation at the start, at every eval_every steps and at the end; after a resume to an eval point
@@ -165,6 +191,44 @@ class SplitDriver(Coordinator):
                 break
             before = {n: (s.sent, s.received, s.seconds) for n, s in self.links.items()}
             ts = time.perf_counter()
+            if stale:
+                # bounded staleness: the first party keeps `stale` steps in flight on its link; each answer lists
+                # the steps it finished. Before an evaluation point (and the end) a drain finishes them all
+                boundary = min(tc.steps, (step // tc.eval_every + 1) * tc.eval_every)
+                while not drained and len(pending) < (2 if pipelined and through else 1):
+                    if next_send < boundary:
+                        pending.append((next_send, self._send_stale(next_send, next(batches), self.uncommitted)))
+                        next_send += 1
+                    else:
+                        pending.append((boundary, self._send_stale(boundary, None, None)))
+                        drained = True
+                _, fut = pending.pop(0)
+                try:
+                    done = fut.result().meta["done"]
+                except ModelwardError as e:
+                    others, pending = [f for _, f in pending], []
+                    step = self.settle_pipeline(others, step)
+                    rows = [r for r in rows if r["step"] < step]
+                    batches, next_send, drained, through = rewind(step), step, False, False
+                    # a request sent ahead that the first party took out of turn (its predecessor was still running
+                    # after InOrder's wait) was refused unread: send it again, at most a few times in a row
+                    reorder = isinstance(e, WireError) and "out-of-order" in str(e) and reordered < 3
+                    reordered = reordered + 1 if reorder else 0
+                    if reorder:
+                        continue
+                    if not isinstance(e, PartyUnavailable) or cfg.retry_s <= 0:
+                        raise
+                    recover()
+                    continue
+                reordered = 0
+                through = True
+                for i, (s_done, loss) in enumerate(done):
+                    self.uncommitted = int(s_done)
+                    record(int(s_done), float(loss), ts, before if i == 0 else
+                           {n: (st.sent, st.received, st.seconds) for n, st in self.links.items()})
+                if drained and not pending:
+                    drained = False
+                continue
             if ahead is not None and ahead[0] == step:
                 sent, ahead = ahead[1], None
             else:
@@ -183,17 +247,7 @@ class SplitDriver(Coordinator):
                 recover()
                 continue
             through = True
-            row: dict[str, Any] = {"step": step, "loss": loss, "seconds": time.perf_counter() - ts}
-            for n, s in self.links.items():
-                row[f"{n}_sent"] = s.sent - before[n][0]
-                row[f"{n}_received"] = s.received - before[n][1]
-                row[f"{n}_seconds"] = round(s.seconds - before[n][2], 6)
-            rows.append(row)
-            step += 1
-            running, k = running + loss, k + 1
-            if on_step:
-                on_step(step, loss, self.links)
-            report(status(loss))
+            record(step, loss, ts, before)
         self.flush()
         # one status round, all parties at once: the link statistics, and the heads to publish (a control answer
         # comes after its party's audit sync, so they rest on records on stable storage; every answer carries its

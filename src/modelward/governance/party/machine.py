@@ -21,6 +21,13 @@ caller sends. Who may ask for what is fixed by the chain: data operations (step,
 previous party (the driver for the first party), control operations from the driver. Every decision goes into the
 hash-chained audit log together with the other parties' latest heads (cross-anchoring).
 
+Bounded-staleness pipelining (opt-in, ``meta.stale`` = k on a step; :meth:`Party._op_step_stale`): the first
+party sends the activations of step s+1 before the gradient of step s is back (k + 1 steps in flight on its link),
+its update of each step applied k steps late on the weights its forward pass used (weight stashing; PipeDream-2BW,
+Narayanan et al. 2021). A party then keeps up to MAX_PREPARED steps prepared at once (the commit of step s
+travels with a later step); ``abort(s)`` undoes s and every step after it, a commit keeps every step up to it.
+Every request still takes the gate.
+
 The party is assembled from four parts, each owning its state:
 
 - :class:`~modelward.governance.party.gate.Gate`: the admission path (peer pin → decode → op → order → role →
@@ -32,12 +39,15 @@ The party is assembled from four parts, each owning its state:
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import secrets
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +83,34 @@ from modelward.governance.trust.revocation import DenyList
 from modelward.governance.wire import Message, WireError, expect, message_limit
 
 MAX_RESULTS = 16  # prediction results kept for the driver to fetch (oldest dropped)
+# bounded-staleness pipelining (``meta.stale``, see Party._op_step_stale): at most this many steps in flight on the
+# first party's link, and at most MAX_PREPARED steps prepared and not committed on any party (a driver that never
+# commits cannot make a party keep snapshots without end); PIPELINE_RING rollback buffer sets cover them
+MAX_STALENESS = 2
+MAX_PREPARED = 6
+PIPELINE_RING = 10
 
 Connect = Callable[[str, str], PartyClient]
 Operation = Callable[[Message, str], Message]
+
+
+@dataclass(eq=False)
+class _Flight:
+    """A step whose forward pass the first party ran and sent on, its gradient not back yet (bounded staleness).
+
+    Attributes:
+        step: the step; out: the segment's output (its graph holds the stashed parameters); stash: the parameters
+        the forward pass ran on (weight stashing: the backward pass uses them, not the live ones, which later
+        updates change); buffers: the segment's buffers before this forward pass (BatchNorm statistics, what an
+        abort restores); reply: the next party's answer, on its way; held: a commit carried by this request, kept
+        until the next party has answered it (it commits on arrival)."""
+
+    step: int
+    out: torch.Tensor
+    stash: list[torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    reply: Future
+    held: int | None
 
 
 def _opt_fields(tc: TrainConfig) -> dict[str, Any]:
@@ -145,6 +180,11 @@ class Party:
         self.next_address = cfg.peers[cfg.next].address if cfg.next else None
         self.next_client: PartyClient | None = None
         self.link_seq: dict[str, int] = {}  # session -> last sequence number used towards the next party
+        # bounded-staleness pipelining (the first party): the steps in flight, oldest first, and their senders
+        self._flight: deque[_Flight] = deque()
+        self._sender: ThreadPoolExecutor | None = None
+        self._link_through: set[str] = set()  # sessions whose link to the next party answered a pipelined step
+        self.pipelined = False  # a pipelined (bounded-staleness) request was accepted since the last restore
         # the dispatch table (Flower's _registered_funcs): operation -> bound method, nothing built from strings
         self.ops: dict[str, Operation] = {
             "open": self.op_open, "status": self.op_status, "step": self.op_step, "vote": self.op_vote,
@@ -274,12 +314,34 @@ class Party:
             meta["train_cfg"] = t.train_cfg.model_dump(mode="json")
         return tensors, meta
 
-    def _save_checkpoint(self, background: bool = False, buffers: dict[str, torch.Tensor] | None = None):
+    def _prepared_tensors(self, snap: Prepared) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The checkpoint of the state a prepared step starts from (a pipelined session commits step s while the
+        steps after it are applied already): its snapshot, copied (the rollback buffers are reused)."""
+        t = self.tentative
+        assert t.train_cfg is not None
+        tensors = {f"model.{k}": v.clone() for k, v in snap.model.items()}
+        params = [torch.nn.Parameter(snap.model[k].clone()) for k in self.params]
+        opt = make_optimizer(params, t.train_cfg)
+        for i, saved in snap.opt["state"].items():
+            opt.state[params[i]] = {k: (v.clone() if torch.is_tensor(v) else copy.deepcopy(v))
+                                    for k, v in saved.items()}
+        for g, saved in zip(opt.param_groups, snap.opt["groups"], strict=True):
+            g.update(copy.deepcopy(saved))
+        ot, skel = optimizer_to_tensors(opt)
+        tensors.update(ot)
+        meta: dict[str, Any] = {"step": snap.step, "party": self.cfg.name, "layers": self.cfg.layers,
+                                "integrity": self.integrity.monitor.state(), "opt": skel,
+                                "train_cfg": t.train_cfg.model_dump(mode="json")}
+        return tensors, meta
+
+    def _save_checkpoint(self, background: bool = False, buffers: dict[str, torch.Tensor] | None = None,
+                         snap: Prepared | None = None):
         # the records of every step in this checkpoint are on stable storage before it is (a step's own record
         # may still be syncing in the background when the step commits; a power cut loses the in-memory state
         # too, and the party restarts from a checkpoint): the writer waits for the audit log's sync first
-        tensors, meta = self._state_tensors(buffers)
-        return self.ckpt.save(self.step, tensors, meta, background, before=self.audit.sync)
+        tensors, meta = self._state_tensors(buffers) if snap is None else self._prepared_tensors(snap)
+        return self.ckpt.save(self.step if snap is None else snap.step, tensors, meta, background,
+                              before=self.audit.sync)
 
     def _restore(self, step: int) -> None:
         got = self.ckpt.load(step)
@@ -313,7 +375,8 @@ class Party:
                 "first": self.is_first, "last": self.is_last, "prev": self.cfg.prev, "next": self.cfg.next,
                 "step": self.step, "in_shape": list(self.in_shape), "out_shape": list(self.out_shape),
                 "n_train": self.holding.n("train"), "n_test": self.holding.n("test"),
-                "prepared": t.prepared.step if t.prepared is not None else None,
+                "prepared": t.all_prepared()[0].step if t.count() else None,
+                "in_flight": [f.step for f in self._flight],
                 "update_priority": t.update_priority,
                 "checkpoints": self.checkpoints(), "audit_head": self.audit.head_ref,
                 "digest": self.state_digest() if digest else None,
@@ -409,14 +472,17 @@ class Party:
         t, h = self.tentative, self.holding
         if t.opt is None:
             raise PartyError(f"party {self.cfg.name}: open a training session first")
+        stale = self._staleness(msg)
+        if stale and self.is_first:
+            return self._op_step_stale(msg, caller, stale)
         carried, held = self._carried_commit(msg)
-        at = self.step + (held is not None)
+        at = self.step + t.count()
         if msg.step != at:
             raise PartyError(f"party {self.cfg.name} is at step {at}, request is for step {msg.step} "
                              "(resume from a common checkpoint with restore)")
-        if t.prepared is not None and held is None:
-            raise PartyError(f"party {self.cfg.name}: step {t.prepared.step} is prepared and neither committed "
-                             "nor aborted")
+        if t.count() - (held is not None) > (MAX_PREPARED - 1 if stale else 0):
+            raise PartyError(f"party {self.cfg.name}: step {t.all_prepared()[0].step} is prepared and neither "
+                             f"committed nor aborted{' (too many steps prepared at once)' if stale else ''}")
         t.rolled_back = None
         idx, x = h.input(msg, "train", h.limit())
         self._step_loss = None
@@ -456,7 +522,7 @@ class Party:
         except BaseException:
             t.rollback(snapshot())  # the state before this step (a held commit stays prepared)
             raise
-        t.prepared = snapshot()
+        t.push(snapshot())
         # the first party's caller (the driver) waits for nothing but the loss, and no party's work overlaps its
         # update (the next step starts with it): it runs the update here, saving the hand-over to the update
         # thread (measured: docs/benchmarks/governance.md). Its check is still this party's late vote
@@ -476,20 +542,181 @@ class Party:
             raise WireError(f"meta.commit must be a step number, got {carried!r}")
         t = self.tentative
         t.refuse_rolled_back(carried)
-        if not self.is_last and t.prepared is not None and t.prepared.step == carried:
+        if not self.is_last and t.find(carried) is not None:
             return carried, carried  # committed once the next party has answered
         self._commit(carried)
         self.note = f"; committed step {carried} (carried by this {msg.op})"  # in this request's record
         return carried, None
+
+    # ----------------------------------------------------------------- bounded-staleness pipelining
+    def _staleness(self, msg: Message) -> int:
+        """``meta.stale`` of a step: 0 (the exact step, the default) or the number of steps the first party may
+        keep in flight on its link (1..MAX_STALENESS). A party that accepts one keeps several steps prepared."""
+        stale = msg.meta.get("stale", 0)
+        if not isinstance(stale, int) or isinstance(stale, bool) or not 0 <= stale <= MAX_STALENESS:
+            raise WireError(f"meta.stale {stale!r}: valid choices: an integer from 0 (exact) to {MAX_STALENESS}")
+        if stale:
+            self.pipelined = True
+            self.tentative.ring = PIPELINE_RING
+        return stale
+
+    def _refuse_in_flight(self, op: str) -> None:
+        if self._flight:
+            raise PartyError(f"party {self.cfg.name}: steps {[f.step for f in self._flight]} are in flight; the "
+                             f"driver drains the pipeline (a step with meta.drain) before {op}")
+
+    def _reset_flight(self, step: int) -> None:
+        """Undo the steps in flight from `step` on (all of them: a later one was computed after an earlier one):
+        wait for their requests to the next party to end (none is left on the wire to arrive after the abort that
+        follows), and restore the buffers from before the first one's forward pass. The link re-opens its session
+        (its sequence number is read again from the next party)."""
+        if not self._flight:
+            return
+        for f in self._flight:
+            try:
+                f.reply.result()
+            except BaseException:  # noqa: BLE001, S110 - the step is undone whatever its answer was
+                pass
+        with torch.no_grad():  # (a prepared step rolled back after this restores earlier buffers still)
+            for k, v in self._flight[0].buffers.items():
+                self.tentative.live[k].copy_(v)
+        self._flight.clear()
+        self.link_seq.clear()
+        self._link_through.clear()
+
+    def _next_send(self, msg: Message, meta: dict, tensors: dict[str, torch.Tensor]) -> Future:
+        """:meth:`_next_call` without waiting for the answer: the sequence number is taken now (in order), the
+        call runs on a sender thread. The next party's gate delivers the requests in order (InOrder); until one
+        pipelined request on this link has been answered, a new one waits for the one before (the gate only
+        orders a peer's requests once one of them has finished)."""
+        session = msg.session
+        if self.next_address is None or self._connect is None:
+            return self._failed(PartyError(f"party {self.cfg.name}: cannot reach its next party {self.cfg.next!r}"))
+        if self.next_client is None:
+            self.next_client = self._connect(self.cfg.next, self.next_address)
+        if session not in self.link_seq:
+            st = self.next_client.call(Message("open", session))
+            self.link_seq[session] = int(st.meta["last_seq"])
+        if session not in self._link_through and len(self._flight):
+            try:
+                self._flight[-1].reply.result()
+            except BaseException:  # noqa: BLE001, S110 - its own landing raises it
+                pass
+        seq = self.link_seq[session] = self.link_seq[session] + 1
+        meta = {**meta, "anchors": {**anchors_of(msg, self.cfg.name), self.cfg.name: self.audit.head_ref}}
+        if self._sender is None:
+            self._sender = ThreadPoolExecutor(MAX_STALENESS + 1, thread_name_prefix=f"send-{self.cfg.name}")
+        return self._sender.submit(self.next_client.call, Message(msg.op, session, msg.step, seq, meta, tensors))
+
+    @staticmethod
+    def _failed(e: BaseException) -> Future:
+        f: Future = Future()
+        f.set_exception(e)
+        return f
+
+    def _op_step_stale(self, msg: Message, caller: str, stale: int) -> Message:
+        """A pipelined step at the first party, with bounded staleness (``meta.stale`` = k): run the forward
+        pass of step s on a copy of the parameters (weight stashing), send the activation on *without waiting for
+        its gradient*, then finish the oldest step in flight once more than k are: its gradient (back from the
+        next party meanwhile) through the stashed forward pass, and the optimizer step on the live parameters.
+        So k + 1 steps are in flight on the link to the next party, and the update of step s uses the gradient
+        computed at the parameters before the updates of steps s-k..s-1 — PipeDream-2BW's delayed update
+        (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training", ICML, eq. for 2BW:
+        W(t+1) = W(t) − ν·∇f(W(t−1)) for k = 1) with weight stashing (Narayanan et al. 2019, "PipeDream",
+        SOSP). The parties after the first one compute exactly (their own updates are not delayed).
+
+        ``meta.drain``: no new step; finish every step in flight (before an evaluation, a checkpoint, the end).
+        The answer lists the steps finished, ``meta.done = [[step, loss], …]``, oldest first; each is prepared
+        everywhere (the first party's update checked, the others answered) and is committed like any step: the
+        driver carries its commit with a later request. A failure anywhere undoes every step in flight here and
+        raises; the driver then settles the last finished step and aborts the rest on every party."""
+        t, h = self.tentative, self.holding
+        drain = msg.meta.get("drain", False)
+        if not isinstance(drain, bool):
+            raise WireError(f"meta.drain must be true or false, got {drain!r}")
+        if drain and msg.meta.get("commit") is not None:
+            raise WireError("a drain carries no commit (it reaches no other party); carry it with a step or an "
+                            "evaluation")
+        carried, held = self._carried_commit(msg)
+        at = self.step + t.count() + len(self._flight)
+        if msg.step != at:
+            raise PartyError(f"party {self.cfg.name} is at step {at} (committed {self.step}, prepared "
+                             f"{[p.step for p in t.all_prepared()]}, in flight {[f.step for f in self._flight]}), "
+                             f"request is for step {msg.step}")
+        if t.count() - (held is not None) >= MAX_PREPARED:
+            raise PartyError(f"party {self.cfg.name}: {t.count()} steps prepared and not committed (at most "
+                             f"{MAX_PREPARED}); commit them first")
+        down: dict = {}
+        if not drain:
+            idx, x = h.input(msg, "train", h.limit())
+            buffers = {k: t.live[k].clone() for k in t.buffer_keys}
+            stash = {k: p.detach().clone().requires_grad_(p.requires_grad) for k, p in self.params.items()}
+            self.segment.train()
+            try:
+                out = torch.func.functional_call(self.segment, stash, (layout(x),))
+                meta: dict[str, Any] = {"stale": stale} if carried is None else {"stale": stale, "commit": carried}
+                reply = self._next_send(msg, meta, {"h": out.detach(), "idx": idx})
+            except BaseException:
+                with torch.no_grad():
+                    for k, v in buffers.items():
+                        t.live[k].copy_(v)
+                raise
+            self._flight.append(_Flight(msg.step, out, [stash[k] for k in self.params], buffers, reply, held))
+        done: list[list] = []
+        while self._flight and (drain or len(self._flight) > stale):
+            step, loss, down = self._land(msg.session)
+            done.append([step, loss])
+        self.note += f"; pipelined (staleness {stale}): finished steps {[d[0] for d in done]}"
+        return Message("step", step=msg.step, meta={"done": done, "_anchors": down})
+
+    def _land(self, session: str) -> tuple[int, float, dict]:
+        """Finish the oldest step in flight: its gradient, the backward pass through its stashed forward pass,
+        the update of the live parameters and its check; the step is then prepared here. Returns (step, loss,
+        the heads of the parties after this one)."""
+        t, h = self.tentative, self.holding
+        f = self._flight[0]
+        try:
+            r = f.reply.result()
+            g = h.bounded(expect(r, "g", torch.float32, tuple(f.out.shape)), "gradient g")
+            loss = float(r.meta["loss"])
+        except BaseException:
+            self._reset_flight(f.step)
+            raise
+        self._link_through.add(session)
+        if f.held is not None:  # the next party committed it on arrival (its vote passed): every party voted
+            self._commit(f.held)  # (while this step is still the first in flight: a checkpoint due now is of the
+            # state it starts from, its buffers before its forward pass)
+        self._flight.popleft()
+        snap = t.begin(f.step)()
+        with torch.no_grad():
+            for k, v in f.buffers.items():  # the state before this step: the buffers before its forward pass
+                snap.model[k].copy_(v)
+        try:
+            wanted = [(p, s) for p, s in zip(self.params.values(), f.stash, strict=True) if s.requires_grad]
+            grads = torch.autograd.grad(f.out, [s for _, s in wanted],
+                                        g.contiguous(memory_format=format_of(f.out)), allow_unused=True)
+            t.opt.zero_grad(set_to_none=True)
+            for (p, _), gr in zip(wanted, grads, strict=True):
+                p.grad = gr
+            self._step_loss = None
+            t.update(f.step, lambda: snap)
+        except BaseException as e:
+            t.rollback(snap)
+            self._reset_flight(f.step)
+            if isinstance(e, ModelwardError):
+                t.rolled_back = (f.step, str(e))
+            raise
+        t.push(snap)
+        return f.step, loss, anchors_of(r, self.cfg.name)
 
     def op_vote(self, msg: Message, caller: str) -> Message:
         """Phase 1's last word on step s from this party, after its late check (waited for before any request):
         ``prepared`` (or ``committed`` already); a step the check rolled back is refused (StepRolledBack)."""
         t = self.tentative
         t.refuse_rolled_back(msg.step)
-        if t.prepared is not None and t.prepared.step == msg.step:
+        if t.find(msg.step) is not None:
             vote = "prepared"
-        elif t.prepared is None and self.step == msg.step + 1:
+        elif self._committed_already(msg.step):
             vote = "committed"
         else:
             raise PartyError(f"party {self.cfg.name}: nothing prepared for step {msg.step} (at step {self.step}, "
@@ -506,18 +733,35 @@ class Party:
         """Keep the prepared step s. `buffers`: the buffers as they were after step s, where this step's forward
         pass has moved them since (a commit held during the next step); a checkpoint due now is of that state."""
         t = self.tentative
-        if t.prepared is not None and t.prepared.step == s:
-            t.prepared = None
+        if t.find(s) is not None:
+            # (pipelined: one commit may keep several steps, and the steps after s may be applied already: a
+            # checkpoint due at step m is of the state step m starts from, its snapshot where it is prepared)
+            due = [m for m in range(self.step + 1, s + 2) if m % self.cfg.checkpoint_every == 0]
+            starts = {m: t.find(m) for m in due}
+            t.commit_upto(s)
             self.step = s + 1
-            if self.step % self.cfg.checkpoint_every == 0:
-                self._save_checkpoint(background=True, buffers=buffers)
-        elif not (t.prepared is None and self.step == s + 1):
+            for m in due:
+                if starts[m] is not None:
+                    self._save_checkpoint(background=True, snap=starts[m])
+                elif self._flight:
+                    self._save_checkpoint(background=True, buffers=self._flight[0].buffers)
+                else:
+                    self._save_checkpoint(background=True, buffers=buffers)
+        elif not self._committed_already(s):
             raise PartyError(f"party {self.cfg.name}: nothing prepared for step {s} (at step {self.step}, "
                              f"prepared {t.prepared.step if t.prepared else None})")
 
+    def _committed_already(self, s: int) -> bool:
+        """Step `s` is committed here: the last one with nothing prepared after it, or (a pipelined session, where
+        a commit may arrive twice while later steps are prepared) any step before the current one."""
+        t = self.tentative
+        return (t.prepared is None and self.step == s + 1) or (self.pipelined and s < self.step)
+
     def op_abort(self, msg: Message, caller: str) -> Message:
-        """Phase 2 on a refusal: restore the state before the prepared step s (no-op if nothing is prepared)."""
-        self.tentative.abort(msg.step)
+        """Phase 2 on a refusal: restore the state before the prepared step s (no-op if nothing is prepared); in a
+        pipelined session every step prepared or in flight from s on is undone with it."""
+        self._reset_flight(msg.step)
+        self.tentative.abort(msg.step, committed=self.step)
         return Message("abort", step=self.step, meta={"step": self.step})
 
     def op_eval(self, msg: Message, caller: str) -> Message:
@@ -528,6 +772,7 @@ class Party:
         h = self.holding
         split = h.split_of(msg)
         idx, x = h.input(msg, split, h.limit())
+        self._refuse_in_flight(msg.op)
         carried, held = self._carried_commit(msg)
         out = h.forward_eval(x)
         if not self.is_last:
@@ -553,6 +798,7 @@ class Party:
         its own organisation, inputs x); the label holder keeps the logits for the driver to fetch."""
         h = self.holding
         limit = h.limit()
+        self._refuse_in_flight(msg.op)
         if self.is_first and "x" in msg.tensors:
             x = h.bounded(expect(msg, "x", torch.float32, (None, *self.in_shape), limit), "input x")
             idx = torch.arange(len(x))
@@ -596,16 +842,18 @@ class Party:
 
     def op_restore(self, msg: Message, caller: str) -> Message:
         """Back to the checkpoint of step ``meta.to_step`` (an uncommitted step is rolled back first)."""
+        self._reset_flight(0)
         self.tentative.drop()
         self._restore(int(msg.meta.get("to_step", -1)))
+        self.pipelined = False
         return Message("restore", step=self.step, meta={"step": self.step})
 
     def op_checkpoint(self, msg: Message, caller: str) -> Message:
         """Save a checkpoint now; with meta.export also write export.safetensors (parameters + buffers only) into
         this party's own checkpoint folder — nothing but the path leaves the party."""
-        if self.tentative.prepared is not None:
-            raise PartyError(f"party {self.cfg.name}: step {self.tentative.prepared.step} is prepared; commit or "
-                             "abort first")
+        if self.tentative.prepared is not None or self._flight:
+            busy = self.tentative.prepared.step if self.tentative.prepared is not None else self._flight[0].step
+            raise PartyError(f"party {self.cfg.name}: step {busy} is prepared or in flight; commit or abort first")
         path = self._save_checkpoint()
         meta: dict[str, Any] = {"step": self.step, "path": str(path)}
         if msg.meta.get("export"):
@@ -621,6 +869,7 @@ class Party:
         will abort or restore it anyway), and a checkpoint of the current step."""
         with self.lock:
             self.settle()  # a late update still running would otherwise apply itself after the rollback below
+            self._reset_flight(0)
             self.tentative.drop()
             if self.step not in self.checkpoints():
                 self._save_checkpoint()
@@ -632,6 +881,8 @@ class Party:
                 self._anchor_client.close()
         with self.lock:
             self.tentative.close()  # a late update in flight finishes (its step stays prepared)
+            if self._sender is not None:
+                self._sender.shutdown(wait=False, cancel_futures=True)
             self.ckpt.close()
             if self.next_client is not None:
                 self.next_client.close()

@@ -105,8 +105,13 @@ class TentativeStep:
         self.rolled_back: tuple[int, str] | None = None
         # reused rollback buffers, two sets (by step parity): while a step's commit waits for the parties after
         # this one, the next step's snapshot must not overwrite it
-        self._backups: list[dict[str, torch.Tensor] | None] = [None, None]
-        self._opt_backups: list[dict[tuple[int, str], torch.Tensor]] = [{}, {}]
+        # (a pipelined session, several steps prepared at once, uses `ring` sets: see PIPELINE_RING)
+        self.ring = 2
+        self._backups: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        self._opt_backups: dict[tuple[int, int], dict[tuple[int, str], torch.Tensor]] = {}
+        # the prepared steps older than `prepared`, oldest first (only a pipelined session has any: the commit of a
+        # step arrives while the steps after it are prepared already)
+        self.earlier: list[Prepared] = []
         self._copier = ThreadPoolExecutor(1, thread_name_prefix=f"snapshot-{name}")
         self.configured_priority = update_priority
         self.update_priority = update_priority
@@ -125,10 +130,11 @@ class TentativeStep:
         and gives the snapshot (call it before the update, and before any rollback)."""
         assert self.opt is not None
         live = self.live
-        bk = self._backups[step % 2]
+        slot = (self.ring, step % self.ring)
+        bk = self._backups.get(slot)
         if bk is None or list(bk) != list(live) or any(bk[k].shape != v.shape for k, v in live.items()):
-            bk = self._backups[step % 2] = {k: torch.empty_like(v) for k, v in live.items()}
-        opt_backup = self._opt_backups[step % 2]
+            bk = self._backups[slot] = {k: torch.empty_like(v) for k, v in live.items()}
+        opt_backup = self._opt_backups.setdefault(slot, {})
         if self.buffer_keys:
             torch._foreach_copy_([bk[k] for k in self.buffer_keys], [live[k] for k in self.buffer_keys])
         dst: list[torch.Tensor] = [bk[k] for k in self.param_keys]
@@ -177,20 +183,51 @@ class TentativeStep:
             g.update(copy.deepcopy(saved))
         self.opt.zero_grad(set_to_none=True)
 
-    def abort(self, step: int) -> None:
-        """Phase 2 on a refusal: restore the state before the prepared step `step` (no-op if it is not the one
-        prepared); a step the late check rolled back may be run again."""
-        if self.prepared is not None and self.prepared.step == step:
-            self.rollback(self.prepared)
-            self.prepared = None
-        if self.rolled_back is not None and self.rolled_back[0] == step:
+    def all_prepared(self) -> list[Prepared]:
+        """Every step prepared and neither committed nor aborted, oldest first."""
+        return [*self.earlier, *([self.prepared] if self.prepared is not None else [])]
+
+    def count(self) -> int:
+        """How many steps are prepared (0 or 1, except in a pipelined session)."""
+        return len(self.earlier) + (self.prepared is not None)
+
+    def push(self, snap: Prepared) -> None:
+        """`snap` is the newest prepared step; the one prepared before it (if any) stays prepared, older."""
+        if self.prepared is not None:
+            self.earlier.append(self.prepared)
+        self.prepared = snap
+
+    def find(self, step: int) -> Prepared | None:
+        """The prepared step `step`, if it is prepared."""
+        return next((p for p in self.all_prepared() if p.step == step), None)
+
+    def commit_upto(self, step: int) -> None:
+        """Keep every prepared step up to `step` (their snapshots are dropped; the later ones stay prepared)."""
+        keep = [p for p in self.all_prepared() if p.step > step]
+        self.earlier, self.prepared = keep[:-1], (keep[-1] if keep else None)
+
+    def abort(self, step: int, committed: int | None = None) -> None:
+        """Phase 2 on a refusal: restore the state before the prepared step `step`; in a pipelined session the
+        steps prepared after it are rolled back with it (they were computed from it). No-op if `step` is not
+        prepared, or (`committed`: the steps before it are committed) where the earliest prepared step at or after
+        `step` is rolled back instead, when `step` itself was never prepared here; a step the late check rolled
+        back may be run again."""
+        undo = [p for p in self.all_prepared() if p.step == step or
+                (committed is not None and step >= committed and p.step >= step)]
+        if undo:
+            first = min(undo, key=lambda p: p.step)
+            self.rollback(first)
+            keep = [p for p in self.all_prepared() if p.step < first.step]
+            self.earlier, self.prepared = keep[:-1], (keep[-1] if keep else None)
+        if self.rolled_back is not None and self.rolled_back[0] >= step:
             self.rolled_back = None  # aborted everywhere now; the step may be run again
 
     def drop(self) -> None:
-        """Roll back whatever is prepared (a restore, or a clean stop)."""
-        if self.prepared is not None:
-            self.rollback(self.prepared)
-            self.prepared = None
+        """Roll back whatever is prepared (a restore, or a clean stop): back to the oldest prepared step."""
+        every = self.all_prepared()
+        if every:
+            self.rollback(every[0])
+        self.earlier, self.prepared = [], None
 
     # ----------------------------------------------------------------- the update and its check
     def check(self, step: int) -> None:
@@ -280,7 +317,7 @@ class TentativeStep:
         if "rolled back" not in reason:
             reason += f"; step {snap.step} rolled back"
         self.rollback(snap)
-        self.prepared = None
+        self.prepared = self.earlier.pop() if self.earlier else None  # (the steps before it stay prepared)
         self.rolled_back = (snap.step, reason)
         return LateFailure(snap.step, reason, late.request)
 
