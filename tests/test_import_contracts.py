@@ -1,6 +1,7 @@
 """The import contracts of pyproject.toml ``[tool.importlinter]`` hold: the house's layers (an area imports only
 areas below it; core imports no area) and no import circle between the modules of any folder. The same check runs
-in ``make lint`` as ``lint-imports``."""
+in ``make lint`` as ``lint-imports``. Function-level imports of the project's own modules carry a written reason
+(:func:`test_function_level_imports_of_the_project_say_why`)."""
 
 from __future__ import annotations
 
