@@ -23,6 +23,17 @@ from typing import Any
 from rich.console import Console
 from rich.rule import Rule
 
+from modelward.assess import AssessConfig, SplitConfig, run_assessment
+from modelward.completion.problem import OriginalRun
+from modelward.completion.report import rich_tables
+from modelward.completion.study import StudyConfig, make_problem, orig_id, run_study
+from modelward.core.config import validate
+from modelward.core.init import init_model_
+from modelward.core.io import load_state_dict, save_state_dict
+from modelward.core.ledger import RunLedger
+from modelward.core.progress import RichProgress
+from modelward.core.seed import seeded
+
 DEMO_STUDY = """
 name = "demo-digits-cnn"
 kind = "supervised"
@@ -70,9 +81,6 @@ BOB_PART = "conv2+fc1+logits"
 
 
 def demo_study_config(quick: bool = False) -> Any:
-    from modelward.completion.study import StudyConfig
-    from modelward.core.config import validate
-
     data = tomllib.loads(DEMO_STUDY)
     if quick:  # a smoke-test size for the test suite
         data.update(seeds=[0], alphas=[0.5, 1.0], parts=[ALICE_PART, BOB_PART], reference_seeds=[0])
@@ -92,13 +100,6 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
              workers: int | None = None) -> dict[str, Any]:
     """Run the three demo steps into `out`; returns a summary dict."""
 
-    from modelward.completion.problem import OriginalRun
-    from modelward.completion.study import make_problem, orig_id, run_study
-    from modelward.core.init import init_model_
-    from modelward.core.io import save_state_dict
-    from modelward.core.ledger import RunLedger
-    from modelward.core.seed import seeded
-
     console = console or Console()
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -117,6 +118,7 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
     if already:
         console.print("[dim]step 1 (split training) already done — resuming[/]")
     elif _available("modelward.governance.demo"):
+        # lazy: step 1 runs only where the governance area is installed (_available above)
         from modelward.governance.demo import run_split_demo
 
         console.print(Rule("1 · shared governance: split training over gRPC + mutual TLS"))
@@ -134,8 +136,6 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
 
     # 2. completion study ----------------------------------------------------------------------------------------
     console.print(Rule("2 · model-completion hardness (T1, T2, reference T0; seed 0 = the split-trained model)"))
-    from modelward.completion.report import rich_tables
-    from modelward.core.progress import RichProgress
 
     with RichProgress(console) as progress:
         outcome = run_study(cfg, study_dir, progress, workers=workers, preset_originals=presets)
@@ -149,7 +149,7 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
 
     # 3. guarded prediction API vs extraction --------------------------------------------------------------------
     if _available("modelward.extraction.demo"):
-        from modelward.core.io import load_state_dict
+        # lazy: step 3 runs only where the extraction area is installed (_available above)
         from modelward.extraction.demo import run_extraction_demo
 
         console.print(Rule("3 · extraction defense: ModelGuard-S behind a guarded prediction API"))
@@ -172,12 +172,6 @@ def _assess(out: Path, cfg: Any, study_dir: Path, ledger_path: Path, console: Co
             workers: int | None) -> Path:
     """Step 4: `modelward assess` on the split-trained model (seed 0's original), reusing step 2's study."""
     import json
-
-    from modelward.assess import AssessConfig, SplitConfig, run_assessment
-    from modelward.completion.study import orig_id
-    from modelward.core.io import load_state_dict, save_state_dict
-    from modelward.core.ledger import RunLedger
-    from modelward.core.progress import RichProgress
 
     console.print(Rule("4 · security report: every threat on the split-trained model"))
     orig = RunLedger(ledger_path).results()[orig_id("", 0)]

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from modelward.core.records import atomic_write_text
 from modelward.scan.scanner import sha256_file as _sha256
 
 
@@ -73,8 +74,6 @@ def build_bom(report: dict[str, Any]) -> Any:
 def write_bom(out: str | Path, report: dict[str, Any]) -> Path:
     """Write ``bom.cdx.json`` (CycloneDX 1.6 JSON) into the assessment folder `out`; returns its path."""
     from cyclonedx.output.json import JsonV1Dot6
-
-    from modelward.core.records import atomic_write_text
 
     path = Path(out) / "bom.cdx.json"
     atomic_write_text(path, JsonV1Dot6(build_bom(report)).output_as_string(indent=2))

@@ -28,6 +28,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from modelward.scan.scanner import conversion_command
+
 Severity = Literal["critical", "high", "medium", "low", "info"]
 SEVERITY_ORDER: tuple[Severity, ...] = ("critical", "high", "medium", "low", "info")
 _VERDICT_SEVERITY: dict[str, Severity] = {"red": "high", "amber": "medium", "green": "low", "info": "info",
@@ -240,8 +242,6 @@ def scan_findings(scan: Any, reproduce: str | None = None) -> list[dict[str, Any
     """Findings of a model-file scan (:class:`modelward.scan.FileScan`): one per file, critical where a pickle
     imports code-executing globals; a clean file gives one ``info`` finding (so the SARIF/report show it was checked).
     """
-    from modelward.scan.scanner import conversion_command
-
     mapping = MAPPINGS["supply_chain"]
     d = scan.to_dict() if hasattr(scan, "to_dict") else scan
     path = d["path"]

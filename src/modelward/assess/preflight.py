@@ -14,16 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from modelward.assess.config import AssessConfig
+from modelward.assess.findings import scan_findings
+from modelward.core.config import to_toml
 from modelward.core.ledger import RunLedger
 from modelward.core.records import atomic_write_json, atomic_write_text
+from modelward.scan.scanner import scan_file
 
 
 def scan_checkpoint(cfg: AssessConfig, out: Path) -> dict[str, Any] | None:
     """Scan the checkpoint file (never loading it) and write ``supply_chain.json``; None without a checkpoint."""
     if not cfg.checkpoint:
         return None
-    from modelward.assess.findings import scan_findings
-    from modelward.scan.scanner import scan_file
 
     scan = scan_file(cfg.checkpoint)
     record = {"scans": [scan.to_dict()],
@@ -42,8 +43,6 @@ def preflight(cfg: AssessConfig, out: Path) -> None:
     Raises:
         DataError: a model file the scan refuses, a missing file (the path tried is named).
     """
-    from modelward.core.config import to_toml
-
     atomic_write_text(out / "assess.toml", to_toml(cfg.model_dump(mode="json")))
     scan_checkpoint(cfg, out)
     # checked on every run, not cached: an entry point's code may have been fixed since the last one

@@ -17,6 +17,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from modelward.assess.bom import write_bom
+from modelward.assess.findings import SEVERITY_ORDER, fmt_value
+from modelward.assess.profiles import PROFILES
+from modelward.assess.sarif import to_sarif
 from modelward.assess.sections.common import load_sections
 from modelward.core.records import atomic_write_json, atomic_write_text
 
@@ -121,8 +125,6 @@ def _short_id(framework_id: str) -> str:
 
 def _findings_table(findings: list[dict[str, Any]]) -> str:
     """The findings table at the top of the page: worst first, each with its interval, ids and actions."""
-    from modelward.assess.findings import SEVERITY_ORDER, fmt_value
-
     if not findings:
         return '<p class="na">No findings (no section was assessed).</p>'
     rows = []
@@ -186,8 +188,6 @@ def _section(out: Path, s: dict[str, Any]) -> str:
 
 def build_report(out: Path) -> dict[str, Any]:
     """The report as data (what report.json holds)."""
-    from modelward.assess.profiles import PROFILES
-
     cfg = json.loads((out / "assess.json").read_text())
     target = json.loads((out / "target.json").read_text()) if (out / "target.json").is_file() else {}
     sections = load_sections(out)
@@ -240,16 +240,12 @@ def write_report(out: str | Path) -> tuple[Path, Path]:
     Example:
         >>> json_path, html_path = write_report("assess-out")  # doctest: +SKIP
     """
-    from modelward.assess.sarif import to_sarif
-
     out = Path(out)
     report = build_report(out)
     j = atomic_write_json(out / "report.json", report)
     h = atomic_write_text(out / "report.html", render_html(out, report))
     atomic_write_json(out / "report.sarif", to_sarif(report["findings"], default_location=str(h)))
     try:
-        from modelward.assess.bom import write_bom
-
         write_bom(out, report)
     except ImportError:  # cyclonedx-python-lib is optional (modelward[bom])
         pass

@@ -19,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from modelward.assess.config import AssessConfig
+from modelward.assess.findings import attach_findings
+from modelward.assess.preflight import preflight, reopen_sections
 from modelward.assess.profiles import PROFILES
 from modelward.assess.report import write_report
 from modelward.assess.sections.common import TITLES, NotAssessed, SectionResult, load_sections
 from modelward.assess.target import load_target
 from modelward.core.device import resolve_device
+from modelward.core.entrypoints import TRUST_ENV, code_trusted, trust_code
 from modelward.core.progress import ProgressSink
 from modelward.core.records import atomic_write_json
 from modelward.core.runner import Execute, RunOutcome, RunSpec
@@ -59,7 +62,6 @@ def execute_section(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str,
         result = SectionResult(name, TITLES[name], status="failed", verdict="none",
                                reason=f"{type(e).__name__}: {e} (traceback in {name}/error.txt)")
     result.seconds = time.perf_counter() - t0
-    from modelward.assess.findings import attach_findings
 
     data = attach_findings(result.to_dict(), root)
     atomic_write_json(out / "section.json", data)
@@ -95,16 +97,11 @@ class AssessStudy(Study[AssessConfig, RunOutcome]):
         resolve_device(cfg.device)  # a device this machine lacks is refused before any work
 
     def write_config(self, cfg: AssessConfig, out: Path) -> None:
-        from modelward.assess.preflight import preflight
-
         atomic_write_json(out / self.config_file, cfg.model_dump(mode="json"))  # read back by the report
         preflight(cfg, out)  # model-file scan, the model and data loaded once, the quality check, target.json
 
     @contextmanager
     def session(self, cfg: AssessConfig, ctx: StudyContext) -> Iterator[None]:
-        from modelward.assess.preflight import reopen_sections
-        from modelward.core.entrypoints import TRUST_ENV, code_trusted, trust_code
-
         # the user trusted this config's entry point; its sections load the model again, possibly in worker
         # processes that see the config as JSON, where trust_code is never written: they inherit the switch, for
         # this run only

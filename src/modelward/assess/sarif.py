@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from modelward.assess.findings import fmt_value
+
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 _LEVEL = {"critical": "error", "high": "error", "medium": "warning", "low": "note", "info": "none"}
 _SCORE = {"critical": "9.5", "high": "8.0", "medium": "5.0", "low": "2.0", "info": "0.0"}
@@ -47,8 +49,6 @@ def to_sarif(findings: list[dict[str, Any]], *, default_location: str | None = N
         >>> to_sarif([])["version"]
         '2.1.0'
     """
-    from modelward.assess.findings import fmt_value
-
     rules: dict[str, dict[str, Any]] = {}
     results = []
     for f in findings:

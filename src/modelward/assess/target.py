@@ -19,6 +19,7 @@ from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.io import check_state
 from modelward.core.zoo import ModelConfig, build_model, model_config_from_metadata
 from modelward.errors import ConfigError, DataError
+from modelward.scan.scanner import load_checked_torch_file
 
 
 @dataclass
@@ -55,7 +56,6 @@ def _metadata(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         raise DataError(f"{path}: checkpoint not found (the path tried; a relative checkpoint is read from the "
                         "config file's folder)")
     if path.suffix in PICKLE_CHECKPOINTS:  # a pickle: scanned first, then read by weights_only only if clean
-        from modelward.scan.scanner import load_checked_torch_file
 
         tensors, _ = load_checked_torch_file(path)
         return tensors, {}

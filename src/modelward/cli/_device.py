@@ -23,6 +23,7 @@ def with_device(overrides: list[str] | None, device: str | None, key: str = "dev
 def require_device(spec: str) -> str:
     """Refuse a device this machine does not have (ConfigError naming the choices) before any work starts;
     returns the spec unchanged ("auto" is resolved again where the work runs, e.g. on a cluster worker)."""
+    # lazy: core.device imports torch; the commands' --help must not
     from modelward.core.device import resolve_device
 
     resolve_device(spec)

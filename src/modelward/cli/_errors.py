@@ -19,6 +19,7 @@ def run_app(app: Any, argv: list[str] | None = None, prog_name: str = "modelward
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("MODELWARD_DEBUG") == "1"
     if "--trust-code" in args:  # a global switch, like --debug: configs may run their entry points (code)
+        # lazy: only with --trust-code; `modelward --help` imports this module and stays light
         from modelward.core.entrypoints import trust_code
 
         trust_code()

@@ -1,6 +1,7 @@
 """`modelward assess CONFIG --out DIR`: every threat area on one model, one self-contained HTML report (and its
 findings as JSON and SARIF); `modelward assess diff OLD NEW [--fail-on robustness:-5,privacy:+2]` compares two."""
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """`modelward audit verify LOG [--against OTHER_LOG]` and `modelward audit head LOG`: hash-chained audit logs."""
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 from pathlib import Path

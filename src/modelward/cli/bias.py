@@ -5,6 +5,7 @@ re-running continues; it writes ``results.csv/md/json`` — B and accuracy per d
 ``theorem.*``, ``sweep.*`` and the plots) and print the tables.
 """
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """`modelward complete run|report`: model-completion hardness studies."""
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """``modelward cost CONFIG --out DIR``: plain vs split vs HE vs MPC (vs CrypTen) on the same model and inputs."""
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 import sys

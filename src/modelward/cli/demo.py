@@ -1,5 +1,6 @@
 """`modelward demo`: split training, completion hardness and a guarded API on digits, on embedded defaults."""
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 from pathlib import Path

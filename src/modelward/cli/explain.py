@@ -6,6 +6,7 @@ input attribution and by inversion (``<model>/top_units.*``, ``top_units_*.png``
 Runs go through the shared runner: re-running the command resumes.
 """
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 from pathlib import Path

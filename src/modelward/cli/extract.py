@@ -1,5 +1,6 @@
 """`modelward extract`: model-extraction evaluations against defended victims (thin: parse, call, print)."""
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """`modelward guard`: serve a model behind a prediction-perturbation defense (KServe v2 over HTTP); manage its keys."""
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 from pathlib import Path

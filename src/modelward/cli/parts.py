@@ -1,5 +1,6 @@
 """`modelward parts`: list a model's parts with parameter counts (seed 000 App. B)."""
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """`modelward party`: make keys and certificates for mutual TLS, pin them, and run a party server."""
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,7 @@
 """``modelward privacy``: membership-inference audits, model inversion, property inference (seed 002 ch. 8, App.
 C–D). Thin: parse the TOML config, call :mod:`modelward.privacy`, print a table."""
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 from pathlib import Path

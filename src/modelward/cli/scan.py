@@ -1,5 +1,6 @@
 """`modelward scan PATH...`: examine model files without loading them; exit 1 when any file is not clean."""
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 from pathlib import Path

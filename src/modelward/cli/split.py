@@ -1,5 +1,6 @@
 """`modelward split`: train or predict with a model split across running parties."""
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 import json

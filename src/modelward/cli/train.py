@@ -1,5 +1,6 @@
 """`modelward train`: train a zoo model from a config's [data], [model], [train] tables and save it (safetensors)."""
 
+# lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
 
 from pathlib import Path

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from modelward.completion.problem import ProcedureSpec
-from modelward.core.config import StrictModel, load_config
+from modelward.core.config import StrictModel, load_config, read_toml
 from modelward.core.data import DataConfig
 from modelward.core.device import DeviceSetting
 from modelward.core.train import TrainConfig
@@ -127,8 +127,6 @@ class StudyConfig(StrictModel):
 
 def load_study(path: str | Path, overrides: list[str] | None = None) -> StudyConfig:
     """Load a study file; an empty file is refused (it would silently run the whole default study)."""
-    from modelward.core.config import read_toml
-
     if not read_toml(path):
         raise ConfigError(f"{path}: the study file is empty; see examples/completion_digits.toml")
     return load_config(path, StudyConfig, overrides)

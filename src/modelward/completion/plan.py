@@ -17,14 +17,13 @@ from modelward.completion.config import StudyConfig
 from modelward.completion.metric import Thresholds
 from modelward.completion.problem import CompletionProblem, OriginalRun
 from modelward.completion.procedures import ALL_PARTS
+from modelward.completion.supervised import SupervisedProblem
 from modelward.core.registry import Registry
 from modelward.core.runner import RunSpec
 from modelward.errors import ConfigError
 
 
 def _supervised_problem(cfg: StudyConfig) -> CompletionProblem:
-    from modelward.completion.supervised import SupervisedProblem
-
     return SupervisedProblem(cfg.data, cfg.model, cfg.train, cfg.retrain.lr, cfg.retrain.lr_schedule,
                              device=cfg.device, checkpoint_every=cfg.checkpoint_every,
                              threshold_split=cfg.thresholds.split, val_fraction=cfg.thresholds.val_fraction)
@@ -32,6 +31,7 @@ def _supervised_problem(cfg: StudyConfig) -> CompletionProblem:
 
 def _rl_problem(cfg: StudyConfig) -> CompletionProblem:
     try:
+        # lazy: the RL problem pulls in gymnasium/ALE, for kind='rl' only; without the RL area the rest still runs
         from modelward.completion.rl import RLProblem
     except ImportError as e:  # pragma: no cover - depends on the RL area being installed
         raise ConfigError(f"kind='rl': the RL completion problem is unavailable ({e})") from None

@@ -25,6 +25,7 @@ from modelward.completion.plan import is_usable, make_problem, orig_id, study_pa
 from modelward.completion.problem import CompletionProblem, OriginalRun
 from modelward.completion.procedures import ALL_PARTS
 from modelward.core.ledger import RunLedger
+from modelward.core.parts import resolve_part
 from modelward.core.plots import plt
 from modelward.core.records import write_csv, write_table
 from modelward.core.stats import summarize
@@ -452,7 +453,6 @@ def _extra_parts(cfg: Any, problem: CompletionProblem, rows: list[dict[str, Any]
     extra = [p for p in study_parts(cfg, problem) if p not in known]
     if not extra or not hasattr(problem, "build"):
         return []
-    from modelward.core.parts import resolve_part
 
     model = problem.build()
     out = []

@@ -13,9 +13,11 @@ from modelward.completion.config import StudyConfig
 from modelward.completion.metric import Thresholds
 from modelward.completion.plan import is_usable, make_problem, orig_id, run_file_stem
 from modelward.completion.problem import CompletionProblem, Curve, OriginalRun
+from modelward.core.io import load_state_dict
 from modelward.core.ledger import RunLedger
 from modelward.core.records import atomic_write_text, write_csv
-from modelward.errors import ModelwardError
+from modelward.core.runner import DamagedDependency
+from modelward.errors import DataError, ModelwardError
 
 _PROBLEMS: dict[str, CompletionProblem] = {}
 
@@ -68,10 +70,6 @@ def record_original(out: Path, ledger: RunLedger, run: OriginalRun) -> dict[str,
 def _check_original(run_id: str, original: OriginalRun) -> None:
     """The original's checkpoint must be readable: a damaged one is re-created (the runner re-runs the original)
     instead of failing every retraining on every re-run."""
-    from modelward.core.io import load_state_dict
-    from modelward.core.runner import DamagedDependency
-    from modelward.errors import DataError
-
     path = Path(original.checkpoint)
     if not path.is_file():
         raise DamagedDependency(run_id, f"{path}: checkpoint missing")

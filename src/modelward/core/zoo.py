@@ -17,7 +17,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from modelward.core.config import StrictModel
+from modelward.core.config import StrictModel, validate
 from modelward.core.entrypoints import load_entrypoint
 from modelward.core.registry import Registry
 from modelward.errors import ConfigError
@@ -60,8 +60,6 @@ def model_config_from_metadata(data: Any, source: str) -> ModelConfig:
         False
     """
     import json
-
-    from modelward.core.config import validate
 
     if isinstance(data, str):
         try:

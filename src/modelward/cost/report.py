@@ -6,6 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from modelward.core.records import atomic_write_json, write_table
+
 # The seed's claims (000 §1), stored as literature constants next to the measurements, never computed.
 SEED_CLAIMS = {"he_slowdown": 1000.0, "mpc_slowdown": 24.0, "mpc_bytes_per_mult": 16.0}
 
@@ -46,8 +48,6 @@ def claims(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def write_results(out: Path, rows: list[dict[str, Any]], info: dict[str, Any], config: dict[str, Any]) -> dict[str, Path]:
     """results.csv/.md/.json (core.records; the .md adds the seed claims and notes), run.json (claims, info,
     config) and latency.png."""
-    from modelward.core.records import atomic_write_json, write_table
-
     out.mkdir(parents=True, exist_ok=True)
     cl = claims(rows)
     short = COLUMNS[:16]

@@ -21,6 +21,8 @@ from pydantic import Field
 
 from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig, DataSplit, load_data
+from modelward.core.init import init_model_
+from modelward.core.io import check_state, load_tensors
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.train import TrainConfig, evaluate, train
 from modelward.core.zoo import ModelConfig, build_model
@@ -28,6 +30,7 @@ from modelward.cost.he import HEConfig, run_he
 from modelward.cost.mpc import MPCConfig, run_mpc
 from modelward.cost.program import UnsupportedLayer, lower
 from modelward.cost.result import BackendResult, PrecisionError, check_agreement
+from modelward.cost.split import run_split
 from modelward.errors import ConfigError, DataError, ModelwardError
 from modelward.governance.plan import PlanError
 
@@ -87,9 +90,6 @@ class CostConfig(StrictModel):
 
 def prepare_model(cfg: CostConfig) -> tuple[torch.nn.Module, DataSplit, dict[str, float]]:
     """Load the data, build the `[model]`, load `cost.weights` or train it with `[train]`; eval mode."""
-    from modelward.core.init import init_model_
-    from modelward.core.io import check_state, load_tensors
-
     data = load_data(cfg.data)
     model = init_model_(build_model(cfg.model, data.input_shape, data.num_classes), "glorot_uniform", cfg.seed)
     info: dict[str, float] = {}
@@ -247,8 +247,6 @@ def run_cost(cfg: CostConfig, work_dir: Path | None = None, progress: ProgressSi
             if b == "crypten":
                 res = crypten_row()
             elif b == "split":
-                from modelward.cost.split import run_split
-
                 tb = None
                 if s.train_steps:
                     k = min(len(data.x_train), s.train_steps * s.train_batch)

@@ -224,6 +224,7 @@ def unit_inversion(model: nn.Module, layer: str, units: list[int], input_shape: 
     """
     wrapped = _UnitOutput(model, layer)
     try:
+        # lazy and optional: without the privacy area, the plain gradient ascent below is used
         from modelward.privacy.inversion import invert
     except ImportError:
         invert = None  # type: ignore[assignment]

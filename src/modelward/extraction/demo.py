@@ -18,8 +18,11 @@ from rich.table import Table
 from torch import nn
 
 from modelward.core.data import DataSplit
+from modelward.core.records import atomic_write_json
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.extraction.attacks import EvalSet, SubstituteConfig, TransferSet, make_extraction_attack
+from modelward.extraction.guard.process import start_guard_server, write_guard_config
+from modelward.extraction.victim import HttpVictim, LocalVictim
 
 DEMO_KEY = "modelward-demo-extraction-key"
 
@@ -28,10 +31,6 @@ def run_extraction_demo(out_dir: Path, model: nn.Module, model_cfg: ModelConfig,
                         seed: int = 0, budget: int = 300, epochs: int = 12) -> dict[str, Any]:
     """Serve `model` guarded by ModelGuard-S, extract it over HTTP and unguarded; print and return both results."""
     import json
-
-    from modelward.core.records import atomic_write_json
-    from modelward.extraction.guard.process import start_guard_server, write_guard_config
-    from modelward.extraction.victim import HttpVictim, LocalVictim
 
     out_dir = Path(out_dir)
     done = out_dir / "extraction.json"

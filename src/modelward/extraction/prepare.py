@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from modelward.core.data import DataSplit, load_data
+from modelward.core.device import resolve_device
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.train import train
@@ -26,6 +27,7 @@ from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError
 from modelward.extraction.attacks import EvalSet, TransferSet, knowledge_from_defense
 from modelward.extraction.attacks.base import AttackKnowledge, seeded_model
+from modelward.extraction.attacks.s4l import last_linear
 from modelward.extraction.config import DefenseSpec, ExtractionConfig
 from modelward.extraction.defenses import IncrementalState, PredictionDefense, build_defense, make_defense
 from modelward.extraction.defenses.adaptive_misinformation import train_misinformation_model
@@ -98,7 +100,6 @@ def prepare(cfg: ExtractionConfig, progress: ProgressSink | None = None) -> Prep
     else:
         sink = as_sink(progress)
         sink.start("victim", None, f"training the victim ({arch.arch}, {cfg.victim.train.steps} steps)")
-        from modelward.core.device import resolve_device
 
         base.to(resolve_device(cfg.device))  # trained on the device, then served and defended from the CPU
         train(base, data.x_train[vidx], data.y_train[vidx], data.x_test, data.y_test, cfg.victim.train,
@@ -172,8 +173,6 @@ def centroid_count(defense: PredictionDefense) -> int | None:
 
 def fold_temperature(victim: nn.Module) -> nn.Module:
     """A plain zoo model computing z / T: the temperature folded into the output Linear layer (for serving)."""
-    from modelward.extraction.attacks.s4l import last_linear
-
     if not isinstance(victim, Tempered):
         return copy.deepcopy(victim)
     model = copy.deepcopy(victim.model)

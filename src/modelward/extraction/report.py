@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from modelward.core.plots import line_plot
 from modelward.core.records import write_csv, write_table
 from modelward.core.stats import Summary, mean_sd_text, summarize
 from modelward.extraction.config import Cell, ExtractionConfig
@@ -73,8 +74,6 @@ def _cell(m: dict[str, float]) -> str:
 
 def write_report(cfg: ExtractionConfig, rows: list[dict[str, Any]], prep: Prepared,
                  curves: dict[str, tuple[list[int], list[int]]], out: Path) -> dict[str, Any]:
-    from modelward.core.plots import line_plot
-
     wc = worst_case(rows) if rows else []
     write_table(out, "worst_case", wc, WORST_CASE_COLUMNS, title=f"{cfg.name}: worst case over attacks")
     attacks, defenses, means = aggregate(rows) if rows else ([], [], {})

@@ -31,6 +31,7 @@ from modelward.core.study import Study, StudyContext, run_study, torch_threads
 from modelward.errors import ConfigError
 from modelward.extraction.attacks import ATTACK_STRATEGIES, knowledge_from_defense, make_extraction_attack
 from modelward.extraction.config import Cell, ExtractionConfig, cell_from_spec, cells, plan
+from modelward.extraction.guard.process import start_guard_server, write_guard_config
 from modelward.extraction.prepare import (
     Prepared,
     cell_defense,
@@ -143,9 +144,6 @@ def _remote_accuracy(victim: Any, prep: Prepared) -> float:
 
 def _serve(cfg: ExtractionConfig, prep: Prepared, cell: Cell, workdir: Path) -> tuple[Any, Any]:
     """Start the guarded HTTP service on 127.0.0.1 for this cell's defense and connect an HTTP victim."""
-    from modelward.extraction.guard.process import start_guard_server, write_guard_config
-    from modelward.extraction.victim import HttpVictim
-
     if cell.defense.name in ("mad", "adaptive_misinformation"):
         raise ConfigError("victim.serve: MAD and AdaptiveMisinformation need model files on the server; "
                           "evaluate them with a local victim (victim.serve = false)")

@@ -108,6 +108,7 @@ class PartyOracle:
     organisation's control key (the operator's)."""
 
     def __init__(self, bob_address: str, data_tls, control_tls, bob_pin: str, timeout: float = 30.0) -> None:
+        # lazy: the gRPC client (grpc, cryptography) loads when the oracle connects, not with the config
         from modelward.governance.transport.client import GrpcPartyClient
         from modelward.governance.wire import Message
 
@@ -130,6 +131,7 @@ class PartyOracle:
         r = self._data("predict", {"split": split}, {"h": h.contiguous(), "idx": idx})
         token = r.meta.get("token")
         if not token:
+            # movable to the top (no cycle, nothing heavy); kept here while governance/ is edited in parallel
             from modelward.governance.protocol import ConsentDenied
 
             raise ConsentDenied(f"bob keeps his outputs ({r.meta.get('kept', 'in his own folder')})")
@@ -147,6 +149,7 @@ class PartyOracle:
 def run_extraction_audit(cfg: ExtractionAuditConfig, out_dir: str | Path,
                          progress: ProgressSink | None = None) -> dict[str, Any]:
     """Run the audit (module docstring). Returns the summary written to ``extraction.json``."""
+    # lazy: the driver, the party processes and gRPC load when the audit runs, not with load_extraction_config
     from modelward.governance.demo import prepare_local_split
     from modelward.governance.driver import SplitDriver
     from modelward.governance.leakage.parties import read_recording, start_recording_party

@@ -260,6 +260,7 @@ class Release:
         self.state_path = Path(state_path) if state_path is not None else None
         self.defense = None
         if flow.form in ("modelguard_w", "modelguard_s"):
+            # movable to the top (no cycle, nothing heavy); kept here while governance/ is edited in parallel
             from modelward.extraction.defenses import make_defense
 
             self.defense = make_defense(flow.form, epsilon=flow.epsilon)
@@ -306,6 +307,7 @@ def keep_outputs(folder: str | Path, session: str, token: str, logits: torch.Ten
         >>> keep_outputs(tempfile.mkdtemp(), "s1", "ab12", torch.zeros(2, 3)).name
         's1-ab12.csv'
     """
+    # movable to the top (no cycle, nothing heavy); kept here while governance/ is edited in parallel
     from modelward.core.records import write_csv
 
     index = torch.arange(len(logits)) if index is None else index

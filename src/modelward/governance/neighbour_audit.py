@@ -252,6 +252,7 @@ def eval_oracle_curve(oracle: Oracle, victim: Victim, queries: Tensor, h_test: T
 def labels_from_answers(oracle: Oracle, h_train: Tensor, y_train: Tensor, rows: int, part: str,
                         chunk: int = 64) -> Point:
     """``predict`` on the label holder's *training* split: the share of answers whose top class is the label."""
+    # movable to the top (no cycle, nothing heavy); kept here while governance/ is edited in parallel
     from modelward.governance.flow_policy import as_labels
 
     chance = float(torch.bincount(y_train).max()) / len(y_train)
@@ -320,6 +321,7 @@ def write_extraction(out_dir: str | Path, points: Sequence[Point], meta: dict[st
     """``extraction.csv`` (columns part, attack, rows, agreement, refused, chance, note), ``extraction.json``
     (the points and `meta`, e.g. completion costs) and ``extraction.png`` (agreement vs rows, one line per part
     and attack; a refused curve ends with an ×)."""
+    # lazy: matplotlib on first figure only
     from modelward.core.plots import plt
 
     out = Path(out_dir)

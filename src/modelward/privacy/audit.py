@@ -52,6 +52,7 @@ from modelward.privacy.membership import ATTACKS, NEEDS_SHADOWS, AttackData, mak
 from modelward.privacy.membership.calibration import calibrated_threshold
 from modelward.privacy.membership.proxies import cached_tops, load_tops, save_tops
 from modelward.privacy.protocol import membership_split
+from modelward.privacy.risk import exposed_records, slice_risk
 from modelward.privacy.shadows import ModelTrainer, ShadowPool, logits_of
 from modelward.privacy.slicing import last_linear
 
@@ -270,8 +271,6 @@ def _attack(cfg: AuditConfig, out: Path, rep: int, spec: MembershipAttackSpec) -
 def _risk(target: torch.nn.Module, xe: torch.Tensor, ye: torch.Tensor, scores: np.ndarray, members: np.ndarray,
           sp: Any) -> dict[str, Any]:
     """Per-slice risk and the most exposed records of one attack run (:mod:`modelward.privacy.risk`)."""
-    from modelward.privacy.risk import exposed_records, slice_risk
-
     correct = (logits_of(target, xe).argmax(1) == ye).numpy()
     slices, worst = slice_risk(scores, members, ye.numpy(), correct)
     return {"slices": slices, "worst_slice": worst,

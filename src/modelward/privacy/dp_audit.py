@@ -45,11 +45,13 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from scipy import stats
 
-from modelward.core.config import StrictModel
+from modelward.core.config import StrictModel, dump_config
 from modelward.core.data import DataConfig, load_data
+from modelward.core.records import write_table
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, DataError
 from modelward.privacy.dp import Accountant, default_delta, epsilon_spent, noise_for_epsilon
+from modelward.privacy.metrics import save_scores
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -448,10 +450,6 @@ COLUMNS = ["variant", "claimed_epsilon", "accountant", "delta", "epsilon_lb", "c
 
 def _write(cfg: DPAuditConfig, out: Path, rows: list[DPAuditRow],
            sets: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
-    from modelward.core.config import dump_config
-    from modelward.core.records import write_table
-    from modelward.privacy.metrics import save_scores
-
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.json")
     for variant, scores, inc in sets:

@@ -15,7 +15,7 @@ from modelward.core.data import DataConfig, load_data
 from modelward.core.io import check_state, load_state_dict
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.records import write_table
-from modelward.core.zoo import ModelConfig, build_model
+from modelward.core.zoo import ModelConfig, build_model, model_config_from_metadata
 from modelward.errors import ConfigError, DataError
 from modelward.privacy.figures import image_grid
 from modelward.privacy.inversion import invert
@@ -49,8 +49,6 @@ class InvertConfig(StrictModel):
 
 
 def _saved_model(cfg: InvertConfig, shape: tuple[int, ...], classes: int) -> torch.nn.Module:
-    from modelward.core.zoo import model_config_from_metadata
-
     p = Path(cfg.model_path or "")
     if not p.is_file():
         raise DataError(f"model_path {p}: file not found")

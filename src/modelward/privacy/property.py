@@ -30,12 +30,19 @@ from torch import nn
 
 from modelward.core.config import StrictModel, dump_config
 from modelward.core.data import DataConfig, load_data
+from modelward.core.init import init_model_
 from modelward.core.progress import ProgressSink, as_sink
+from modelward.core.records import atomic_write_json, write_table
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError
+from modelward.privacy.figures import image_grid
 from modelward.privacy.inversion import Loss, invert
 from modelward.privacy.shadows import ModelTrainer
+from modelward.robustness.gloro.layers import build_gloro_model
+from modelward.robustness.gloro.net import GloroNet
+from modelward.robustness.gloro.train import GloroTrainConfig, train_gloro
+from modelward.robustness.training import AdversarialConfig, pgd_adversarial_training
 
 TrainerKind = Literal["standard", "pgd", "gloro"]
 
@@ -164,19 +171,12 @@ def train_target(kind: TrainerKind, cfg: PropertyTrainConfig, x: torch.Tensor, y
         return ModelTrainer(lambda: build_model(ModelConfig(arch="mlp", hidden=cfg.hidden), shape, num_classes),
                             tcfg).train(x, y, seed)
     if kind == "pgd":
-        from modelward.core.init import init_model_
-        from modelward.robustness.training import AdversarialConfig, pgd_adversarial_training
-
         model = init_model_(build_model(ModelConfig(arch="mlp", hidden=cfg.hidden), shape, num_classes),
                             "glorot_uniform", seed)
         adv = AdversarialConfig(eps=cfg.epsilon, norm="l2", attack_steps=cfg.pgd_steps, clip=(0.0, 1.0))
         pgd_adversarial_training(model, x, y, tcfg, adv, seed)
         return model.eval()
     if kind == "gloro":
-        from modelward.robustness.gloro.layers import build_gloro_model
-        from modelward.robustness.gloro.net import GloroNet
-        from modelward.robustness.gloro.train import GloroTrainConfig, train_gloro
-
         spec = ".".join(f"d({h + h % 2})" for h in cfg.hidden)
         model = build_gloro_model(spec, shape, num_classes, "minmax", seed=seed)
         net = GloroNet(model, shape, cfg.epsilon, seed=seed)
@@ -277,9 +277,6 @@ def run_property(cfg: PropertyConfig, out: Path, progress: ProgressSink | None =
         >>> from pathlib import Path
         >>> results = run_property(PropertyConfig(shadow_models=8), Path("property-out"))  # doctest: +SKIP
     """
-    from modelward.core.records import atomic_write_json, write_table
-    from modelward.privacy.figures import image_grid
-
     if cfg.properties > cfg.universe:
         raise ConfigError(f"properties ({cfg.properties}) cannot exceed the universe ({cfg.universe})")
     out.mkdir(parents=True, exist_ok=True)

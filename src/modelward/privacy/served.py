@@ -40,8 +40,14 @@ from modelward.core.records import atomic_write_text, write_table
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, ModelwardError
+from modelward.extraction.attacks import EvalSet, SubstituteConfig, TransferSet, make_extraction_attack
+from modelward.extraction.defenses import DEFENSES
+from modelward.extraction.victim import HttpVictim
 from modelward.privacy import metrics
+from modelward.privacy.membership.base import AttackData
+from modelward.privacy.membership.label_only import AugmentationAttack, BoundaryDistanceAttack
 from modelward.privacy.protocol import membership_split
+from modelward.privacy.shadows import ModelTrainer
 
 MEMBERSHIP = ("loss", "boundary", "augmentation")
 
@@ -51,8 +57,6 @@ class ServedDefense(AlgorithmSpec):
 
     @model_validator(mode="after")
     def _known(self) -> ServedDefense:
-        from modelward.extraction.defenses import DEFENSES
-
         if self.name not in DEFENSES:
             raise ValueError(f"unknown defense {self.name!r}; valid choices: {DEFENSES.names()}")
         return self
@@ -192,9 +196,6 @@ def guard_config_for(guard: dict[str, Any], directory: Path, checkpoint: Path, m
 def _membership(cfg: ServedAuditConfig, name: str, victim: Any, sp: Any, xe: torch.Tensor, ye: torch.Tensor,
                 members: np.ndarray) -> tuple[np.ndarray, float, int]:
     """(scores, threshold, queries) of one membership attack, through the victim's HTTP answers only."""
-    from modelward.privacy.membership.base import AttackData
-    from modelward.privacy.membership.label_only import AugmentationAttack, BoundaryDistanceAttack
-
     q0 = victim.queries_used
     n_aux = min(len(sp.x_aux), cfg.eval_points)
     xa, ya = sp.x_aux[:n_aux], sp.y_aux[:n_aux]
@@ -232,10 +233,6 @@ def run_served_audit(cfg: ServedAuditConfig, guard_toml: str | Path, out_dir: st
     Example:
         >>> rows = run_served_audit(ServedAuditConfig(), "examples/guard_modelguard_w.toml", "served")  # doctest: +SKIP
     """
-    from modelward.extraction.attacks import EvalSet, SubstituteConfig, TransferSet, make_extraction_attack
-    from modelward.extraction.victim import HttpVictim
-    from modelward.privacy.shadows import ModelTrainer
-
     guard = read_toml(Path(guard_toml))
     if not isinstance(guard, dict) or "server" not in guard:
         raise ConfigError(f"{guard_toml}: not a GUARD.toml (no [server] table)")

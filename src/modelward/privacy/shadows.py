@@ -27,6 +27,7 @@ from modelward.core.init import init_model_
 from modelward.core.io import load_state_dict, save_state_dict
 from modelward.core.modules import batched_logits, model_device
 from modelward.core.train import TrainConfig, batch_order, make_optimizer, train
+from modelward.core.zoo import MLP
 from modelward.errors import DataError
 
 Factory = Callable[[], nn.Module]
@@ -178,8 +179,6 @@ def train_stacked(models: list[nn.Module], x: torch.Tensor, y: torch.Tensor, ind
 
 def _linear_chain(model: nn.Module) -> list[str] | None:
     """Layer names if ``model`` is a zoo MLP (flatten → (Linear → ReLU)* → Linear) or one Linear, else None."""
-    from modelward.core.zoo import MLP
-
     if type(model) is nn.Linear and model.bias is not None:
         return [""]
     if type(model) is MLP:

@@ -34,6 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from modelward.core.io import (
+    load_metadata,
+    load_tensors,
+    optimizer_from_tensors,
+    optimizer_to_tensors,
+    save_tensors,
+)
 from modelward.rl.envs import env_seeds
 from modelward.rl.evaluate import CurveRecorder
 from modelward.rl.replay import ReplayBuffer
@@ -62,8 +69,6 @@ class RLCheckpoint:
     def save(self, cost: int, recorder: CurveRecorder, nets: dict[str, torch.nn.Module],
              opt: torch.optim.Optimizer, gens: dict[str, torch.Generator], rngs: dict[str, np.random.Generator],
              counters: dict[str, Any], buffer: ReplayBuffer | None = None) -> None:
-        from modelward.core.io import optimizer_to_tensors, save_tensors
-
         opt_tensors, skeleton = optimizer_to_tensors(opt)
         tensors: dict[str, torch.Tensor] = dict(opt_tensors)
         for key, net in nets.items():
@@ -86,8 +91,6 @@ class RLCheckpoint:
              ) -> tuple[dict[str, Any], ReplayBuffer | None] | None:
         """Restore a saved state into the given objects; returns (metadata, replay buffer or None), or None when
         there is no progress file."""
-        from modelward.core.io import load_metadata, load_tensors, optimizer_from_tensors
-
         if not Path(self.path).is_file():
             return None
         tensors = load_tensors(self.path)

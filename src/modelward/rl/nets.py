@@ -31,6 +31,7 @@ from pydantic import Field
 from torch import nn
 
 from modelward.core.config import StrictModel
+from modelward.core.init import init_weight_
 from modelward.errors import ConfigError
 from modelward.rl.envs import EnvSpec
 
@@ -90,8 +91,6 @@ class NoisyLinear(nn.Module):
 
     @torch.no_grad()
     def init_own_(self, scheme: str, generator: torch.Generator | None, names: set[str]) -> None:
-        from modelward.core.init import init_weight_
-
         if "weight_mu" in names:
             init_weight_(self.weight_mu, scheme, generator)
         if "bias_mu" in names:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from modelward.core.device import model_device
+from modelward.core.zoo import MLP
 from modelward.errors import ConfigError
 
 BoundMethod = Literal["ibp", "crown"]
@@ -59,8 +60,6 @@ def _leaves(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
 def as_sequential(model: nn.Module) -> nn.Module:
     """The project's zoo MLP (``modelward.core.zoo.MLP``: flatten, Linear+ReLU per hidden layer, logits) as the
     equivalent ``nn.Sequential`` sharing its layers; any other model is returned unchanged."""
-    from modelward.core.zoo import MLP
-
     if type(model) is MLP:
         layers: list[nn.Module] = [nn.Flatten()]
         for i in range(1, model.n_hidden + 1):

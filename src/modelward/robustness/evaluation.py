@@ -38,6 +38,9 @@ from modelward.core.device import model_device
 from modelward.errors import ConfigError, ModelwardError
 from modelward.robustness.attacks.autoattack import STANDARD, AutoAttack
 from modelward.robustness.attacks.base import attack_mode, predict
+from modelward.robustness.bounds import certify_bounds
+from modelward.robustness.gloro.certify import certify
+from modelward.robustness.gloro.net import GloroNet
 
 CERTIFICATES = ("gloro", "crown", "ibp")
 
@@ -111,24 +114,18 @@ def is_stochastic(model: nn.Module, x: torch.Tensor, tries: int = 3) -> bool:
 def _certify(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, norm: str
              ) -> torch.Tensor:
     if name == "gloro":
-        from modelward.robustness.gloro.certify import certify
-        from modelward.robustness.gloro.net import GloroNet
-
         if not isinstance(model, GloroNet):
             raise ConfigError("gloro certifies GloRo nets only (modelward.robustness.gloro.GloroNet)")
         if norm != "l2":
             raise ConfigError("gloro certifies ℓ2 balls only")
         c = certify(model, x, y, eps)
         return (c.robust_correct & (c.set_size <= 1)).cpu()
-    from modelward.robustness.bounds import certify_bounds
 
     return certify_bounds(_base(model), x, y, eps, norm, name).certified.cpu()  # type: ignore[arg-type]
 
 
 def _base(model: nn.Module) -> nn.Module:
     """The classifier to attack: a GloRo net's underlying model (its ⊥ logit is not part of the prediction)."""
-    from modelward.robustness.gloro.net import GloroNet
-
     return model.f if isinstance(model, GloroNet) else model
 
 

@@ -34,6 +34,9 @@ from modelward.core.seed import seeded
 from modelward.core.train import TrainConfig
 from modelward.errors import ConfigError, DataError
 from modelward.robustness.attacks import attack_params, threat_model
+from modelward.robustness.attacks.base import predict
+from modelward.robustness.bounds import certify_bounds
+from modelward.robustness.evaluation import evaluate_points
 from modelward.robustness.gloro.certify import certify
 from modelward.robustness.gloro.layers import Activation, Init, build_gloro_model
 from modelward.robustness.gloro.net import AffinityGloroNet, GloroNet, RtkGloroNet
@@ -376,8 +379,8 @@ def autoattack_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, y: 
     status per point, the sandwich and the gradient-masking flags. Writes ``attack.{csv,md,json,png}`` (the
     AutoAttack robust accuracy per ε), ``sandwich.{csv,md,json}`` (the rows) and ``points.json`` (the status of
     every point at every ε). Returns :meth:`RobustnessEvaluation.to_dict` with the points."""
+    # lazy: matplotlib on first figure only (cli.robust imports this module for `modelward robust --help`)
     from modelward.core.plots import line_plot
-    from modelward.robustness.evaluation import evaluate_points
 
     out = Path(out)
     eps = cfg.evaluate.epsilons
@@ -412,14 +415,13 @@ def bound_certify_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tensor, 
                              method: str) -> list[dict[str, Any]]:
     """IBP or CROWN certified accuracy of the underlying model per ε (``cfg.evaluate``'s norm); writes
     ``certify.{csv,md,json,png}``. Refuses (naming them) layers the bound propagation does not support."""
+    # lazy: matplotlib on first figure only (cli.robust imports this module for `modelward robust --help`)
     from modelward.core.plots import line_plot
-    from modelward.robustness.bounds import certify_bounds
 
     if method not in ("ibp", "crown"):
         raise ConfigError(f"method must be one of {', '.join(CERTIFY_METHODS)}, got {method!r}")
     out = Path(out)
     rows = []
-    from modelward.robustness.attacks.base import predict
 
     clean = float((predict(net.f, x) == y).float().mean())
     for e in cfg.evaluate.epsilons:
@@ -440,8 +442,9 @@ def smoothing_certify_experiment(cfg: RobustConfig, net: GloroNet, x: torch.Tens
     """Randomized-smoothing certificates (Cohen et al. 2019) of the smoothed underlying model: certified
     accuracy at every ε (ℓ2) and the abstention rate; ``radii.json`` holds every point's class and radius. Writes
     ``certify.{csv,md,json,png}``. The certificate is for the smoothed classifier g, not the model itself."""
+    # lazy: matplotlib and scipy on first use only (cli.robust imports this module for `modelward robust --help`)
     from modelward.core.plots import line_plot
-    from modelward.robustness.smoothing import SmoothedClassifier
+    from modelward.robustness.smoothing import SmoothedClassifier  # lazy: scipy, as above
 
     if cfg.evaluate.norm != "l2":
         raise ConfigError("randomized smoothing certifies ℓ2 radii; set evaluate.norm = \"l2\"")

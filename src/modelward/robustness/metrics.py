@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from modelward.core.device import model_device
 from modelward.errors import ConfigError
 from modelward.robustness.attacks import (
     EvasionAttack,
@@ -95,7 +96,6 @@ def robust_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attack_f
         True
     """
     params = dict(attack_params or {})
-    from modelward.core.device import model_device
 
     x, y = x.to(model_device(model)), y.to(model_device(model))  # evaluated where the model is
     tm = None
@@ -129,6 +129,7 @@ def robust_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attack_f
 def robustness_curve_plot(path: str | Path, curves: dict[str, Sequence[RobustPoint]],
                           title: str = "Robust accuracy vs ε") -> Path:
     """Robust accuracy (y) against ε (x), one line per labelled curve."""
+    # lazy: matplotlib on first figure only (cli.robust loads this module for `modelward robust --help`)
     from modelward.core.plots import line_plot
 
     series = {label: ([p.eps for p in pts], [p.robust_accuracy for p in pts]) for label, pts in curves.items()}

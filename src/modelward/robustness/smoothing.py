@@ -29,6 +29,7 @@ from modelward.core.device import model_device
 from modelward.core.train import TrainConfig
 from modelward.errors import ConfigError
 from modelward.robustness.attacks.base import attack_mode
+from modelward.robustness.training import _loop
 
 ABSTAIN = -1
 
@@ -200,8 +201,6 @@ def train_gaussian(model: nn.Module, x_train: torch.Tensor, y_train: torch.Tenso
         >>> res.steps_run
         3
     """
-    from modelward.robustness.training import _loop
-
     if sigma < 0:
         raise ConfigError(f"train_gaussian: sigma must be >= 0, got {sigma}")
     gen = torch.Generator().manual_seed(seed)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from modelward.assess.findings import Metric
 from modelward.core.records import write_table
 from modelward.errors import ModelwardError
 
@@ -63,8 +64,6 @@ class SectionResult:
         """Record a measured number (see :class:`modelward.assess.findings.Metric`): `k` successes of `n` trials
         give a Clopper–Pearson interval, `seeds` (one value per seed) a t interval; `risk_up` says whether a
         larger value means more risk (a TPR) or less (a robust accuracy)."""
-        from modelward.assess.findings import Metric
-
         self.metrics.append(Metric(key, label, float(value), k=k, n=n, risk_up=risk_up, unit=unit,
                                    headline=headline, seeds=seeds, context=context or {}).to_dict())
 

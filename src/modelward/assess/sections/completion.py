@@ -15,6 +15,8 @@ from modelward.assess.config import AssessConfig
 from modelward.assess.profiles import ProfileSizes
 from modelward.assess.sections.common import Headline, NotAssessed, SectionResult, traffic_light
 from modelward.assess.target import Target
+from modelward.completion.study import StudyConfig, run_study
+from modelward.core.data import DataConfig
 
 ALPHA = 0.9  # the verdict's α: cost of reaching 90 % of the original's improvement
 
@@ -26,8 +28,6 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     if target.model_cfg is None:
         raise NotAssessed("completion studies rebuild the architecture from [model]; this model has no [model] "
                           "table (a GloRo checkpoint)")
-    from modelward.completion.study import StudyConfig, run_study
-    from modelward.core.data import DataConfig
 
     res = SectionResult("completion", "Model completion (MC-hardness of a split)")
     parties = cfg.split.parties

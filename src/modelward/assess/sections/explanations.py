@@ -13,9 +13,14 @@ import numpy as np
 import torch
 
 from modelward.assess.config import AssessConfig
+from modelward.assess.findings import clopper_pearson
 from modelward.assess.profiles import ProfileSizes
 from modelward.assess.sections.common import Headline, SectionResult, traffic_light
 from modelward.assess.target import Target
+from modelward.bias.amplification import bias_amplification
+from modelward.core.plots import grouped_bars
+from modelward.explain.interpret import attribute, top_units
+from modelward.explain.plots import attribution_grid
 
 
 def _unit_layer(model: torch.nn.Module) -> str:
@@ -28,10 +33,6 @@ def _unit_layer(model: torch.nn.Module) -> str:
 
 
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
-    from modelward.bias.amplification import bias_amplification
-    from modelward.explain.interpret import attribute, top_units
-    from modelward.explain.plots import attribution_grid
-
     res = SectionResult("explanations", "Explanations and bias amplification")
     d, model = target.data, target.model
     x, y = d.x_test[: sizes.explain_points], d.y_test[: sizes.explain_points]
@@ -68,7 +69,6 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     res.add_table(out, "bias", "Bias amplification per class (B_c = predicted rate − prior, test set)", bias_rows)
     worst = max(bias_rows, key=lambda r: abs(r["bias_amplification"]))
     value = abs(worst["bias_amplification"])
-    from modelward.core.plots import grouped_bars
 
     p = grouped_bars(out / "bias.png", [r["class"] for r in bias_rows],
                      {"B_c": ([r["bias_amplification"] for r in bias_rows], [0.0] * len(bias_rows))},
@@ -85,8 +85,6 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     if np.isnan(value):
         res.verdict = "info"
     else:
-        from modelward.assess.findings import clopper_pearson
-
         n = len(truth)
         k = int((pred == d.class_names.index(worst["class"])).sum())
         lo, hi = (c - worst["prior"] for c in clopper_pearson(k, n))

@@ -18,20 +18,27 @@ from pathlib import Path
 import torch
 
 from modelward.assess.config import AssessConfig
+from modelward.assess.findings import clopper_pearson
 from modelward.assess.profiles import ProfileSizes
 from modelward.assess.sections.common import Headline, SectionResult, pct, traffic_light
 from modelward.assess.target import Target
+from modelward.core.plots import grouped_bars
+from modelward.extraction.attacks import EvalSet, SubstituteConfig, TransferSet, make_extraction_attack
+from modelward.extraction.defenses import make_defense
+from modelward.extraction.ownership import (
+    AnswerWatermark,
+    LocalSuspect,
+    PradaDetector,
+    WatermarkedVictim,
+    new_key,
+    verify_ownership,
+)
+from modelward.extraction.victim import LocalVictim
 
 DEFENSES = ("none", "modelguard_s", "modelguard_w")
 
 
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
-    from modelward.core.plots import grouped_bars
-    from modelward.extraction.attacks import EvalSet, SubstituteConfig, TransferSet, make_extraction_attack
-    from modelward.extraction.defenses import make_defense
-    from modelward.extraction.ownership import AnswerWatermark, PradaDetector, WatermarkedVictim, new_key
-    from modelward.extraction.victim import LocalVictim
-
     res = SectionResult("extraction", "Model extraction (KnockoffNets) and its defenses")
     data, model = target.data, target.model
     budget = cfg.extraction.budget or sizes.query_budget
@@ -78,7 +85,6 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     best = min(rows[1:], key=lambda r: r["substitute_accuracy"])
     res.headline = Headline(f"substitute accuracy / victim accuracy, unguarded, {budget} queries", unguarded,
                             pct(unguarded))
-    from modelward.assess.findings import clopper_pearson
 
     n_test = len(data.y_test)
     k_sub = round(rows[0]["substitute_accuracy"] * n_test)
@@ -125,8 +131,6 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
 
 def _ownership(victim, substitute, budget: int) -> dict:  # noqa: ANN001 - a WatermarkedVictim, an nn.Module
     """The watermark verification of the stolen substitute and the detector's verdict on the attacker's stream."""
-    from modelward.extraction.ownership import LocalSuspect, verify_ownership
-
     records = victim.records()
     report = verify_ownership(LocalSuspect(substitute), watermark=records)
     ev = report.evidence[0]

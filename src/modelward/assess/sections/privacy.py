@@ -17,6 +17,14 @@ from modelward.assess.config import AssessConfig
 from modelward.assess.profiles import ProfileSizes
 from modelward.assess.sections.common import Headline, NotAssessed, SectionResult, pct, traffic_light
 from modelward.assess.target import Target
+from modelward.privacy.figures import image_grid, roc_plot
+from modelward.privacy.inversion import invert
+from modelward.privacy.membership.base import AttackData
+from modelward.privacy.membership.deep_wb import DeepWB
+from modelward.privacy.membership.lira import LiRA
+from modelward.privacy.membership.loss import LossAttack
+from modelward.privacy.metrics import evaluate, roc_curve, save_scores
+from modelward.privacy.shadows import ModelTrainer, ShadowPool
 
 
 def _last_layer_input(model: torch.nn.Module) -> str:
@@ -27,15 +35,6 @@ def _last_layer_input(model: torch.nn.Module) -> str:
 
 
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
-    from modelward.privacy.figures import image_grid, roc_plot
-    from modelward.privacy.inversion import invert
-    from modelward.privacy.membership.base import AttackData
-    from modelward.privacy.membership.deep_wb import DeepWB
-    from modelward.privacy.membership.lira import LiRA
-    from modelward.privacy.membership.loss import LossAttack
-    from modelward.privacy.metrics import evaluate, roc_curve, save_scores
-    from modelward.privacy.shadows import ModelTrainer, ShadowPool
-
     res = SectionResult("privacy", "Privacy: membership inference and model inversion")
     if target.membership is None:
         raise NotAssessed("which points the model was trained on is not known: give the held-out data as "

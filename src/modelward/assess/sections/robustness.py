@@ -18,6 +18,12 @@ from modelward.assess.config import AssessConfig
 from modelward.assess.profiles import ProfileSizes
 from modelward.assess.sections.common import Headline, SectionResult, pct, traffic_light
 from modelward.assess.target import Target
+from modelward.core.plots import line_plot
+from modelward.robustness.attacks import attack_mode, make_attack, predict
+from modelward.robustness.evaluation import robustness_sandwich
+from modelward.robustness.gloro.certify import certify
+from modelward.robustness.gloro.net import GloroNet
+from modelward.robustness.metrics import robust_accuracy
 
 
 def _points(target: Target, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,8 +36,6 @@ def _clip(x: torch.Tensor) -> tuple[float, float]:
 
 def _sweep(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, name: str, norm: str, eps: list[float],
            steps: int, clip: tuple[float, float], seed: int) -> list[float]:
-    from modelward.robustness.metrics import robust_accuracy
-
     params = {"norm": norm, "clip": clip, "seed": seed} if name == "pgd" else {"norm": norm, "clip": clip}
     if name == "pgd":
         params["steps"] = steps
@@ -41,8 +45,6 @@ def _sweep(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, name: str, 
 
 def _cw_curve(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, eps: list[float], steps: int,
               clip: tuple[float, float], seed: int) -> tuple[list[float], float]:
-    from modelward.robustness.attacks import attack_mode, make_attack, predict
-
     with attack_mode(model):
         correct = predict(model, x) == y
     # lr 0.05: with the default 0.01, C&W stalls within a quick profile's steps and its curve would flatter the model
@@ -55,9 +57,6 @@ def _cw_curve(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, eps: lis
 
 
 def _certified(target: Target, x: torch.Tensor, y: torch.Tensor, eps: list[float]) -> tuple[list[float], str]:
-    from modelward.robustness.gloro.certify import certify
-    from modelward.robustness.gloro.net import GloroNet
-
     if target.gloro is not None:
         net = target.gloro
         label = "certified (GloRo)"
@@ -161,8 +160,6 @@ def threat_models(target: Target, sizes: ProfileSizes, cfg: AssessConfig
 
 
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
-    from modelward.core.plots import line_plot
-
     res = SectionResult("robustness", "Robustness to evasion attacks")
     model = target.model
     x, y = _points(target, sizes.n_eval)
@@ -174,7 +171,6 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
         clip = _clip(target.data.x_train / sigma)
     else:
         clip = _clip(target.data.x_train)
-    from modelward.robustness.attacks import attack_mode, predict
 
     with attack_mode(model):
         n_correct = int((predict(model, x) == y).sum())
@@ -243,8 +239,6 @@ def _sandwich(res: SectionResult, out: Path, model: nn.Module, x: torch.Tensor, 
     certificate that covers the model (GloRo, CROWN, IBP) as the lower bound; both join the threat metrics, so the
     headline is the worst of them (issue 28). On the quick profile the attacks run fewer iterations and queries than
     RobustBench's (stated in the table's notes)."""
-    from modelward.robustness.evaluation import robustness_sandwich
-
     params = {"steps": max(sizes.pgd_steps, 20), "n_queries": 200 if sizes.pgd_steps <= 10 else 1000}
     rows, notes = [], []
     for norm, eps in (("linf", ref_linf), ("l2", ref_l2)):

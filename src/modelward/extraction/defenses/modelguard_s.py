@@ -23,8 +23,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from modelward.core.io import load_tensors, save_tensors
 from modelward.errors import ConfigError, DataError
-from modelward.extraction.defenses.base import PredictionDefense
+from modelward.extraction.defenses.base import PredictionDefense, as_probs
 
 _CHUNK = 8  # query rows per pre-filter pass (bounds the B × N score block and the candidate lists)
 _EXACT_BLOCK = 1024  # candidates of one query checked exactly at once (insertion order, early exit)
@@ -220,13 +221,9 @@ class ModelGuardS(PredictionDefense):
             self._order.append((int(c), self._classes[int(c)].append(y)))
 
     def save(self, path: str | Path) -> None:
-        from modelward.core.io import save_tensors
-
         save_tensors(path, self.state_dict(), {"defense": self.name, "epsilon": repr(self.epsilon)})
 
     def load(self, path: str | Path) -> None:
-        from modelward.core.io import load_tensors
-
         self.load_state_dict(load_tensors(path))
 
     # ---------------------------------------------------------------- lookup
@@ -350,8 +347,6 @@ class ModelGuardS(PredictionDefense):
         return self._run(y, frozen=False)
 
     def defend_frozen(self, probs: Tensor, x: Tensor | None = None) -> Tensor:
-        from modelward.extraction.defenses.base import as_probs
-
         if self.num_classes is None:
             return as_probs(probs).to(probs.dtype)
         return self._run(as_probs(probs), frozen=True).to(probs.dtype)

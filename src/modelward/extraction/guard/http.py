@@ -242,6 +242,7 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     """
     import uvicorn
 
+    # lazy: like uvicorn above, only serve() needs the server's connection limits (building the app does not)
     from modelward.extraction.guard.connections import ConnectionLimits, limited_h11_protocol
 
     _log_to_stderr()

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from modelward.core.progress import ProgressSink, as_sink
+from modelward.core.train import fit_from_config
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, DataError
 from modelward.extraction.guard.config import GuardConfig, load_guard_config
@@ -49,8 +50,6 @@ def make_guard_fingerprint(config_path: str | Path, overrides: list[str] | None 
     Example:
         >>> path, fp = make_guard_fingerprint("guard.toml")  # doctest: +SKIP
     """
-    from modelward.core.train import fit_from_config
-
     path = Path(config_path)
     cfg = load_guard_config(path, overrides)
     fcfg = cfg.ownership.fingerprint

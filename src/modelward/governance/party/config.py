@@ -283,6 +283,7 @@ def revoke_peer(cfg: PartyConfig, name: str) -> tuple[Path, str, bool]:
         >>> revoke_peer(load_party_config("party_bob.toml"), "alice")  # doctest: +SKIP
         (PosixPath('.../revoked.txt'), 'sha256:…', True)
     """
+    # movable to the top (no cycle, nothing heavy); kept here while governance/ is edited in parallel
     from modelward.governance.trust.revocation import revoke
 
     table = pins(cfg)

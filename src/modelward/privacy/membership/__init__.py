@@ -11,6 +11,7 @@ from typing import Any
 
 from modelward.core.registry import Registry
 from modelward.privacy.membership.base import AttackData, MembershipAttack, MembershipResult
+from modelward.privacy.membership.calibration import Calibrated
 
 ATTACKS = Registry("membership attack")
 for _name, _target in {
@@ -55,8 +56,6 @@ def make_membership_attack(name: str, calibrate: float | None = None, **params: 
     """
     attack = ATTACKS.create(name, **params)
     if calibrate is not None:
-        from modelward.privacy.membership.calibration import Calibrated
-
         return Calibrated(attack, calibrate)
     return attack
 

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from modelward.core.init import init_module_
+from modelward.core.io import load_state_dict, save_state_dict
 from modelward.privacy.membership.base import AttackData
 from modelward.privacy.shadows import fit, train_stacked
 from modelward.privacy.slicing import Side, Top, features, get_layer, last_linear
@@ -67,8 +68,6 @@ def cached_tops(data: AttackData, layer: str | None, count: int, bootstrap: bool
 
 def save_tops(path: str, tops_by_key: dict[str, list[Top]], layer: str) -> None:
     """Save proxy tops of the last linear layer (only its weight and bias are trained) as safetensors."""
-    from modelward.core.io import save_state_dict
-
     tensors = {}
     for key, tops in tops_by_key.items():
         for k, t in enumerate(tops):
@@ -80,8 +79,6 @@ def save_tops(path: str, tops_by_key: dict[str, list[Top]], layer: str) -> None:
 
 def load_tops(path: str, data: AttackData) -> None:
     """Put the saved proxy tops into ``data.cache`` (as :func:`cached_tops` would have trained them)."""
-    from modelward.core.io import load_state_dict
-
     tensors, meta = load_state_dict(path)
     layer = meta["layer"]
     ref = Top.of(data.target, layer, data.x_aux[:1])

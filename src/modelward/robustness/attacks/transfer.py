@@ -17,6 +17,7 @@ from modelward.core.device import model_device
 from modelward.core.seed import seeded
 from modelward.core.train import TrainConfig, train
 from modelward.core.zoo import ModelConfig, build_model
+from modelward.robustness.attacks import make_attack
 from modelward.robustness.attacks.base import EvasionAttack, Norm, attack_mode, predict
 
 
@@ -103,8 +104,6 @@ class TransferAttack(EvasionAttack):
 
     def perturb(self, x: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None,
                 gen: torch.Generator) -> torch.Tensor:
-        from modelward.robustness.attacks import make_attack
-
         if not self._fitted:
             self.fit_proxy(self.x_query if self.x_query is not None else x)
         assert self.proxy is not None

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from modelward.core.modules import eval_mode, model_device
+from modelward.errors import ConfigError
 from modelward.robustness.gloro.net import GloroNet
 
 
@@ -82,7 +83,6 @@ def certify(net: GloroNet, x: torch.Tensor, y: torch.Tensor | None = None, epsil
         True
     """
     if not isinstance(net, GloroNet):  # a plain nn.Module has no Lipschitz bound to certify with
-        from modelward.errors import ConfigError
 
         raise ConfigError(f"certify: expected a GloroNet, got {type(net).__name__}; wrap the model first: "
                           "GloroNet(model, input_shape, epsilon=...) (an nn.Sequential of layers the bound covers), "
