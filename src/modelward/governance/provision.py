@@ -46,7 +46,7 @@ from pydantic import Field, field_validator, model_validator
 
 from modelward.core.config import StrictModel, load_config, to_toml, validate
 from modelward.core.train import TrainConfig
-from modelward.core.zoo import ModelConfig
+from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError
 from modelward.governance.consent import Policy
 from modelward.governance.driver.config import SplitConfig
@@ -57,6 +57,7 @@ from modelward.governance.party.config import (
     load_party_config,
     revoked_path,
 )
+from modelward.governance.plan import model_layers
 from modelward.governance.trust.certs import ca_sign, check_name, keygen, read_pem
 from modelward.governance.trust.identity import cert_fingerprint, normalize_fingerprint
 from modelward.governance.trust.manifest import (
@@ -266,8 +267,6 @@ def _check_layers(cfg: ConsortiumConfig, source: str) -> None:
     an entry-point model is code, not run here)."""
     if cfg.model.arch == "entrypoint":
         return
-    from modelward.core.zoo import build_model
-    from modelward.governance.plan import model_layers
 
     names = [lay.name for lay in model_layers(build_model(cfg.model, tuple(cfg.input_shape), cfg.num_classes))]
     got = [lay for p in cfg.chain for lay in p.layers]

@@ -19,7 +19,8 @@ from modelward.core.train import TrainConfig
 from modelward.errors import ConfigError
 from modelward.governance.party.config import TLSConfig, _resolve
 from modelward.governance.trust.certs import check_name, read_pem
-from modelward.governance.trust.identity import cert_fingerprint
+from modelward.governance.trust.identity import cert_fingerprint, normalize_fingerprint
+from modelward.governance.trust.revocation import revoke
 
 
 class PartyRef(StrictModel):
@@ -150,9 +151,6 @@ def revoke_party(cfg: SplitConfig, name: str) -> tuple[Path, str, bool]:
         >>> revoke_party(load_split_config("split.toml"), "bob")  # doctest: +SKIP
         (PosixPath('.../revoked.txt'), 'sha256:…', True)
     """
-    from modelward.governance.trust.identity import normalize_fingerprint
-    from modelward.governance.trust.revocation import revoke
-
     refs = {p.name: p for p in cfg.parties}
     if name not in refs:
         raise ConfigError(f"{name!r} is not a party of this split (parties: {list(refs)})")
