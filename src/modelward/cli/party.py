@@ -127,6 +127,52 @@ def revoke(
     print(f"{'revoked' if added else 'already revoked'}: {name} {fp} (deny-list {path})")
 
 
+@app.command("rotate")
+def rotate(
+    config: Annotated[Path, typer.Argument(help="this party's PARTY.toml (its tls.key / tls.cert are replaced)")],
+    ca: Annotated[Path | None, typer.Option("--ca", help="the consortium CA folder that signs the new "
+                                                          "certificate (CA-signed setups)")] = None,
+    days: Annotated[int, typer.Option("--days", help="validity of the new certificate")] = 365,
+    stage: Annotated[bool, typer.Option("--stage", help="write the new pair next to the old (.next) and switch "
+                                                        "later with --switch (cross-pinning)")] = False,
+    switch: Annotated[bool, typer.Option("--switch", help="put a staged pair in place")] = False,
+) -> None:
+    """Rotate this party's key: a new key and certificate carrying a statement signed by the old key; the running
+    party switches at its next handshake and its peers follow the statement (no re-pin)."""
+    from modelward.governance.party.config import load_party_config
+    from modelward.governance.trust.rotation import rotate_keys, switch_staged
+
+    cfg = load_party_config(config)
+    if switch:
+        switch_staged(cfg.tls.key, cfg.tls.cert)
+        print(f"switched: {cfg.tls.cert} and {cfg.tls.key} now hold the staged pair (the running party takes it "
+              "at its next handshake)")
+        return
+    res = rotate_keys(cfg.name, cfg.tls.key, cfg.tls.cert, ca_dir=ca, days=days, stage=stage)
+    print(f"rotation #{res.statement.sequence} of {cfg.name}: {res.old_pin} -> {res.new_pin}")
+    print(f"new key {_show(res.key)} (mode 0600), certificate {_show(res.cert)} (carries the statement)")
+    print(f"statement {_show(res.statement_path)} (signed by the old key; not secret)")
+    if stage:
+        print("cross-pinning: give the statement file to every peer (`modelward party accept-rotation STATEMENT "
+              f"PEER.toml`), then run `modelward party rotate {config} --switch`")
+
+
+@app.command("accept-rotation")
+def accept_rotation(
+    statement: Annotated[Path, typer.Argument(help="a peer's NAME-rotation-<n>.json (from `party rotate`)")],
+    config: Annotated[Path, typer.Argument(help="this party's PARTY.toml")],
+) -> None:
+    """Check a peer's rotation statement against this party's pins and put it in the party's inbox; the running
+    party picks it up at its next handshake (it trusts the new certificate from then on, the old one retires)."""
+    from modelward.governance.party.config import load_party_config, pins, revoked_path
+    from modelward.governance.trust.revocation import DenyList
+    from modelward.governance.trust.rotation import deliver_statement
+
+    cfg = load_party_config(config)
+    dest, party, seq = deliver_statement(statement, pins(cfg), cfg.checkpoint_dir, DenyList(revoked_path(cfg)))
+    print(f"rotation #{seq} of {party} verified against this party's pin; delivered to {_show(dest)}")
+
+
 @app.command("serve")
 def serve(
     config: Annotated[Path, typer.Argument(help="PARTY.toml")],

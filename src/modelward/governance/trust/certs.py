@@ -115,7 +115,7 @@ _CA_USAGE = x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=T
 
 
 def _party_cert(name: str, public_key, issuer: x509.Name, issuer_key, hosts: list[str], days: int,
-                issuer_public_key=None) -> x509.Certificate:
+                issuer_public_key=None, extensions: list[x509.ExtensionType] | None = None) -> x509.Certificate:
     now = _now()
     b = (x509.CertificateBuilder()
          .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
@@ -130,6 +130,8 @@ def _party_cert(name: str, public_key, issuer: x509.Name, issuer_key, hosts: lis
          .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False))
     if issuer_public_key is not None:
         b = b.add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_public_key), critical=False)
+    for ext in extensions or []:  # e.g. a rotation statement (governance.trust.rotation), never critical
+        b = b.add_extension(ext, critical=False)
     return b.sign(issuer_key, hashes.SHA256())
 
 
