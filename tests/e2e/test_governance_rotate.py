@@ -69,6 +69,7 @@ def _run(root: Path, rotate: str | None) -> dict[str, list[int]]:
         res = drv.train(out_dir=root / "driver", on_step=on_step)
         drv.checkpoint_all()
     assert done == list(range(1, STEPS + 1)) and res.steps_run == STEPS
+    assert res.resumes == 0  # nothing failed on the way: the swap interrupted no call
     applied = {}
     for p, caller in (("alice", "operator"), ("bob", "alice")):
         log = AuditLog(load_party_config(split.party_configs[p]).audit_db, p)

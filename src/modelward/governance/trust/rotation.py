@@ -472,15 +472,16 @@ class PeerTrust:
                 if len(self._cache) > 256:
                     self._cache.clear()
                 self._cache[pem] = (cert_fp, key_fp)
-            if self.deny is not None:
+            for name, pin in self.pins.items():
+                if pin in (cert_fp, key_fp):
+                    # a current pin: whether it is revoked is the gate's check (refused per request, audited)
+                    self._first_use(name)
+                    return name
+            if self.deny is not None:  # a retired or revoked key is never followed or let through an overlap
                 for fp in (cert_fp, key_fp):
                     reason = self.deny.reason(fp)
                     if reason:
                         raise IdentityError(f"presented {reason}")
-            for name, pin in self.pins.items():
-                if pin in (cert_fp, key_fp):
-                    self._first_use(name)
-                    return name
             for name, e in self.store.entries.items():
                 prev = e.get("previous")
                 if prev and prev in (cert_fp, key_fp) and self.pins.get(name) == e["pin"]:
@@ -505,6 +506,10 @@ class PeerTrust:
             if others:
                 raise RotationError(f"rotation statement of {st.party!r} names the key pinned for {others[0]!r}")
             old_pin = self.pins[st.party]
+            revoked = self.deny.reason(old_pin) if self.deny is not None else None
+            if revoked:  # whoever holds a revoked key must not buy a fresh one with it
+                raise RotationError(f"rotation statement of {st.party!r} is signed by a revoked key: {revoked}; "
+                                    "re-admitting a revoked party is a new pin in its configuration")
             verify_statement(st, new_cert_pem, old_pin, self.store.sequence(st.party))
             e = self.store.entries.get(st.party, {})
             if e.get("previous"):  # a second rotation before the first one's overlap ended
