@@ -226,3 +226,66 @@ def test_a_revoked_party_cannot_rotate_itself_back_in(tmp_path: Path, ca: Path) 
     with pytest.raises(RotationError, match="signed by a revoked key"):
         trust.identify((ca / "alice.pem").read_bytes())
     assert trust.store.entries == {}
+
+
+def test_a_live_grpc_server_takes_a_picked_up_self_signed_rotation_at_its_next_handshake(tmp_path: Path) -> None:
+    """Cross-pinning over real gRPC mutual TLS: bob's server trusts alice's self-signed certificate only. Alice
+    switching before bob has her statement is refused in the handshake; once the statement is in bob's inbox his
+    dynamic credentials add her new certificate to the roots at the next handshake, bob identifies her new key as
+    alice, and her old key is refused from then on."""
+    from concurrent import futures
+
+    import grpc
+
+    from modelward.governance.party.config import TLSConfig
+    from modelward.governance.transport.credentials import server_credentials
+
+    keygen("alice", tmp_path / "a")
+    keygen("bob", tmp_path / "b")
+    a_old = tmp_path / "a-old"
+    a_old.mkdir()
+    for f in ("alice.pem", "alice.key"):
+        (a_old / f).write_bytes((tmp_path / "a" / f).read_bytes())
+    state = tmp_path / "bob-state"
+    pins = {"alice": cert_fingerprint((tmp_path / "a/alice.pem").read_bytes())}
+    trust = PeerTrust(dict(pins), RotationStore(state / "rotations.json"), DenyList(state / "revoked.txt"), 0.0,
+                      inbox=state / "rotations-inbox")
+    (tmp_path / "bob-ca.pem").write_bytes((tmp_path / "a/alice.pem").read_bytes())
+    bob_tls = TLSConfig(ca=str(tmp_path / "bob-ca.pem"), cert=str(tmp_path / "b/bob.pem"),
+                        key=str(tmp_path / "b/bob.key"))
+
+    def who(request: bytes, context) -> bytes:
+        pem = (context.auth_context().get("x509_pem_cert") or [b""])[0]
+        try:
+            return trust.identify(pem).encode()
+        except IdentityError as e:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "t.T", {"Who": grpc.unary_unary_rpc_method_handler(who)}),))
+    port = server.add_secure_port("127.0.0.1:0", server_credentials(bob_tls, KeyPairFiles(bob_tls.key, bob_tls.cert),
+                                                                      trust))
+    server.start()
+
+    def call(folder: Path) -> str:
+        creds = grpc.ssl_channel_credentials((tmp_path / "b/bob.pem").read_bytes(),
+                                             (folder / "alice.key").read_bytes(), (folder / "alice.pem").read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{port}", creds, options=[("grpc.ssl_target_name_override", "bob"),
+                                                                       ("grpc.use_local_subchannel_pool", 1)]) as ch:
+            try:
+                return ch.unary_unary("/t.T/Who")(b"", timeout=5).decode()
+            except grpc.RpcError as e:
+                return e.code().name
+
+    try:
+        assert call(a_old) == "alice"
+        res = rotate_keys("alice", tmp_path / "a/alice.key", tmp_path / "a/alice.pem", stage=True)
+        switch_staged(tmp_path / "a/alice.key", tmp_path / "a/alice.pem")
+        assert call(tmp_path / "a") == "UNAVAILABLE"  # switched too early: the handshake fails, nobody is misnamed
+        deliver_statement(res.statement_path, pins, state)
+        assert call(tmp_path / "a") == "alice"  # picked up before this handshake: new root, new pin
+        assert trust.pins["alice"] == res.new_pin
+        assert call(a_old) == "UNAUTHENTICATED"  # retired onto the deny-list at the new key's first use
+    finally:
+        server.stop(0)
