@@ -289,3 +289,39 @@ def test_a_live_grpc_server_takes_a_picked_up_self_signed_rotation_at_its_next_h
         assert call(a_old) == "UNAUTHENTICATED"  # retired onto the deny-list at the new key's first use
     finally:
         server.stop(0)
+
+
+def test_cli_rotate_stage_accept_and_switch(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from modelward.cli.main import app
+
+    keygen("alice", tmp_path / "a")
+    keygen("bob", tmp_path / "b")
+
+    def toml(me: str, peer: str, folder: str, peer_folder: str) -> Path:
+        p = tmp_path / f"party_{me}.toml"
+        p.write_text(f'name = "{me}"\nlayers = ["fc1"]\ninput_shape = [4]\nnum_classes = 3\n'
+                     f'checkpoint_dir = "{me}-ckpt"\naudit_db = "{me}.db"\n'
+                     f'[tls]\nca = "{peer_folder}/{peer}.pem"\ncert = "{folder}/{me}.pem"\nkey = "{folder}/{me}.key"\n'
+                     f'[peers.{peer}]\ncert = "{peer_folder}/{peer}.pem"\n')
+        return p
+
+    alice_toml = toml("alice", "bob", "a", "b")
+    (tmp_path / "bob-copy").mkdir()  # bob's own copy of alice's certificate (what he pinned)
+    (tmp_path / "bob-copy/alice.pem").write_bytes((tmp_path / "a/alice.pem").read_bytes())
+    bob_toml = toml("bob", "alice", "b", "bob-copy")
+    run = CliRunner()
+    r = run.invoke(app, ["party", "rotate", str(alice_toml), "--stage"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "rotation #1 of alice" in r.output and "--switch" in r.output
+    st = tmp_path / "a/alice-rotation-1.json"
+    r = run.invoke(app, ["party", "accept-rotation", str(st), str(bob_toml)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, f"{r.output}{r.exception}"
+    assert (tmp_path / "bob-ckpt/rotations-inbox/alice-rotation-1.json").is_file()
+    # a statement for bob's own pin table from a party he does not pin: refused, nothing delivered
+    r = run.invoke(app, ["party", "accept-rotation", str(st), str(alice_toml)], env={"COLUMNS": "200"})
+    assert r.exit_code != 0 and "not a pinned peer" in f"{r.output}{r.exception}"
+    r = run.invoke(app, ["party", "rotate", str(alice_toml), "--switch"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert statement_from_cert((tmp_path / "a/alice.pem").read_bytes()).sequence == 1
