@@ -203,7 +203,7 @@ def test_cross_pinning_stages_the_pair_and_peers_pick_the_statement_up(tmp_path:
 
 
 def test_a_key_pair_switches_only_when_both_files_match(ca: Path) -> None:
-    pair = KeyPairFiles(ca / "alice.key", ca / "alice.pem")
+    pair = KeyPairFiles(ca / "alice.key", ca / "alice.pem", min_interval_s=0)
     old = pair.current()
     new = ec.generate_private_key(ec.SECP256R1())
     ca_key, ca_cert = _load_ca(ca)

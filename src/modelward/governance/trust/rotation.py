@@ -411,6 +411,7 @@ class PeerTrust:
         self.overlap_s, self.on_event = overlap_s, on_event
         self.inbox = Path(inbox) if inbox is not None else None
         self._inbox_stamp: int | None = None
+        self._inbox_looked = -1e18
         self.lock = threading.RLock()
         self.version = 0  # +1 whenever the pins or the extra roots change
         self._cache: dict[bytes, tuple[str, str]] = {}
@@ -462,7 +463,8 @@ class PeerTrust:
     # -- decisions
     def identify(self, pem: bytes) -> str:
         """The party a presented certificate belongs to (module docstring); IdentityError if none."""
-        if self.inbox is not None:
+        if self.inbox is not None and time.monotonic() - self._inbox_looked >= 0.25:
+            self._inbox_looked = time.monotonic()  # (a request does not pay a stat; a handshake always looks)
             self.pick_up()
         with self.lock:
             self._retire_expired()
