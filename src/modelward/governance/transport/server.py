@@ -3,9 +3,11 @@
 One generic bytes-in/bytes-out method (framing in :mod:`modelward.governance.wire`; the admission checks in
 :mod:`modelward.governance.party.gate`). The TLS handshake admits
 certificates from the configured CA(s); *who* the caller is then follows only from the pinned fingerprints
-(:func:`modelward.governance.trust.identity.identify_peer` on the ``x509_pem_cert`` of the auth context), before any
-byte of the request body is decoded. An unpinned certificate — whatever its common name or CA — is refused and
-audited (rate-limited).
+(:class:`modelward.governance.trust.rotation.PeerTrust` on the ``x509_pem_cert`` of the auth context: the pins,
+followed through a peer's signed key rotation), before any byte of the request body is decoded. An unpinned
+certificate — whatever its common name or CA — is refused and audited (rate-limited). The server's own key pair is
+re-read when it is rotated (:mod:`modelward.governance.transport.credentials`): new handshakes get the new
+certificate without a restart.
 """
 
 from __future__ import annotations
