@@ -325,3 +325,25 @@ def test_cli_rotate_stage_accept_and_switch(tmp_path: Path) -> None:
     r = run.invoke(app, ["party", "rotate", str(alice_toml), "--switch"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert statement_from_cert((tmp_path / "a/alice.pem").read_bytes()).sequence == 1
+
+
+def test_a_remote_ca_signs_the_rotation_csr_and_the_statement_survives(tmp_path: Path) -> None:
+    from modelward.governance.trust.certs import ca_init, ca_sign
+    from modelward.governance.trust.rotation import install_signed
+
+    ca_init(tmp_path / "ca", "Consortium")
+    keys = keygen("alice", tmp_path / "a")
+    ca_sign(tmp_path / "ca", keys["csr"], out=tmp_path / "a/alice.pem", force=True)  # alice's CA-signed certificate
+    old_pem = (tmp_path / "a/alice.pem").read_bytes()
+    trust = PeerTrust({"alice": cert_fingerprint(old_pem)}, RotationStore(None), None, 0.0)
+    res = rotate_keys("alice", tmp_path / "a/alice.key", tmp_path / "a/alice.pem", csr=True)
+    assert (tmp_path / "a/alice.pem").read_bytes() == old_pem and res.key.name == "alice.key.next"
+    signed = ca_sign(tmp_path / "ca", res.csr)  # at the CA's host: only the CSR travels there
+    pin = install_signed(tmp_path / "a/alice.key", tmp_path / "a/alice.pem", signed)
+    new_pem = (tmp_path / "a/alice.pem").read_bytes()
+    assert statement_from_cert(new_pem) == res.statement and cert_fingerprint(new_pem) == pin
+    assert trust.identify(new_pem) == "alice" and trust.pins["alice"] == pin
+    # a CA-signed certificate for another key is not installed over the staged one
+    rotate_keys("alice", tmp_path / "a/alice.key", tmp_path / "a/alice.pem", csr=True)
+    with pytest.raises(ConfigError, match="not a certificate for the staged key"):
+        install_signed(tmp_path / "a/alice.key", tmp_path / "a/alice.pem", signed)

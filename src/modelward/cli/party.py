@@ -136,13 +136,28 @@ def rotate(
     stage: Annotated[bool, typer.Option("--stage", help="write the new pair next to the old (.next) and switch "
                                                         "later with --switch (cross-pinning)")] = False,
     switch: Annotated[bool, typer.Option("--switch", help="put a staged pair in place")] = False,
+    csr: Annotated[bool, typer.Option("--csr", help="a CA whose key is elsewhere: stage the new key and write a "
+                                                    "CSR carrying the statement for `party ca sign`")] = False,
+    signed: Annotated[Path | None, typer.Option("--signed", help="with --switch: the certificate the CA signed "
+                                                                 "from that CSR")] = None,
 ) -> None:
     """Rotate this party's key: a new key and certificate carrying a statement signed by the old key; the running
     party switches at its next handshake and its peers follow the statement (no re-pin)."""
     from modelward.governance.party.config import load_party_config
-    from modelward.governance.trust.rotation import rotate_keys, switch_staged
+    from modelward.governance.trust.rotation import install_signed, rotate_keys, switch_staged
 
     cfg = load_party_config(config)
+    if switch and signed is not None:
+        pin = install_signed(cfg.tls.key, cfg.tls.cert, signed)
+        print(f"switched: {cfg.tls.cert} is the CA-signed certificate {pin}; the running party takes it at its "
+              "next handshake")
+        return
+    if csr:
+        res = rotate_keys(cfg.name, cfg.tls.key, cfg.tls.cert, days=days, csr=True)
+        print(f"rotation #{res.statement.sequence} of {cfg.name}: new key staged at {_show(res.key)} (mode 0600)")
+        print(f"CSR {_show(res.csr)} (carries the statement): `modelward party ca sign {res.csr.name} --ca CA`, "
+              f"then `modelward party rotate {config} --switch --signed NAME-signed.pem`")
+        return
     if switch:
         switch_staged(cfg.tls.key, cfg.tls.cert)
         print(f"switched: {cfg.tls.cert} and {cfg.tls.key} now hold the staged pair (the running party takes it "

@@ -60,10 +60,12 @@ from cryptography.x509.oid import NameOID
 from modelward.core.records import atomic_write_text
 from modelward.errors import ConfigError, IdentityError
 from modelward.governance.trust.certs import (
+    ROTATION_OID,
     _key_pem,
     _load_ca,
     _party_cert,
     _pem,
+    _san,
     check_name,
     read_pem,
     write_new_file,
@@ -72,8 +74,6 @@ from modelward.governance.trust.identity import CERT_PREFIX, SPKI_PREFIX, normal
 from modelward.governance.trust.revocation import DenyList, revoke
 
 FORMAT = "modelward-rotation/1"
-# a UUID-derived OID (ITU-T X.667, arc 2.25): needs no registration and collides with nobody's
-ROTATION_OID = x509.ObjectIdentifier("2.25.154936142925447720865633133406074831733")
 CLOCK_SKEW_S = 300.0
 MAX_STATEMENT_BYTES = 16384
 
@@ -257,14 +257,15 @@ def verify_statement(st: RotationStatement, new_cert_pem: bytes, pinned: str, la
 # ---------------------------------------------------------------------------------------------- the rotating side
 @dataclass
 class RotationResult:
-    """What :func:`rotate_keys` wrote."""
+    """What :func:`rotate_keys` wrote (with ``csr``: the staged key and the request; no certificate or pin yet)."""
 
     statement: RotationStatement
-    statement_path: Path
+    statement_path: Path | None
     key: Path
-    cert: Path
+    cert: Path | None
     old_pin: str
-    new_pin: str
+    new_pin: str | None
+    csr: Path | None = None
 
 
 def staged(path: str | Path) -> Path:
@@ -282,8 +283,39 @@ def switch_staged(key_path: str | Path, cert_path: str | Path) -> None:
     os.replace(k, key_path)
 
 
+def install_signed(key_path: str | Path, cert_path: str | Path, signed: str | Path) -> str:
+    """After ``party rotate --csr`` and ``party ca sign`` at the CA: check that the signed certificate is for the
+    staged key and carries a statement the current certificate's pin accepts, then put both in place (certificate
+    first, then key). Returns the new pin.
+
+    Args:
+        key_path / cert_path: the party's ``tls.key`` / ``tls.cert``; signed: the certificate the CA returned.
+
+    Returns:
+        The new certificate's ``sha256:`` pin.
+    """
+    k = staged(key_path)
+    if not k.is_file():
+        raise ConfigError(f"nothing staged: {k} not found (run `party rotate --csr` first)")
+    new_pem = read_pem(signed, "signed certificate")
+    key_pem = k.read_bytes()
+    fmt = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    staged_pub = serialization.load_pem_private_key(key_pem, password=None).public_key().public_bytes(*fmt)
+    if _cert(new_pem).public_key().public_bytes(*fmt) != staged_pub:
+        raise ConfigError(f"{signed} is not a certificate for the staged key {k}")
+    st = statement_from_cert(new_pem)
+    if st is None:
+        raise ConfigError(f"{signed} carries no rotation statement (was it signed by `party ca sign` from the "
+                          "CSR `party rotate --csr` wrote?)")
+    pin = verify_statement(st, new_pem, fingerprints(read_pem(cert_path, "tls.cert"))[0])
+    write_new_file(cert_path, _pem(_cert(new_pem)), 0o644, force=True)
+    os.replace(k, key_path)
+    return pin
+
+
 def rotate_keys(name: str, key_path: str | Path, cert_path: str | Path, ca_dir: str | Path | None = None,
-                days: int = 365, statement_dir: str | Path | None = None, stage: bool = False) -> RotationResult:
+                days: int = 365, statement_dir: str | Path | None = None, stage: bool = False,
+                csr: bool = False) -> RotationResult:
     """Replace a party's key and certificate in place, announcing the new key with a statement signed by the old.
 
     The new certificate keeps the old one's host names, carries the statement (:data:`ROTATION_OID`) and is
@@ -299,6 +331,8 @@ def rotate_keys(name: str, key_path: str | Path, cert_path: str | Path, ca_dir: 
             certificate's folder).
         stage: write the new pair to ``<key>.next`` / ``<cert>.next`` and switch later (:func:`switch_staged`):
             with cross-pinning, once every peer has picked the statement up.
+        csr: a CA whose key is elsewhere: stage the new key and write ``NAME-rotation-<n>.csr`` carrying the
+            statement; ``party ca sign`` copies it into the certificate, :func:`install_signed` puts it in place.
 
     Returns:
         A :class:`RotationResult` (statement, paths, the old and the new pin).
@@ -326,6 +360,16 @@ def rotate_keys(name: str, key_path: str | Path, cert_path: str | Path, ca_dir: 
     except x509.ExtensionNotFound:
         hosts = []
     ext = x509.UnrecognizedExtension(ROTATION_OID, st.to_bytes())
+    out = Path(statement_dir) if statement_dir is not None else cert_path.parent
+    if csr:
+        request = (x509.CertificateSigningRequestBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+                   .add_extension(_san(name, hosts), critical=False).add_extension(ext, critical=False)
+                   .sign(new_key, hashes.SHA256()))
+        out.mkdir(parents=True, exist_ok=True)
+        csr_path = write_new_file(out / f"{name}-rotation-{sequence}.csr", _pem(request), 0o644, force=True)
+        write_new_file(staged(key_path), _key_pem(new_key), 0o600, force=True)
+        return RotationResult(st, None, staged(key_path), None, fingerprints(old_pem)[0], None, csr_path)
     if ca_dir is not None:
         ca_key, ca_cert = _load_ca(ca_dir)
         cert = _party_cert(name, new_key.public_key(), ca_cert.subject, ca_key, hosts, days, ca_cert.public_key(),
@@ -333,7 +377,6 @@ def rotate_keys(name: str, key_path: str | Path, cert_path: str | Path, ca_dir: 
     else:
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
         cert = _party_cert(name, new_key.public_key(), subject, new_key, hosts, days, extensions=[ext])
-    out = Path(statement_dir) if statement_dir is not None else cert_path.parent
     out.mkdir(parents=True, exist_ok=True)
     st_path = out / f"{name}-rotation-{sequence}.json"
     doc = {"statement": json.loads(st.to_bytes()), "new_cert": _pem(cert).decode()}
