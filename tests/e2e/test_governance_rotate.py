@@ -64,6 +64,9 @@ def _run(root: Path, rotate: str | None) -> dict[str, list[int]]:
                                          str(root / "certs")], env={"COLUMNS": "200"})
             assert r.exit_code == 0, r.output
             assert f"rotation #1 of {rotate}" in r.output
+            # (processes look at their key files at most every 50 ms: make sure the remaining steps see the switch
+            # on any host speed; the step sent ahead is in flight meanwhile)
+            time.sleep(0.1)
 
     with SplitDriver(split.split_config(tc, 0, retry_s=20.0)) as drv:
         res = drv.train(out_dir=root / "driver", on_step=on_step)

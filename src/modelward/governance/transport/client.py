@@ -124,11 +124,16 @@ def check_server(name: str, address: str, tls: TLSConfig, pin: str | None, timeo
             ctx.load_verify_locations(cadata=extra_roots.decode())
     except (OSError, ssl.SSLError) as e:
         raise TLSSetupError(f"tls.ca {tls.ca}: cannot be used as CA certificate(s): {e}") from None
-    try:
-        ctx.load_cert_chain(tls.cert, tls.key)
-    except (OSError, ssl.SSLError) as e:
-        raise TLSSetupError(f"tls.cert {tls.cert} / tls.key {tls.key}: cannot be loaded together ({e}); is the "
-                            "key the one the certificate was made for?") from None
+    for attempt in range(2):
+        try:
+            ctx.load_cert_chain(tls.cert, tls.key)
+            break
+        except (OSError, ssl.SSLError) as e:
+            if attempt == 0:  # `party rotate` may be half-way (the new certificate written, its key next)
+                time.sleep(0.2)
+                continue
+            raise TLSSetupError(f"tls.cert {tls.cert} / tls.key {tls.key}: cannot be loaded together ({e}); is the "
+                                "key the one the certificate was made for?") from None
     ctx.set_alpn_protocols(["h2"])
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
