@@ -1,5 +1,6 @@
 """Key rotation mid-training across real servers (issue #27): two party processes and the driver over gRPC + mutual
 TLS with a consortium CA. At step 3 of 8 a party's organisation runs `modelward party rotate PARTY.toml --ca CA`
+(in the second case also the driver's own key, at step 5)
 while the driver keeps training (steps are pipelined, so the next one is already in flight): the party's server
 takes the new certificate at its next handshake, its link to the next party reconnects with it, the peer and the
 driver follow the rotation statement (signed by the old key) without any re-pin. The run finishes with tensors
@@ -34,16 +35,16 @@ from modelward.governance.party.config import TLSConfig, load_party_config
 from modelward.governance.transport.client import GrpcPartyClient
 from modelward.governance.trust.certs import _key_pem, _load_ca, _party_cert, _pem
 from modelward.governance.trust.identity import cert_fingerprint
-from modelward.governance.trust.rotation import ROTATION_OID, fingerprints, sign_statement
+from modelward.governance.trust.rotation import ROTATION_OID, fingerprints, rotate_keys, sign_statement
 from modelward.governance.wire import Message
 
 STEPS, EVAL_EVERY, ROTATE_AT = 8, 4, 3
 
 
-def _run(root: Path, rotate: str | None) -> dict[str, list[int]]:
+def _run(root: Path, rotate: str | None, operator_at: int | None = None) -> dict[str, list[int]]:
     """Train STEPS steps of the demo CNN split alice | bob (driver "operator"), rotating `rotate`'s key after step
-    ROTATE_AT; returns the steps each party's audit log shows as applied. The servers are left running in
-    ``_run.split`` for the attacks."""
+    ROTATE_AT (and the driver's own key after step `operator_at`); returns the steps each party's audit log shows
+    as applied. The servers are left running in ``_run.split`` for the attacks."""
     data = load_data(DataConfig(source="digits", seed=0))
     model = init_model_(build_model(ModelConfig(arch="cnn", channels=[16, 32], fc=64), (1, 8, 8), 10),
                         "glorot_uniform", 0)
@@ -66,6 +67,9 @@ def _run(root: Path, rotate: str | None) -> dict[str, list[int]]:
             assert f"rotation #1 of {rotate}" in r.output
             # (processes look at their key files at most every 50 ms: make sure the remaining steps see the switch
             # on any host speed; the step sent ahead is in flight meanwhile)
+            time.sleep(0.1)
+        if step == operator_at:  # the driver's identity: no PARTY.toml, the library call
+            rotate_keys("operator", root / "certs/operator.key", root / "certs/operator.pem", ca_dir=root / "certs")
             time.sleep(0.1)
 
     with SplitDriver(split.split_config(tc, 0, retry_s=20.0)) as drv:
@@ -192,15 +196,20 @@ def test_alice_rotates_mid_run_and_the_run_is_bit_identical(tmp_path: Path, unin
 
 
 @pytest.mark.slow
-def test_bob_rotates_mid_run_and_alice_and_the_driver_follow(tmp_path: Path, uninterrupted) -> None:
+def test_bob_and_the_driver_rotate_mid_run_and_everyone_follows(tmp_path: Path, uninterrupted) -> None:
     try:
-        applied = _run(tmp_path, "bob")
+        applied = _run(tmp_path, "bob", operator_at=5)
         new_pin = cert_fingerprint((tmp_path / "certs/bob.pem").read_bytes())
+        op_pin = cert_fingerprint((tmp_path / "certs/operator.pem").read_bytes())
         assert applied == {"alice": list(range(STEPS)), "bob": list(range(STEPS))}  # (steps 0..STEPS-1 applied)
         # alice's link to bob (her client) and the driver re-checked bob's new server certificate and followed it
         rot = _rows(_run.split.party_configs["alice"], "(rotation)")
         assert any(c == "bob" and "rotation #1 accepted" in r and new_pin in r for c, d, r in rot), rot
         assert new_pin in (tmp_path / "driver/rotations/bob.json").read_text()
+        # the driver dialled on with its new key, and both parties followed the operator's statement
+        for p in ("alice", "bob"):
+            rot = _rows(_run.split.party_configs[p], "(rotation)")
+            assert any(c == "operator" and "rotation #1 accepted" in r and op_pin in r for c, d, r in rot), (p, rot)
     finally:
         _run.split.stop()
     _bit_identical(tmp_path, uninterrupted)
