@@ -63,8 +63,13 @@ class KeyPairFiles:
         self._looked = time.monotonic()
         self.lock = threading.Lock()
         self.version = 0
-        key_pem, cert_pem = read_pem(self.key, "tls.key"), read_pem(self.cert, "tls.cert")
-        if not _pair_matches(key_pem, cert_pem):
+        for attempt in range(2):
+            key_pem, cert_pem = read_pem(self.key, "tls.key"), read_pem(self.cert, "tls.cert")
+            if _pair_matches(key_pem, cert_pem):
+                break
+            if attempt == 0:  # `party rotate` may be half-way (the new certificate written, its key next)
+                time.sleep(0.2)
+        else:
             raise ConfigError(f"tls.key {self.key} does not belong to tls.cert {self.cert} (is the key the one the "
                               "certificate was made for?)")
         self._pair = (key_pem, cert_pem)
