@@ -191,6 +191,67 @@ def _kit_key(m) -> str:  # the fingerprint of the key that signed a verified man
     return key_fingerprint(serialization.load_pem_public_key(m.signing_key.encode()))
 
 
+@app.command("rotate")
+def rotate(
+    config: Annotated[Path, typer.Argument(help="this party's PARTY.toml (its tls.key / tls.cert are replaced)")],
+    ca: Annotated[Path | None, typer.Option("--ca", help="the consortium CA folder that signs the new "
+                                                          "certificate (CA-signed setups)")] = None,
+    days: Annotated[int, typer.Option("--days", help="validity of the new certificate")] = 365,
+    stage: Annotated[bool, typer.Option("--stage", help="write the new pair next to the old (.next) and switch "
+                                                        "later with --switch (cross-pinning)")] = False,
+    switch: Annotated[bool, typer.Option("--switch", help="put a staged pair in place")] = False,
+    csr: Annotated[bool, typer.Option("--csr", help="a CA whose key is elsewhere: stage the new key and write a "
+                                                    "CSR carrying the statement for `party ca sign`")] = False,
+    signed: Annotated[Path | None, typer.Option("--signed", help="with --switch: the certificate the CA signed "
+                                                                 "from that CSR")] = None,
+) -> None:
+    """Rotate this party's key: a new key and certificate carrying a statement signed by the old key; the running
+    party switches at its next handshake and its peers follow the statement (no re-pin)."""
+    from modelward.governance.party.config import load_party_config
+    from modelward.governance.trust.rotation import install_signed, rotate_keys, switch_staged
+
+    cfg = load_party_config(config)
+    if switch and signed is not None:
+        pin = install_signed(cfg.tls.key, cfg.tls.cert, signed)
+        print(f"switched: {cfg.tls.cert} is the CA-signed certificate {pin}; the running party takes it at its "
+              "next handshake")
+        return
+    if csr:
+        res = rotate_keys(cfg.name, cfg.tls.key, cfg.tls.cert, days=days, csr=True)
+        print(f"rotation #{res.statement.sequence} of {cfg.name}: new key staged at {_show(res.key)} (mode 0600)")
+        print(f"CSR {_show(res.csr)} (carries the statement): `modelward party ca sign {res.csr.name} --ca CA`, "
+              f"then `modelward party rotate {config} --switch --signed NAME-signed.pem`")
+        return
+    if switch:
+        switch_staged(cfg.tls.key, cfg.tls.cert)
+        print(f"switched: {cfg.tls.cert} and {cfg.tls.key} now hold the staged pair (the running party takes it "
+              "at its next handshake)")
+        return
+    res = rotate_keys(cfg.name, cfg.tls.key, cfg.tls.cert, ca_dir=ca, days=days, stage=stage)
+    print(f"rotation #{res.statement.sequence} of {cfg.name}: {res.old_pin} -> {res.new_pin}")
+    print(f"new key {_show(res.key)} (mode 0600), certificate {_show(res.cert)} (carries the statement)")
+    print(f"statement {_show(res.statement_path)} (signed by the old key; not secret)")
+    if stage:
+        print("cross-pinning: give the statement file to every peer (`modelward party accept-rotation STATEMENT "
+              f"PEER.toml`), then run `modelward party rotate {config} --switch`")
+
+
+@app.command("accept-rotation")
+def accept_rotation(
+    statement: Annotated[Path, typer.Argument(help="a peer's NAME-rotation-<n>.json (from `party rotate`)")],
+    config: Annotated[Path, typer.Argument(help="this party's PARTY.toml")],
+) -> None:
+    """Check a peer's rotation statement against this party's pins and put it in the party's inbox; the running
+    party picks it up at its next handshake (it trusts the new certificate from then on, the old one retires)."""
+    from modelward.governance.party.config import load_party_config, pins, revoked_path
+    from modelward.governance.trust.revocation import DenyList
+    from modelward.governance.trust.rotation import deliver_statement
+
+    cfg = load_party_config(config)
+    dest, party, seq = deliver_statement(statement, pins(cfg), cfg.checkpoint_dir, DenyList(revoked_path(cfg)))
+    print(f"rotation #{seq} of {party} verified against this party's pin; delivered to {_show(dest)}")
+
+
 @app.command("serve")
 def serve(
     config: Annotated[Path, typer.Argument(help="PARTY.toml, or a kit folder (from `party provision`)")],

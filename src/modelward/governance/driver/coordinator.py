@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,17 +36,27 @@ from modelward.governance.protocol import (
     StepRolledBack,
 )
 from modelward.governance.transport.client import GrpcPartyClient, InProcessClient
+from modelward.governance.trust.identity import normalize_fingerprint
 from modelward.governance.trust.revocation import DenyList, revoked_server_check
+from modelward.governance.trust.rotation import PeerTrust, RotationStore
 from modelward.governance.wire import Message
 
 Connect = Callable[[PartyRef, SplitConfig], PartyClient]
 
 
 def grpc_connect(ref: PartyRef, cfg: SplitConfig) -> PartyClient:
-    """A gRPC + mutual TLS client to party `ref`, pinned, and checked against the driver's deny-list
-    (``revoked_file``) at every connection and before every call: a revoked party is not called."""
-    return GrpcPartyClient(ref.name, ref.resolved_address(), cfg.tls, ref.pin(), cfg.max_message_mb, cfg.timeout_s,
-                           connect_timeout=cfg.connect_timeout_s,
+    """A gRPC + mutual-TLS link to party `ref`, pinned, and checked against the driver's deny-list
+    (``revoked_file``) at every connection and before every call: a revoked party is not called. With a pin, it
+    follows the party's key rotations (its statement verified against the pin, what was followed kept in
+    ``<out_dir>/rotations/<name>.json``)."""
+    pin = ref.pin()
+    trust = None
+    if pin is not None:
+        trust = PeerTrust({ref.name: normalize_fingerprint(pin, f"parties.{ref.name}")},
+                          RotationStore(Path(cfg.out_dir) / "rotations" / f"{ref.name}.json"))
+        pin = trust.pins[ref.name]
+    return GrpcPartyClient(ref.name, ref.resolved_address(), cfg.tls, pin, cfg.max_message_mb, cfg.timeout_s,
+                           connect_timeout=cfg.connect_timeout_s, trust=trust,
                            peer_check=revoked_server_check(DenyList(split_revoked_path(cfg))))
 
 

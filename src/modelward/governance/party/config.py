@@ -160,6 +160,9 @@ class PartyConfig(StrictModel):
     # the deny-list of revoked peer certificates (fingerprints; `party revoke`), re-read when it changes;
     # default <checkpoint_dir>/revoked.txt
     revoked_file: str | None = None
+    # after a peer's key rotation (`party rotate`), its old certificate stays valid this long once the new one is in
+    # use (requests in flight on a connection made before the switch), then it is retired onto the deny-list
+    rotation_overlap_s: float = Field(30.0, ge=0)
     max_message_mb: float = Field(64.0, gt=0)
     max_batch: int = Field(4096, ge=1)  # hard limit on rows per message, independent of the policy
     max_abs_input: float = Field(1e6, gt=0)  # incoming activations/gradients beyond this magnitude are refused

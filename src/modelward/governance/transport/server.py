@@ -3,9 +3,11 @@
 One generic bytes-in/bytes-out method (framing in :mod:`modelward.governance.wire`; the admission checks in
 :mod:`modelward.governance.party.gate`). The TLS handshake admits
 certificates from the configured CA(s); *who* the caller is then follows only from the pinned fingerprints
-(:func:`modelward.governance.trust.identity.identify_peer` on the ``x509_pem_cert`` of the auth context), before any
-byte of the request body is decoded. An unpinned certificate — whatever its common name or CA — is refused and
-audited (rate-limited).
+(:class:`modelward.governance.trust.rotation.PeerTrust` on the ``x509_pem_cert`` of the auth context: the pins,
+followed through a peer's signed key rotation), before any byte of the request body is decoded. An unpinned
+certificate — whatever its common name or CA — is refused and audited (rate-limited). The server's own key pair is
+re-read when it is rotated (:mod:`modelward.governance.transport.credentials`): new handshakes get the new
+certificate without a restart.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from modelward.governance.party.config import PartyConfig, check_test_only, pins
 from modelward.governance.party.machine import Connect, Party
 from modelward.governance.protocol import PartyClient
 from modelward.governance.transport.client import SERVICE, GrpcPartyClient, code_of
-from modelward.governance.trust.certs import read_pem
-from modelward.governance.trust.identity import cert_fingerprint, identify_peer, normalize_pins
+from modelward.governance.transport.credentials import CERT_METADATA, KeyPairFiles, server_credentials
+from modelward.governance.trust.identity import cert_fingerprint, normalize_pins
 from modelward.governance.trust.revocation import DenyList, revoked_server_check
+from modelward.governance.trust.rotation import PeerTrust, RotationStore
 
 
 class PartyServer:
@@ -43,7 +46,6 @@ class PartyServer:
         # the largest legitimate message (rows x the widest tensor, party.message_limit, at most max_message_mb):
         # gRPC drops a longer one from its length prefix, before buffering it and before any identity check
         limit = party.message_limit
-        self._names: dict[bytes, str] = {}  # presented certificate -> pinned name (bounded cache)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                                   options=[("grpc.max_receive_message_length", limit),
                                            ("grpc.max_send_message_length", limit),
@@ -51,9 +53,14 @@ class PartyServer:
         handler = grpc.method_handlers_generic_handler(SERVICE, {"Call": grpc.unary_unary_rpc_method_handler(
             self._call)})
         self.server.add_generic_rpc_handlers((handler,))
-        creds = grpc.ssl_server_credentials(
-            [(read_pem(cfg.tls.key, "tls.key"), read_pem(cfg.tls.cert, "tls.cert"))],
-            root_certificates=read_pem(cfg.tls.ca, "tls.ca"), require_client_auth=True)
+        # who a presented certificate is: the pins, followed through rotation statements, the deny-list applied
+        # to the certificate itself; shared with the party's link to its next neighbour
+        self.trust = party_trust(party)
+        if getattr(party._connect, "trust", False) is None:
+            party._connect.trust = self.trust  # type: ignore[union-attr]
+        # the key pair is re-read when `party rotate` replaces it: new handshakes get the new certificate
+        self.pair = KeyPairFiles(cfg.tls.key, cfg.tls.cert)
+        creds = server_credentials(cfg.tls, self.pair, self.trust)
         try:
             self.port = self.server.add_secure_port(f"{cfg.host}:{cfg.port}", creds)
         except RuntimeError:  # grpcio >= 1.60 raises instead of returning 0
@@ -63,16 +70,13 @@ class PartyServer:
                               "(another party server?) or not local; set `port` (0 = any free port) or `host`")
 
     def identify(self, pem: bytes) -> str:
-        name = self._names.get(pem)
-        if name is None:
-            name = identify_peer(pem, self.party.pins)
-            if len(self._names) > 256:
-                self._names.clear()
-            self._names[pem] = name
-        return name
+        return self.trust.identify(pem)
 
     def _call(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         pem = (context.auth_context().get("x509_pem_cert") or [b""])[0]
+        # the certificate this server presents now (a client connected before a key rotation checks the new one)
+        self.pair.refresh()
+        context.set_trailing_metadata(((CERT_METADATA, self.pair.fingerprint),))
         try:
             caller = self.identify(pem)
         except IdentityError as e:
@@ -230,6 +234,31 @@ def _shut_down(party: Party) -> None:
     party.close()
 
 
+def party_trust(party: Party) -> PeerTrust:
+    """A party's :class:`~modelward.governance.trust.rotation.PeerTrust`: its pins (followed in place through
+    rotations, persisted in ``<checkpoint_dir>/rotations.json``), its deny-list, ``rotation_overlap_s``, the inbox
+    ``<checkpoint_dir>/rotations-inbox`` (statement files of cross-pinned peers), every rotation accepted or
+    pin retired recorded in its audit log (operation ``(rotation)``).
+
+    Args:
+        party: the party.
+
+    Returns:
+        The trust object its server and its links share.
+
+    Example:
+        >>> trust = party_trust(party); trust.identify(alice_new_pem)  # doctest: +SKIP
+        'alice'
+    """
+    cfg = party.cfg
+
+    def record(who: str, decision: str, message: str) -> None:
+        party.audit.append(who, "(rotation)", decision=decision, reason=message)
+
+    return PeerTrust(party.pins, RotationStore(Path(cfg.checkpoint_dir) / "rotations.json"), party.deny,
+                     cfg.rotation_overlap_s, inbox=Path(cfg.checkpoint_dir) / "rotations-inbox", on_event=record)
+
+
 def grpc_link(cfg: PartyConfig) -> Connect:
     """How a party served here reaches its next neighbour: gRPC + mutual TLS with the party's certificate, the
     neighbour pinned by its fingerprint and checked against the party's deny-list at every connection and call
@@ -249,11 +278,15 @@ def grpc_link(cfg: PartyConfig) -> Connect:
 
     def connect(name: str, address: str) -> PartyClient:
         limit_mb = cfg.max_message_mb if connect.max_bytes is None else connect.max_bytes / 2**20
-        return GrpcPartyClient(name, address, cfg.tls, peer_pins[name], limit_mb, cfg.timeout_s,
-                               connect_timeout=cfg.connect_timeout_s, peer_check=not_revoked)
+        trust = connect.trust
+        return GrpcPartyClient(name, address, cfg.tls, trust.pins.get(name) if trust else peer_pins[name],
+                               limit_mb, cfg.timeout_s, connect_timeout=cfg.connect_timeout_s, trust=trust,
+                               peer_check=not_revoked)
 
     # the party sets its message limit here once it knows its shapes: replies beyond it are dropped unbuffered too
     connect.max_bytes = None  # type: ignore[attr-defined]
+    # the party's PeerTrust, once its server (or host) made it: the link follows the next party's key rotations
+    connect.trust = None  # type: ignore[attr-defined]
     return connect
 
 
@@ -279,7 +312,9 @@ def hosted_party(cfg: PartyConfig) -> Iterator[Party]:
     check_test_only(cfg)
     Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     with _lock(cfg):
-        party = Party(cfg, connect=grpc_link(cfg))
+        link = grpc_link(cfg)
+        party = Party(cfg, connect=link)
+        link.trust = party_trust(party)  # type: ignore[attr-defined]
         try:
             yield party
         finally:

@@ -36,6 +36,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from modelward.errors import ConfigError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+# a key-rotation statement (governance.trust.rotation) in a party's certificate or CSR: a UUID-derived OID (ITU-T
+# X.667, arc 2.25: no registration, no collision); `ca_sign` copies it from a CSR into the certificate as it is (the
+# statement is signed by the party's old key and checked by every verifier: the CA vouches for nothing in it)
+ROTATION_OID = x509.ObjectIdentifier("2.25.154936142925447720865633133406074831733")
+MAX_ROTATION_EXTENSION = 16384
 ORG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,47}$")
 
 
@@ -115,7 +120,7 @@ _CA_USAGE = x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=T
 
 
 def _party_cert(name: str, public_key, issuer: x509.Name, issuer_key, hosts: list[str], days: int,
-                issuer_public_key=None) -> x509.Certificate:
+                issuer_public_key=None, extensions: list[x509.ExtensionType] | None = None) -> x509.Certificate:
     now = _now()
     b = (x509.CertificateBuilder()
          .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
@@ -130,6 +135,8 @@ def _party_cert(name: str, public_key, issuer: x509.Name, issuer_key, hosts: lis
          .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False))
     if issuer_public_key is not None:
         b = b.add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_public_key), critical=False)
+    for ext in extensions or []:  # e.g. a rotation statement (governance.trust.rotation), never critical
+        b = b.add_extension(ext, critical=False)
     return b.sign(issuer_key, hashes.SHA256())
 
 
@@ -232,8 +239,9 @@ def ca_sign(ca_dir: str | Path, csr_path: str | Path, out: str | Path | None = N
             force: bool = False) -> Path:
     """Sign a party's CSR with the CA in `ca_dir`; write ``NAME-signed.pem`` (next to the CSR unless `out`).
 
-    Only the CSR's common name (a valid party name) and its SAN host names are taken; the certificate is always a
-    leaf (no CA bit) for server and client authentication, whatever extensions the CSR asks for.
+    Only the CSR's common name (a valid party name), its SAN host names and a key-rotation statement
+    (:data:`ROTATION_OID`, ``party rotate --csr``) are taken; the certificate is always a leaf (no CA bit) for
+    server and client authentication, whatever extensions the CSR asks for.
 
     Args:
         ca_dir: folder with ``ca.pem`` and ``ca.key`` (from :func:`ca_init`).
@@ -262,7 +270,17 @@ def ca_sign(ca_dir: str | Path, csr_path: str | Path, out: str | Path | None = N
         hosts = [*san.get_values_for_type(x509.DNSName), *(str(i) for i in san.get_values_for_type(x509.IPAddress))]
     except x509.ExtensionNotFound:
         pass
-    cert = _party_cert(name, csr.public_key(), ca_cert.subject, ca_key, hosts, days, ca_cert.public_key())
+    extra: list[x509.ExtensionType] = []
+    try:
+        statement = csr.extensions.get_extension_for_oid(ROTATION_OID).value.value
+        if len(statement) > MAX_ROTATION_EXTENSION:
+            raise ConfigError(f"{csr_path}: the rotation statement in the request is {len(statement)} bytes (at "
+                              f"most {MAX_ROTATION_EXTENSION})")
+        extra.append(x509.UnrecognizedExtension(ROTATION_OID, statement))
+    except x509.ExtensionNotFound:
+        pass
+    cert = _party_cert(name, csr.public_key(), ca_cert.subject, ca_key, hosts, days, ca_cert.public_key(),
+                       extensions=extra)
     dest = Path(out) if out is not None else Path(csr_path).with_name(f"{name}-signed.pem")  # not NAME.pem: keygen's
     return write_new_file(dest, _pem(cert), 0o644, force)
 
