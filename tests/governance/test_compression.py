@@ -231,3 +231,21 @@ def test_malformed_compressed_payloads_are_refused_without_touching_state(make_c
     ok = encode(Message("step", drv.session, 0, 1, {}, {"h": h, "idx": torch.arange(16)}, {"h": Codec("int8")}))
     reply = decode(bob.handle("alice", ok))
     assert reply.tensors["g"].shape == h.shape and bob.prepared is not None
+
+
+def test_the_leakage_audit_scores_the_gradient_alice_decodes():
+    from modelward.core.data import DataConfig, load_data
+    from modelward.core.zoo import ModelConfig
+    from modelward.governance.leakage.study import LeakageAuditConfig, simulate_split
+    from modelward.governance.party.label_protection import LabelProtectionConfig
+
+    data = load_data(DataConfig(source="breast_cancer"))
+    mc, tc = ModelConfig(arch="mlp", hidden=[32]), TrainConfig(steps=15, batch_size=32, lr=0.01)
+    top1 = CompressionConfig.model_validate({"gradients": {"method": "topk", "ratio": 1 / 32}})
+    plain = simulate_split(data, mc, "fc1", tc, LabelProtectionConfig(), seed=0, positive=0)
+    sparse = simulate_split(data, mc, "fc1", tc, LabelProtectionConfig(), seed=0, positive=0, compression=top1)
+    assert plain["direction_auc"] > 0.95
+    # one entry of 32 per row: what Alice sees (and learns from) differs, and the attacks score that
+    assert sparse != plain and 0.0 <= sparse["direction_auc"] <= 1.0
+    assert LeakageAuditConfig.model_validate({"compression": {"gradients": {"method": "topk", "ratio": 0.1}}}
+                                             ).compression.gradients.ratio == 0.1
