@@ -36,7 +36,7 @@ from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, ModelwardError
 from modelward.governance.leakage.attacks import LeakageMeter
 from modelward.governance.party.label_protection import LabelProtectionConfig, Method, protect_gradient
-from modelward.governance.party.tensors import CompressionConfig
+from modelward.governance.party.tensors import CompressionConfig, TensorCompression
 from modelward.governance.plan import make_plan, model_layers, segment_of
 from modelward.governance.wire import roundtrip
 
@@ -234,7 +234,16 @@ def audit_notes(cfg: LeakageAuditConfig, data: DataSplit, positive: int) -> list
          "recovered as the class of the most similar known example (chance = 1/classes); pairwise_auc needs no "
          "label."),
         "- scale: Bob's noise power as a multiple of the squared distance between the batch's class-mean gradients.",
-    ]
+    ] + ([f"- compression (what crosses the cut; the attacks score the gradient Alice decodes): activations "
+          f"{_described(cfg.compression.activations)}, gradients {_described(cfg.compression.gradients)}."]
+         if cfg.compression != CompressionConfig() else [])
+
+
+def _described(t: TensorCompression) -> str:
+    """``none``, ``int8 (row)`` or ``topk (ratio 0.1)``: one [compression] entry, for the results' notes."""
+    if t.method == "int8":
+        return f"int8 ({t.scale}{', stochastic' if t.stochastic else ''})"
+    return f"topk (ratio {t.ratio:g})" if t.method == "topk" else "none"
 
 
 class LeakageStudy(Study[LeakageAuditConfig, list[dict]]):
