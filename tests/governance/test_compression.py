@@ -249,3 +249,32 @@ def test_the_leakage_audit_scores_the_gradient_alice_decodes():
     assert sparse != plain and 0.0 <= sparse["direction_auc"] <= 1.0
     assert LeakageAuditConfig.model_validate({"compression": {"gradients": {"method": "topk", "ratio": 0.1}}}
                                              ).compression.gradients.ratio == 0.1
+
+
+def test_a_middle_party_decodes_what_it_receives_and_compresses_what_it_sends(make_chain):
+    c = make_chain(("alice", "carol", "bob"), ("conv1", "conv2"), extra={
+        "alice": {"compression": {"activations": {"method": "int8"}}},
+        "carol": {"compression": {"activations": {"method": "int8", "scale": "tensor"},
+                                  "gradients": {"method": "topk", "ratio": 0.25}}},
+        "bob": {"compression": {"gradients": {"method": "int8", "stochastic": True, "seed": 3}}}})
+    with c.driver(TC, seed=1) as drv:
+        res = drv.train()
+    assert res.steps_run == TC.steps and all(p.step == TC.steps for p in c.parties.values())
+
+    def reasons(n):
+        return [r for (r,) in c.parties[n].audit.db.execute(
+            "SELECT reason FROM audit WHERE op='step' AND decision='allow'")]
+
+    assert all("received h as int8/row" in r and "g sent as topk(k=" in r and "h sent as int8/tensor" in r
+               and "bob returned g as int8/row" in r for r in reasons("carol"))
+    assert all("received h as int8/tensor" in r and "g sent as int8/row/stochastic" in r for r in reasons("bob"))
+    assert all("carol returned g as topk(k=" in r for r in reasons("alice"))
+
+
+def test_only_float32_tensors_are_sent_compressed():
+    with pytest.raises(WireError, match="only float32"):
+        encode(Message("step", tensors={"idx": torch.arange(4)}, codecs={"idx": Codec("int8")}))
+    with pytest.raises(WireError, match="valid choices"):
+        Codec("fp8")
+    with pytest.raises(WireError, match="ratio"):
+        Codec("topk", ratio=0.0)

@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import json
 import math
+import secrets
 import struct
 import threading
 import time
@@ -208,9 +209,8 @@ _KEY: list[bytes] = []
 
 
 def _process_key() -> bytes:
+    """This process's secret rounding key (drawn once from the OS CSPRNG, never stored)."""
     if not _KEY:
-        import secrets
-
         _KEY.append(secrets.token_bytes(32))
     return _KEY[0]
 
@@ -318,7 +318,7 @@ def roundtrip(t: torch.Tensor, codec: Codec | None, op: str = "step", step: int 
     return decode(encode(msg), max_bytes=2**62).tensors[name]
 
 
-def _decode_compressed(name: str, spec: dict, shape: list[int], layout: str, view: memoryview, offset: int,
+def _decode_compressed(name: str, spec: dict, shape: list[int], layout: str, view: memoryview, offset: int
                        ) -> tuple[torch.Tensor, int, str]:
     """Check and decode a compressed tensor spec at `offset`; returns (dense tensor, bytes used, description)."""
     codec = spec.get("codec")

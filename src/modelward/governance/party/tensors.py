@@ -70,6 +70,9 @@ class TensorCompression(StrictModel):
         seed: stochastic rounding only, for reproducible experiments: the rounding key is derived from it (leave
             unset: a random key per process).
 
+    Returns:
+        A strict config; :meth:`codec` gives the wire :class:`~modelward.governance.wire.Codec` (None for none).
+
     Example:
         >>> TensorCompression(method="topk", ratio=0.01).codec().describe([32, 1024])
         'topk(k=11 of 1024)'
@@ -96,6 +99,13 @@ class CompressionConfig(StrictModel):
     next party (training, evaluation and prediction passes); ``gradients``: the gradient ``g`` it returns to the
     previous party (after the label holder's protection). The receiver needs no setting: the codec travels in
     the message's spec and is checked there. Default: nothing compressed.
+
+    Args:
+        activations: how the activation this party sends forward travels (:class:`TensorCompression`).
+        gradients: how the gradient it returns travels.
+
+    Returns:
+        A strict config (``PartyConfig.compression``, ``LeakageAuditConfig.compression``).
 
     Example:
         >>> CompressionConfig.model_validate({"gradients": {"method": "int8"}}).gradients.method
