@@ -7,7 +7,9 @@ weight decay 1e-4, batch 32, 600 steps, the same initial parameters and data ord
 (alice's activations forward, bob's gradients back): none, int8 (per-row absmax), top-k 10 %, top-k 1 %. Printed:
 the bytes of one training step's request and reply on the alice↔bob link (encoded as the parties encode them,
 at the demo's shapes), the measured link bytes per call (every call of the run, the two evaluation passes
-included), the final test accuracy, and the training time.
+included), the final test accuracy, the training time, and the synchronous steps/s of the same parties (restored
+to step 0) with every link through a ``ShapingProxy`` (``--wan RTT,Mbit/s``, default 50 ms and 10 Mbit/s: where
+bytes cost time).
 
 Part 2, **the label-leakage audit** (``governance.leakage``, in process, the parties' exact step): Li et al.'s norm
 and direction attacks score the labels from the gradient Alice decodes, for every compression setting, without
@@ -15,6 +17,7 @@ and with Bob's default protection (Marvell, scale 4), on breast cancer (binary: 
 (10 classes: the demo's cut); means over the seeds. AUC 0.5 = the gradient reveals nothing.
 
     python bench/split_compression.py [--steps 600] [--leak-seeds 0,1] [--only train|leakage]
+                                      [--wan 50,10] [--wan-steps 30]
 
 Bounded: 4 training runs of ``--steps`` steps (≈ 1 minute at the defaults on a quiet 2-core host) and
 2 × 4 × 2 × seeds short in-process audits (≈ 2 minutes).
@@ -36,11 +39,12 @@ from modelward.core.init import init_model_
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.governance.demo import prepare_local_split
-from modelward.governance.driver import SplitDriver
+from modelward.governance.driver import PartyRef, SplitDriver
 from modelward.governance.leakage.study import load_audit_config, simulate_split
 from modelward.governance.party.label_protection import LabelProtectionConfig
 from modelward.governance.party.tensors import CompressionConfig, TensorCompression
 from modelward.governance.plan import make_plan, segment_of
+from modelward.governance.transport.shaping import ShapingProxy
 from modelward.governance.wire import Message, encode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +73,27 @@ def step_bytes(model: torch.nn.Module, cut: str, batch: int, setting: TensorComp
     return len(req), len(rep)
 
 
-def train_part(steps: int) -> list[dict]:
+def shaped_rate(split, tc: TrainConfig, rtt_ms: float, bw_mbit: float) -> float:
+    """Steps/s of `tc.steps` synchronous steps from step 0 with every link through a :class:`ShapingProxy` (RTT/2
+    each way, `bw_mbit` per direction), between the end of the first step and the end of the last."""
+    proxies = {n: ShapingProxy(p.address, delay_ms=rtt_ms / 2, rate_mbit=bw_mbit).start()
+               for n, p in split.processes.items()}
+    try:
+        cfg = split.split_config(tc, 0, connect_timeout_s=20.0, timeout_s=120.0)
+        cfg.parties = [PartyRef(name=p.name, address=proxies[p.name].address, cert=p.cert) for p in cfg.parties]
+        marks: list[float] = []
+        with SplitDriver(cfg) as drv:
+            drv.open(train=True)
+            for n in drv.names:  # from the same state as the full run
+                drv.call(n, "restore", 0, {"to_step": 0})
+            drv.train(on_step=lambda s, loss, links: marks.append(time.perf_counter()))
+        return (len(marks) - 1) / (marks[-1] - marks[0]) if len(marks) > 1 else float("nan")
+    finally:
+        for px in proxies.values():
+            px.stop()
+
+
+def train_part(steps: int, wan: tuple[float, float] | None = None, wan_steps: int = 30) -> list[dict]:
     data = load_data(DataConfig(source="digits", test_fraction=0.25, seed=0))
     mcfg = ModelConfig(arch="cnn", channels=[16, 32], fc=64)
     tc = TrainConfig(optimizer="sgd", lr=0.02, momentum=0.9, weight_decay=1e-4, batch_size=32, steps=steps,
@@ -91,26 +115,33 @@ def train_part(steps: int) -> list[dict]:
                 with SplitDriver(split.split_config(tc, 0, timeout_s=120.0)) as drv:
                     res = drv.train()
                 seconds = time.perf_counter() - t0
+                rate = float("nan")
+                if wan is not None:  # the same parties, restored to step 0, over a shaped network
+                    rate = shaped_rate(split, tc.model_copy(update={"steps": wan_steps, "eval_every": wan_steps}),
+                                       *wan)
             finally:
                 split.stop()
         link = res.links.get("alice<->bob", {})
         calls = max(1, int(link.get("calls", 1)))
         row = {"setting": name, "request": req, "reply": rep, "link_per_call": (link.get("sent", 0)
                + link.get("received", 0)) / calls, "calls": calls, "accuracy": 1.0 - res.curve[-1][1],
-               "seconds": seconds}
+               "seconds": seconds, "wan_rate": rate}
         rows.append(row)
         print(f"  {name:9s} step {req + rep:7d} B (request {req}, reply {rep}); link {row['link_per_call']:8.0f} "
-              f"B/call over {calls} calls; test accuracy {row['accuracy']:.4f}; {seconds:.1f} s", flush=True)
+              f"B/call over {calls} calls; test accuracy {row['accuracy']:.4f}; {seconds:.1f} s"
+              + (f"; {rate:.2f} steps/s at {wan[0]:g} ms RTT, {wan[1]:g} Mbit/s" if wan else ""), flush=True)
     base = rows[0]
     print()
+    wan_head = f" steps/s at {wan[0]:g} ms RTT, {wan[1]:g} Mbit/s |" if wan else ""
     print("| compression (both ways) | bytes per step (request + reply) | vs none | measured link B/call | "
-          "final test accuracy | Δ accuracy (points) | train s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "final test accuracy | Δ accuracy (points) | train s |" + wan_head)
+    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if wan else ""))
     for r in rows:
         b = r["request"] + r["reply"]
         print(f"| {r['setting']} | {b:,} | {b / (base['request'] + base['reply']):.3f}× | "
               f"{r['link_per_call']:,.0f} | {r['accuracy']:.4f} | {100 * (r['accuracy'] - base['accuracy']):+.2f} | "
-              f"{r['seconds']:.1f} |")
+              f"{r['seconds']:.1f} |" + (f" {r['wan_rate']:.2f} ({r['wan_rate'] / base['wan_rate']:.2f}×) |"
+                                          if wan else ""))
     return rows
 
 
@@ -160,13 +191,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=600, help="training steps per party run (the demo's: 600)")
     ap.add_argument("--leak-seeds", default="0,1", help="seeds of the leakage audit, comma-separated")
     ap.add_argument("--only", choices=["train", "leakage"], default=None)
+    ap.add_argument("--wan", default="50,10", help="RTT (ms),bandwidth (Mbit/s) of the shaped-network cell "
+                    "(steps/s of the same parties through ShapingProxy); 'none' skips it")
+    ap.add_argument("--wan-steps", type=int, default=30)
     args = ap.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     if args.only != "leakage":
         print(f"Part 1: the demo's split training over two party processes, {args.steps} steps, compression both "
               "ways")
-        train_part(args.steps)
+        wan = None if args.wan == "none" else tuple(float(v) for v in args.wan.split(","))
+        train_part(args.steps, wan, args.wan_steps)
         print()
     if args.only != "train":
         print("Part 2: label-leakage audit (in process) against the gradient Alice decodes")
