@@ -7,6 +7,8 @@ import struct
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from modelward.core.train import TrainConfig
 from modelward.errors import ConfigError
@@ -278,3 +280,23 @@ def test_only_float32_tensors_are_sent_compressed():
         Codec("fp8")
     with pytest.raises(WireError, match="ratio"):
         Codec("topk", ratio=0.0)
+
+
+_GOOD = [encode(Message("step", "s", 1, 1, {}, {"h": torch.randn(4, 2, 3, 3).contiguous(
+    memory_format=torch.channels_last), "idx": torch.arange(4)}, {"h": c}))
+    for c in (Codec("int8"), Codec("int8", scale="tensor"), Codec("topk", ratio=0.2))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2), st.binary(min_size=1, max_size=32), st.integers(0, 400))
+def test_fuzz_corrupted_compressed_messages_never_crash_nor_inflate(which, noise, pos):
+    good = _GOOD[which]
+    pos = min(pos, len(good) - 1)
+    bad = good[:pos] + noise + good[pos + len(noise):]
+    try:
+        m = decode(bad, max_bytes=4096)
+    except WireError:
+        return
+    assert sum(t.numel() * t.element_size() for t in m.tensors.values()) <= 4096 + len(bad)
+    for t in m.tensors.values():
+        assert t.dtype != torch.float32 or bool(torch.isfinite(t).all())
