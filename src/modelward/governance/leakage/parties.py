@@ -111,6 +111,11 @@ def audit_over_parties(cfg, out_dir: str | Path, method: str, scale: float, seed
     extra: dict[str, dict[str, Any]] = {}
     if method != "none" and scale > 0:
         extra["bob"] = {"label_protection": {"method": method, "scale": float(scale)}}
+    comp = cfg.compression
+    if comp.activations.method != "none":  # what crosses the cut compressed (the parties' [compression])
+        extra.setdefault("alice", {})["compression"] = {"activations": comp.activations.model_dump(mode="json")}
+    if comp.gradients.method != "none":
+        extra.setdefault("bob", {})["compression"] = {"gradients": comp.gradients.model_dump(mode="json")}
     split = prepare_local_split(root, model, data, ["alice", "bob"], [cut], own_init=False, threads=1, extra=extra)
     record = root / "alice" / "received.safetensors"
     train_cfg = cfg.train.model_copy(update={"loss": "error", "eval_every": cfg.train.steps})

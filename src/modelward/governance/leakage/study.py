@@ -36,7 +36,9 @@ from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, ModelwardError
 from modelward.governance.leakage.attacks import LeakageMeter
 from modelward.governance.party.label_protection import LabelProtectionConfig, Method, protect_gradient
+from modelward.governance.party.tensors import CompressionConfig, TensorCompression
 from modelward.governance.plan import make_plan, model_layers, segment_of
+from modelward.governance.wire import roundtrip
 
 COLUMNS = ["method", "scale", "seeds", "test_accuracy", "test_accuracy_sd", "norm_auc", "norm_auc_sd",
            "direction_auc", "direction_auc_sd", "pairwise_auc", "direction_accuracy", "direction_auc_acc",
@@ -71,6 +73,8 @@ class LeakageAuditConfig(StrictModel):
         cut: the last layer Alice holds (None: the first layer).
         train: the split training (default 300 steps).
         audit: the sweep (``methods``, noise ``scales``, ``seeds``, the ``positive`` class, ``init``).
+        compression: what crosses the cut compressed, as the parties' ``[compression]`` (Alice's activations,
+            Bob's gradients after his protection); the attacks score the gradient Alice decodes. Default none.
 
     Returns:
         A strict config for :func:`run_audit` (``modelward.governance.run_leakage_audit``).
@@ -86,6 +90,7 @@ class LeakageAuditConfig(StrictModel):
     cut: str | None = None
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(steps=300))
     audit: AuditSettings = Field(default_factory=AuditSettings)
+    compression: CompressionConfig = Field(default_factory=CompressionConfig)
 
 
 def load_audit_config(path: str | Path, overrides: list[str] | None = None) -> LeakageAuditConfig:
@@ -94,7 +99,8 @@ def load_audit_config(path: str | Path, overrides: list[str] | None = None) -> L
 
 def simulate_split(data: DataSplit, model_cfg: ModelConfig, cut: str | None, train_cfg: TrainConfig,
                    protection: LabelProtectionConfig, seed: int, positive: int = 1,
-                   init: str = "glorot_uniform") -> dict[str, float]:
+                   init: str = "glorot_uniform", compression: CompressionConfig | None = None
+                   ) -> dict[str, float]:
     """Train Alice | Bob in process with Bob's protection; return test accuracy and the attacks' mean AUCs.
 
     Args:
@@ -106,6 +112,8 @@ def simulate_split(data: DataSplit, model_cfg: ModelConfig, cut: str | None, tra
         seed: model init, batch order, protection noise and the attacker's choice of reference examples.
         positive: binary only: the class the attacker calls positive.
         init: initialisation scheme.
+        compression: Alice's activations and Bob's gradients compressed as the parties do it (``[compression]``:
+            each side uses the decoded tensor, the codec's bytes are those of the wire); None: exact.
     Returns:
         ``test_accuracy``, ``norm_auc``, ``direction_auc``, ``pairwise_auc`` (means over steps), and
         ``direction_accuracy`` for more than two classes.
@@ -121,6 +129,8 @@ def simulate_split(data: DataSplit, model_cfg: ModelConfig, cut: str | None, tra
     noise = torch.Generator().manual_seed(seed + 7919)
     meter = LeakageMeter(data.num_classes, positive, seed)
     batches = batch_order(len(data.x_train), train_cfg.batch_size, seed)
+    comp = compression or CompressionConfig()
+    codec_h, codec_g = comp.activations.codec(), comp.gradients.codec()
     model.train()
     for step in range(train_cfg.steps):
         idx = next(batches)
@@ -128,12 +138,12 @@ def simulate_split(data: DataSplit, model_cfg: ModelConfig, cut: str | None, tra
             for group in opt.param_groups:
                 group["lr"] = train_cfg.lr_at(step)
         h = alice(data.x_train[idx])                       # Alice's forward
-        h_bob = h.detach().requires_grad_(True)            # what crosses the cut
+        h_bob = roundtrip(h.detach(), codec_h, "step", step, "h").requires_grad_(True)  # what crosses the cut
         y = data.y_train[idx]                              # only Bob has these
         loss = F.cross_entropy(bob(h_bob), y)
         opt_b.zero_grad(set_to_none=True)
         loss.backward()
-        sent = protect_gradient(h_bob.grad, y, protection, generator=noise)
+        sent = roundtrip(protect_gradient(h_bob.grad, y, protection, generator=noise), codec_g, "step", step, "g")
         opt_b.step()
         meter.update(sent, y, step, idx)                   # Alice's view: the gradient she received
         opt_a.zero_grad(set_to_none=True)
@@ -172,7 +182,7 @@ def execute_run(run_id: str, spec: dict, deps: dict, root: str | None = None) ->
         data = load_data(cfg.data)
         protection = LabelProtectionConfig(method=spec["method"], scale=spec["scale"])
         res = simulate_split(data, cfg.model, cfg.cut, cfg.train, protection, spec["seed"], spec["positive"],
-                             cfg.audit.init)
+                             cfg.audit.init, cfg.compression)
     return {"method": spec["method"], "scale": spec["scale"], "seed": spec["seed"], **res,
             "seconds": time.perf_counter() - t0}
 
@@ -224,7 +234,16 @@ def audit_notes(cfg: LeakageAuditConfig, data: DataSplit, positive: int) -> list
          "recovered as the class of the most similar known example (chance = 1/classes); pairwise_auc needs no "
          "label."),
         "- scale: Bob's noise power as a multiple of the squared distance between the batch's class-mean gradients.",
-    ]
+    ] + ([f"- compression (what crosses the cut; the attacks score the gradient Alice decodes): activations "
+          f"{_described(cfg.compression.activations)}, gradients {_described(cfg.compression.gradients)}."]
+         if cfg.compression != CompressionConfig() else [])
+
+
+def _described(t: TensorCompression) -> str:
+    """``none``, ``int8 (row)`` or ``topk (ratio 0.1)``: one [compression] entry, for the results' notes."""
+    if t.method == "int8":
+        return f"int8 ({t.scale}{', stochastic' if t.stochastic else ''})"
+    return f"topk (ratio {t.ratio:g})" if t.method == "topk" else "none"
 
 
 class LeakageStudy(Study[LeakageAuditConfig, list[dict]]):

@@ -26,6 +26,7 @@ from modelward.errors import ConfigError
 from modelward.governance.consent import Policy
 from modelward.governance.integrity import IntegrityConfig
 from modelward.governance.party.label_protection import LabelProtectionConfig
+from modelward.governance.party.tensors import CompressionConfig
 from modelward.governance.trust.certs import check_name, read_pem
 from modelward.governance.trust.identity import cert_fingerprint, normalize_fingerprint
 
@@ -118,7 +119,8 @@ class PartyConfig(StrictModel):
             hard limits independent of the policy (the transport's receive limit is the smaller of
             ``max_message_mb`` and the largest message the party's rows and shapes allow).
         label_protection: the label holder's gradient perturbation (default Marvell, scale 4; ``method = "none"``
-            opts out); integrity: outlier refusal (:class:`~modelward.governance.integrity.IntegrityConfig`);
+            opts out); compression: int8 / top-k compression of the activations it sends and the gradients it
+            returns (:class:`~modelward.governance.party.tensors.CompressionConfig`, default none); integrity: outlier refusal (:class:`~modelward.governance.integrity.IntegrityConfig`);
             anchor_every_s: the bound on how long an audit record stays unanchored in the next party's log.
         threads / timeout_s: torch threads, and the time limit of a request to the next party.
         update_priority: ``"idle"`` (default) runs the late part of a step (weight gradients, optimizer step and
@@ -175,6 +177,9 @@ class PartyConfig(StrictModel):
     label_protection: LabelProtectionConfig | None = Field(
         default_factory=lambda: DEFAULT_LABEL_PROTECTION.model_copy())
     integrity: IntegrityConfig = Field(default_factory=IntegrityConfig)  # outlier steps refused and rolled back
+    # opt-in int8 / top-k compression of the activations this party sends and the gradients it returns (default
+    # none: exact, bit-identical); the receiver decodes what the message's spec names
+    compression: CompressionConfig = Field(default_factory=CompressionConfig)
     anchor_every_s: float = Field(10.0, gt=0)  # every audit record anchored in the next party's log within this
     threads: int = Field(0, ge=0)  # torch threads (0 = torch default)
     timeout_s: float = Field(60.0, gt=0)  # per request to the next party

@@ -42,7 +42,7 @@ from modelward.governance.audit import AuditLog
 from modelward.governance.consent import ConsentChecker, PassRequest, purpose_of
 from modelward.governance.flow_policy import request_fields
 from modelward.governance.protocol import DATA_OPS, OPS, ConsentDenied, PartyError, anchors_of
-from modelward.governance.wire import InOrder, Message, SequenceGuard, WireError, decode, encode
+from modelward.governance.wire import InOrder, Message, SequenceGuard, WireError, decode, encode, wire_note
 
 
 class Handler(Protocol):
@@ -200,8 +200,8 @@ def audit(gate: Gate, req: Request, call_next: CallNext) -> bytes:
     if op == "anchor":  # the exchange records itself, and only when it anchors a decision not anchored yet
         reply.meta["audit_head"] = gate.audit.head_ref
         return encode(reply)
-    gate.audit.append(req.caller, op, **rec, decision="allow", reason=req.reason + gate.handler.note,
-                      durable=op not in DATA_OPS)
+    gate.audit.append(req.caller, op, **rec, decision="allow",
+                      reason=req.reason + gate.handler.note + wire_note(msg, reply), durable=op not in DATA_OPS)
     if op in DATA_OPS:
         reply.meta["anchors"] = {**down, gate.name: gate.audit.head_ref}
     else:

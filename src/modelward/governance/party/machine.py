@@ -80,7 +80,7 @@ from modelward.governance.protocol import (
 )
 from modelward.governance.trust.identity import normalize_pins
 from modelward.governance.trust.revocation import DenyList
-from modelward.governance.wire import Message, WireError, expect, message_limit
+from modelward.governance.wire import Codec, Message, WireError, expect, message_limit, wire_note
 
 MAX_RESULTS = 16  # prediction results kept for the driver to fetch (oldest dropped)
 # bounded-staleness pipelining (``meta.stale``, see Party._op_step_stale): at most this many steps in flight on the
@@ -147,6 +147,7 @@ class Party:
         self.all_layers, self.is_first, self.is_last = h.all_layers, h.is_first, h.is_last
         self.in_shape, self.out_shape = h.in_shape, h.out_shape
         self._protect = self._label_protection()
+        self.send_codecs = self._compression()  # {"h": …, "g": …}: what leaves this party compressed ([compression])
         # the largest legitimate message (rows x the widest per-row tensor): the transport drops anything larger
         # before it is buffered, whoever sent it (issue 26); replies from the next party too
         self.message_limit = min(int(cfg.max_message_mb * 2**20) + 65536, message_limit(
@@ -229,6 +230,22 @@ class Party:
         if lp.method == "none" or lp.scale == 0:
             return None
         return ProtectReply(lp, self.holding.y_train, self.in_shape, self.cfg.name)
+
+    def _compression(self) -> dict[str, Codec]:
+        """The codecs of the tensors this party sends (``[compression]``): ``h`` to the next party, ``g`` back to
+        the previous one. A setting for a tensor this party never sends is refused at start-up."""
+        c = self.cfg.compression
+        out: dict[str, Codec] = {}
+        for key, kind, sends in (("h", "activations", not self.is_last), ("g", "gradients", not self.is_first)):
+            codec = getattr(c, kind).codec()
+            if codec is None:
+                continue
+            if not sends:
+                raise ConfigError(f"party {self.cfg.name}: [compression] {kind} = {getattr(c, kind).method!r}, but "
+                                  f"this party sends no {kind} (it holds the {'labels' if self.is_last else 'inputs'});"
+                                  " remove it or set method = \"none\"")
+            out[key] = codec
+        return out
 
     def _integrity_check(self, step: int, snap: Any) -> None:
         """After the numeric check of a tentative update: the update norm (and the label holder's loss) against
@@ -415,8 +432,12 @@ class Party:
                 self.link_seq[session] = int(st.meta["last_seq"])
             seq = self.link_seq[session] + 1
             meta = {**meta, "anchors": {**anchors_of(msg, self.cfg.name), self.cfg.name: self.audit.head_ref}}
-            out = self.next_client.call(Message(op, session, step, seq, meta, tensors))
+            codecs = {"h": self.send_codecs["h"]} if "h" in self.send_codecs and "h" in tensors else {}
+            sent = Message(op, session, step, seq, meta, tensors, codecs)
+            out = self.next_client.call(sent)
             self.link_seq[session] = seq
+            if codecs or out.received:  # what crossed this link compressed, in this request's audit record
+                self.note += wire_note(out, sent).replace("received", f"{self.cfg.next} returned")
             return out
         except PartyUnavailable:
             self.link_seq.pop(session, None)
@@ -507,7 +528,7 @@ class Party:
                                     {"h": out.detach(), "idx": idx})
                 if held is not None:  # every party after this one has committed it
                     self._commit(held, buffers=snapshot().model)
-                    self.note = f"; committed step {held} (carried by this {msg.op})"
+                    self.note += f"; committed step {held} (carried by this {msg.op})"
                     held = None
                 g = h.bounded(expect(r, "g", torch.float32, tuple(out.shape)), "gradient g")
                 root, root_grad = out, g.contiguous(memory_format=format_of(out))
@@ -528,7 +549,8 @@ class Party:
         # thread (measured: docs/benchmarks/governance.md). Its check is still this party's late vote
         t.run_late(msg.step, weight_pass, snapshot, (caller, msg.session, msg.seq), here=inp is None)
         return Message("step", step=msg.step, meta={"loss": loss, "_anchors": down},
-                       tensors={"g": grad} if grad is not None else {})
+                       tensors={"g": grad} if grad is not None else {},
+                       codecs={"g": self.send_codecs["g"]} if grad is not None and "g" in self.send_codecs else {})
 
     def _carried_commit(self, msg: Message) -> tuple[int | None, int | None]:
         """The commit of the last step carried by a data operation (``meta.commit``; a step or an evaluation):
@@ -780,7 +802,7 @@ class Party:
             r = self._next_call(msg, meta if carried is None else {**meta, "commit": carried}, {"h": out, "idx": idx})
             if held is not None:  # every party after this one has committed it
                 self._commit(held)
-                self.note = f"; committed step {held} (carried by this eval)"
+                self.note += f"; committed step {held} (carried by this eval)"
             return Message("eval", meta={"sum": float(r.meta["sum"]), "n": int(r.meta["n"]),
                                          "_anchors": anchors_of(r, self.cfg.name)})
         y = h.labels(split)[idx]

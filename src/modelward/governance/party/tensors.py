@@ -1,4 +1,6 @@
-"""Tensor helpers of a party's hot path: the memory layout its kernels want, and a one-pass magnitude bound.
+"""Tensor helpers of a party's hot path: the memory layout its kernels want, a one-pass magnitude bound, and the
+``[compression]`` table that says how the party's tensors leave it (opt-in 8-bit or top-k compression of the
+activations it sends forward and the gradients it returns; the codecs are in :mod:`modelward.governance.wire`).
 
 Example:
     >>> import torch
@@ -10,9 +12,15 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import math
+from typing import Literal
 
 import torch
+from pydantic import Field
+
+from modelward.core.config import StrictModel
+from modelward.governance.wire import Codec
 
 
 def layout(x: torch.Tensor) -> torch.Tensor:
@@ -46,3 +54,63 @@ def max_abs(t: torch.Tensor) -> float:
     lo, hi = torch.aminmax(t)  # both NaN if any element is
     lo, hi = float(lo), float(hi)
     return float("nan") if math.isnan(hi) or math.isnan(lo) else max(-lo, hi)
+
+
+class TensorCompression(StrictModel):
+    """How one kind of tensor leaves the party (a :class:`~modelward.governance.wire.Codec`).
+
+    Args:
+        method: ``"none"`` (default: exact float32, bit-identical to a party without this table), ``"int8"``
+            (absmax 8-bit, Dettmers 2016; ≈ 4× fewer bytes, error at most half a quantization step) or ``"topk"``
+            (the ``ratio`` share of largest-magnitude entries per row, Aji & Heafield 2017 / Lin et al. 2018
+            Deep Gradient Compression; ≈ ``ratio`` × 1.5 of the bytes with int16 indices).
+        scale: int8: ``"row"`` (one scale per example) or ``"tensor"``.
+        stochastic: int8: unbiased stochastic rounding (QSGD, Alistarh et al. 2017).
+        ratio: topk: the fraction of each row kept, in (0, 1].
+        seed: stochastic rounding only, for reproducible experiments: the rounding key is derived from it (leave
+            unset: a random key per process).
+
+    Returns:
+        A strict config; :meth:`codec` gives the wire :class:`~modelward.governance.wire.Codec` (None for none).
+
+    Example:
+        >>> TensorCompression(method="topk", ratio=0.01).codec().describe([32, 1024])
+        'topk(k=11 of 1024)'
+        >>> TensorCompression().codec() is None
+        True
+    """
+
+    method: Literal["none", "int8", "topk"] = "none"
+    scale: Literal["row", "tensor"] = "row"
+    stochastic: bool = False
+    ratio: float = Field(0.1, gt=0.0, le=1.0)
+    seed: int | None = None
+
+    def codec(self) -> Codec | None:
+        """The wire codec (None for ``method = "none"``: tensors travel exactly as without compression)."""
+        if self.method == "none":
+            return None
+        key = None if self.seed is None else hashlib.sha256(f"modelward-rounding:{self.seed}".encode()).digest()
+        return Codec(self.method, scale=self.scale, stochastic=self.stochastic, ratio=self.ratio, key=key)
+
+
+class CompressionConfig(StrictModel):
+    """``[compression]``: what this party sends compressed. ``activations``: the activation ``h`` it sends to the
+    next party (training, evaluation and prediction passes); ``gradients``: the gradient ``g`` it returns to the
+    previous party (after the label holder's protection). The receiver needs no setting: the codec travels in
+    the message's spec and is checked there. Default: nothing compressed.
+
+    Args:
+        activations: how the activation this party sends forward travels (:class:`TensorCompression`).
+        gradients: how the gradient it returns travels.
+
+    Returns:
+        A strict config (``PartyConfig.compression``, ``LeakageAuditConfig.compression``).
+
+    Example:
+        >>> CompressionConfig.model_validate({"gradients": {"method": "int8"}}).gradients.method
+        'int8'
+    """
+
+    activations: TensorCompression = Field(default_factory=TensorCompression)
+    gradients: TensorCompression = Field(default_factory=TensorCompression)
