@@ -29,7 +29,7 @@ from modelward.errors import IdentityError
 from modelward.governance.driver import SplitDriver, load_split_config
 from modelward.governance.driver.config import revoke_party, split_revoked_path
 from modelward.governance.party.config import load_party_config, revoke_peer
-from modelward.governance.provision import provision
+from modelward.governance.provisioning import provision
 from modelward.governance.transport.launch import PartyProcess, stop_parties, wait_ready
 from modelward.governance.trust.certs import keygen
 from modelward.governance.trust.manifest import write_manifest

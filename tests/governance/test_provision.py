@@ -12,7 +12,7 @@ import pytest
 from modelward.core.config import to_toml
 from modelward.errors import ConfigError
 from modelward.governance.party.config import load_party_config, revoked_path
-from modelward.governance.provision import open_party_kit, provision
+from modelward.governance.provisioning import open_party_kit, provision
 from modelward.governance.trust.certs import ca_init, keygen
 from modelward.governance.trust.identity import cert_fingerprint, public_key_fingerprint
 from modelward.governance.trust.manifest import KitError, verify_kit
@@ -262,7 +262,7 @@ def socket_free_port():
 
 def test_the_shipped_example_consortium_file_is_valid():
     from modelward.core.config import load_config
-    from modelward.governance.provision import ConsortiumConfig, _check_layers
+    from modelward.governance.provisioning import ConsortiumConfig, _check_layers
 
     path = Path(__file__).resolve().parents[2] / "examples" / "consortium_digits.toml"
     cfg = load_config(path, ConsortiumConfig)

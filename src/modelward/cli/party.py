@@ -141,8 +141,8 @@ def provision(
     signed with the consortium key (created if absent, mode 0600, stays here): give its fingerprint to every
     party out of band.
     """
-    from modelward.governance.provision import ENV_KEY
-    from modelward.governance.provision import provision as run
+    from modelward.governance.provisioning import ENV_KEY
+    from modelward.governance.provisioning import provision as run
 
     res = run(consortium, out, force)
     for name, kit in res.kits.items():
@@ -273,7 +273,7 @@ def serve(
 
     # before anything heavy is imported: a kit that does not verify is refused at once
     if check_kit_of(config, consortium_key, party, set_) is not None:
-        from modelward.governance.provision import open_party_kit
+        from modelward.governance.provisioning import open_party_kit
 
         config, m = open_party_kit(config if config.is_dir() else config.parent, expected_key_from_env(consortium_key),
                                    expected_party_from_env(party), set_)

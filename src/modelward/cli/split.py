@@ -42,7 +42,7 @@ def train(
 
     check_kit_of(config, consortium_key, None, set_)
     if host is not None and check_kit_of(host, consortium_key) is not None:
-        from modelward.governance.provision import open_party_kit
+        from modelward.governance.provisioning import open_party_kit
 
         host, _ = open_party_kit(host if host.is_dir() else host.parent, expected_key_from_env(consortium_key))
     cfg = load_split_config(config, set_)

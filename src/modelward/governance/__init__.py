@@ -41,7 +41,7 @@ _EXPORTS = {
     "ExtractionAuditConfig": f"{_G}.extraction_audit:ExtractionAuditConfig",
     "load_extraction_config": f"{_G}.extraction_audit:load_extraction_config",
     "run_extraction_audit": f"{_G}.extraction_audit:run_extraction_audit",
-    "provision": f"{_G}.provision:provision", "ConsortiumConfig": f"{_G}.provision:ConsortiumConfig",
+    "provision": f"{_G}.provisioning:provision", "ConsortiumConfig": f"{_G}.provisioning:ConsortiumConfig",
     "verify_kit": f"{_G}.trust.manifest:verify_kit",
 }
 __all__ = sorted(_EXPORTS)
