@@ -53,6 +53,7 @@ from modelward.governance.neighbour_audit import (
     surrogate_curve,
     write_extraction,
 )
+from modelward.governance.protocol import ConsentDenied
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,6 @@ class PartyOracle:
         r = self._data("predict", {"split": split}, {"h": h.contiguous(), "idx": idx})
         token = r.meta.get("token")
         if not token:
-            # movable to the top (no cycle, nothing heavy); kept here while governance/ is edited in parallel
-            from modelward.governance.protocol import ConsentDenied
 
             raise ConsentDenied(f"bob keeps his outputs ({r.meta.get('kept', 'in his own folder')})")
         return dict(self.control.call(self._msg("fetch", self.session, meta={"token": token})).tensors)

@@ -46,7 +46,9 @@ import torch
 from pydantic import Field
 
 from modelward.core.config import StrictModel
+from modelward.core.records import write_csv
 from modelward.errors import DataError
+from modelward.extraction.defenses import make_defense
 
 ResultForm = Literal["label", "topk", "probs", "modelguard_w", "modelguard_s", "logits"]
 FORMS: tuple[str, ...] = ("label", "topk", "probs", "modelguard_w", "modelguard_s", "logits")
@@ -260,8 +262,6 @@ class Release:
         self.state_path = Path(state_path) if state_path is not None else None
         self.defense = None
         if flow.form in ("modelguard_w", "modelguard_s"):
-            # movable to the top (no cycle, nothing heavy); kept here while governance/ is edited in parallel
-            from modelward.extraction.defenses import make_defense
 
             self.defense = make_defense(flow.form, epsilon=flow.epsilon)
             if flow.form == "modelguard_s" and self.state_path is not None and self.state_path.is_file():
@@ -307,8 +307,6 @@ def keep_outputs(folder: str | Path, session: str, token: str, logits: torch.Ten
         >>> keep_outputs(tempfile.mkdtemp(), "s1", "ab12", torch.zeros(2, 3)).name
         's1-ab12.csv'
     """
-    # movable to the top (no cycle, nothing heavy); kept here while governance/ is edited in parallel
-    from modelward.core.records import write_csv
 
     index = torch.arange(len(logits)) if index is None else index
     cols = ["index", "prediction", *[f"logit_{k}" for k in range(logits.shape[1])]]

@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from modelward.core.records import atomic_write_json, write_csv
 from modelward.errors import ModelwardError
+from modelward.governance.flow_policy import as_labels
 
 COLUMNS = ("part", "attack", "rows", "agreement", "refused", "chance", "note")
 
@@ -252,8 +253,6 @@ def eval_oracle_curve(oracle: Oracle, victim: Victim, queries: Tensor, h_test: T
 def labels_from_answers(oracle: Oracle, h_train: Tensor, y_train: Tensor, rows: int, part: str,
                         chunk: int = 64) -> Point:
     """``predict`` on the label holder's *training* split: the share of answers whose top class is the label."""
-    # movable to the top (no cycle, nothing heavy); kept here while governance/ is edited in parallel
-    from modelward.governance.flow_policy import as_labels
 
     chance = float(torch.bincount(y_train).max()) / len(y_train)
     got: list[Tensor] = []

@@ -29,6 +29,7 @@ from modelward.governance.party.label_protection import LabelProtectionConfig
 from modelward.governance.party.tensors import CompressionConfig
 from modelward.governance.trust.certs import check_name, read_pem
 from modelward.governance.trust.identity import cert_fingerprint, normalize_fingerprint
+from modelward.governance.trust.revocation import revoke
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -291,8 +292,6 @@ def revoke_peer(cfg: PartyConfig, name: str) -> tuple[Path, str, bool]:
         >>> revoke_peer(load_party_config("party_bob.toml"), "alice")  # doctest: +SKIP
         (PosixPath('.../revoked.txt'), 'sha256:…', True)
     """
-    # movable to the top (no cycle, nothing heavy); kept here while governance/ is edited in parallel
-    from modelward.governance.trust.revocation import revoke
 
     table = pins(cfg)
     if name not in table:
