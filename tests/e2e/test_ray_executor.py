@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one Ray cluster at a time: two would thrash a small machine
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 TASKS = '''
