@@ -11,8 +11,9 @@ alone and in any order.
 ``make test`` runs the suite on ``PYTEST_WORKERS`` pytest-xdist workers with ``--dist loadgroup``: the tests of one
 module go to one worker (its module-scoped fixtures start once, as in a serial run), and the tests marked
 ``@pytest.mark.xdist_group(NAME)`` go to one worker together, across modules (the Ray clusters, which would thrash
-two at a time on a small machine). A shuffled run under xdist shuffles the same way on every worker: the controller
-draws the seed before the workers start, and they inherit it through the environment."""
+two at a time on a small machine); the end-to-end modules and the groups are handed out first, the short modules
+after them, so that the workers finish together. A shuffled run under xdist shuffles the same way on every worker:
+the controller draws the seed before the workers start, and they inherit it through the environment."""
 
 from __future__ import annotations
 
@@ -111,8 +112,23 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     from xdist.scheduler import LoadGroupScheduling
 
     class ModuleOrGroupScheduling(LoadGroupScheduling):
+        heavy_first = False
+
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
             return nodeid.split("::", 1)[0] if scope == nodeid else scope
 
+        def _assign_work_unit(self, node: object) -> None:
+            # the long units first (the end-to-end modules and the named groups), the many short ones after them:
+            # the short ones then even out the workers' finishing times instead of one long unit ending the run
+            if not self.heavy_first:
+                self.heavy_first = True
+                heavy = [s for s in self.workqueue if s.startswith(HEAVY_TESTS) or not s.startswith("tests/")]
+                for scope in reversed(heavy):
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
     return ModuleOrGroupScheduling(config, log)
+
+
+HEAVY_TESTS = "tests/e2e/"  # where the long tests live: started first under --dist loadgroup
