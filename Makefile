@@ -6,6 +6,10 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 # the extras the test suite exercises (each optional backend's tests skip, saying so, when it is missing)
 EXTRAS := test,cluster,report,privacy,cost,scan,bom
+# pytest-xdist workers of `make test` (2: the reference machine has 2 cores; `make test PYTEST_WORKERS=0` runs the
+# suite in one process, in file order). --dist loadgroup as tests/conftest.py refines it: a module's tests
+# stay on one worker, and the tests of one xdist_group (the Ray clusters) run on one worker, one after another.
+PYTEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .PHONY: install browser demo test lint bench clean
@@ -37,7 +41,7 @@ browser:
 test: install browser
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench

@@ -6,7 +6,14 @@ seed would otherwise see different numbers in every run.
 ``MODELWARD_TEST_SHUFFLE=<seed>`` (or ``=random``) runs the collected tests in a shuffled order: the modules in a
 random order and the tests of each module in a random order (a module's tests stay together, so its module-scoped
 fixtures start once). The seed is printed in the header; rerun with it to get the same order. Every test must pass
-alone and in any order."""
+alone and in any order.
+
+``make test`` runs the suite on ``PYTEST_WORKERS`` pytest-xdist workers with ``--dist loadgroup``: the tests of one
+module go to one worker (its module-scoped fixtures start once, as in a serial run), and the tests marked
+``@pytest.mark.xdist_group(NAME)`` go to one worker together, across modules (the Ray clusters, which would thrash
+two at a time on a small machine); the end-to-end modules and the groups are handed out first, the short modules
+after them, so that the workers finish together. A shuffled run under xdist shuffles the same way on every worker:
+the controller draws the seed before the workers start, and they inherit it through the environment."""
 
 from __future__ import annotations
 
@@ -51,6 +58,12 @@ def _shuffle_seed() -> int | None:
         raise pytest.UsageError(f"{SHUFFLE_ENV}={raw!r}: expected an integer seed or 'random'") from None
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # draw a 'random' seed once, here, before pytest-xdist starts its workers: they inherit the environment, so
+    # every worker collects the same shuffled order (xdist refuses to run when the workers' collections differ)
+    _shuffle_seed()
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     seed = _shuffle_seed()
     return None if seed is None else f"shuffled test order: {SHUFFLE_ENV}={seed} (rerun with it to repeat the order)"
@@ -88,3 +101,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under ``--dist loadgroup``, a test without an ``xdist_group`` mark is scheduled with the rest of its module
+    (plain loadgroup sends each such test on its own, so a module's fixtures would start once per worker)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleOrGroupScheduling(LoadGroupScheduling):
+        heavy_first = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return nodeid.split("::", 1)[0] if scope == nodeid else scope
+
+        def _assign_work_unit(self, node: object) -> None:
+            # the long units first (the end-to-end modules and the named groups), the many short ones after them:
+            # the short ones then even out the workers' finishing times instead of one long unit ending the run
+            if not self.heavy_first:
+                self.heavy_first = True
+                heavy = [s for s in self.workqueue if s.startswith(HEAVY_TESTS) or not s.startswith("tests/")]
+                for scope in reversed(heavy):
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+    return ModuleOrGroupScheduling(config, log)
+
+
+HEAVY_TESTS = "tests/e2e/"  # where the long tests live: started first under --dist loadgroup

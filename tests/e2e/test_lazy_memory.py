@@ -41,12 +41,13 @@ print(json.dumps({"rss_mb": rss, "n_train": len(split.train), "curve": res.curve
 def _write_folder(root: Path) -> int:
     rng = np.random.default_rng(0)
     ramp = np.linspace(0, 1, SIDE, dtype=np.float32)
+    shade = np.outer(ramp, ramp)[..., None]  # the same for every image: computed once
     for c in range(3):
         (root / f"class{c}").mkdir(parents=True)
         for i in range(N_PER_CLASS):
             # smooth images compress to a few hundred bytes each; decoded they are SIDE² × 3 float32
             col = rng.random(3, dtype=np.float32)
-            img = (np.outer(ramp, ramp)[..., None] * col + 0.2 * c) % 1.0
+            img = (shade * col + 0.2 * c) % 1.0
             Image.fromarray((img * 255).astype(np.uint8)).save(root / f"class{c}" / f"{i}.png", compress_level=1)
     return 3 * N_PER_CLASS * 3 * SIDE * SIDE * 4
 

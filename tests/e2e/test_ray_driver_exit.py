@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one Ray instance at a time: two would thrash a small machine
 
 DRIVER = """
 import sys, time

@@ -32,9 +32,9 @@ def test_rl_study_kill9_resume_and_report(tmp_path):
     out = tmp_path / "out"
     db = out / "ledger.sqlite"
     cmd = [*CLI, "complete", "run", str(EXAMPLE), "--out", str(out), "--workers", "1",
-           "--set", 'parts=["linear"]', "--set", "seeds=[0, 1]", "--set", "rl.steps=1500",
+           "--set", 'parts=["linear"]', "--set", "seeds=[0, 1]", "--set", "rl.steps=1000",
            "--set", "rl.dqn.train_every=4",  # the example, shortened for the test
-           "--set", "rl.filter_random=false"]  # a 1500-step agent may be filtered; then retraining is skipped
+           "--set", "rl.filter_random=false"]  # a 1000-step agent may be filtered; then retraining is skipped
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env)
     deadline = time.time() + 120
@@ -54,12 +54,12 @@ def test_rl_study_kill9_resume_and_report(tmp_path):
     assert all(after[k] == v for k, v in before.items())  # finished runs are kept, not recomputed
     origs = [json.loads(v) for k, v in after.items() if k.startswith("orig|")]
     for o in origs:
-        assert o["task"] == "CartPole-v1" and o["curve"][0][0] == 0 and o["curve"][-1][0] == 1500
+        assert o["task"] == "CartPole-v1" and o["curve"][0][0] == 0 and o["curve"][-1][0] == 1000
         assert (out / o["checkpoint"]).is_file() and Path(o["extras"]["replay_buffer"]).is_file()
     for k, v in after.items():
         if k.startswith("re|"):
             curve = json.loads(v)["curve"]
-            assert curve[0][0] == 0 and curve[-1][0] <= 1500  # cost = env steps, budget = original length
+            assert curve[0][0] == 0 and curve[-1][0] <= 1000  # cost = env steps, budget = original length
     table = list(csv.DictReader((out / "hardness.csv").open()))
     assert {r["procedure"] for r in table} == {"T1-kept", "T1-reset", "T0"}
     for r in table:
