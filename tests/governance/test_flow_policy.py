@@ -22,7 +22,8 @@ from modelward.governance.flow_policy import (
     receiver_of,
 )
 
-NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
+# the audit log stamps records with the real clock, so "today" must be the real day (a fixed date passed only on it)
+NOW = dt.datetime.now(dt.UTC)
 
 
 @pytest.fixture()
