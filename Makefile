@@ -10,6 +10,10 @@ EXTRAS := test,cluster,report,privacy,cost,scan,bom
 # suite in one process, in file order). --dist loadgroup as tests/conftest.py refines it: a module's tests
 # stay on one worker, and the tests of one xdist_group (the Ray clusters) run on one worker, one after another.
 PYTEST_WORKERS ?= 2
+# intra-op threads per test process: the workers and the party processes they start already fill the cores, and two
+# bit-exactness tests of split training (lazy vs eager commits, staleness 0 vs the default) each failed once with two
+# threads per worker on a loaded host while passing alone: reductions then depended on the load
+TEST_THREADS ?= 1
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .PHONY: install browser demo test lint bench clean
@@ -41,7 +45,8 @@ browser:
 test: install browser
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup
+	OMP_NUM_THREADS=$(TEST_THREADS) MKL_NUM_THREADS=$(TEST_THREADS) \
+	  $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench
