@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from modelward.core.config import validate
 from modelward.core.io import optimizer_from_tensors, optimizer_to_tensors, save_tensors
 from modelward.core.train import TrainConfig, make_optimizer
-from modelward.errors import ConfigError, ModelwardError
+from modelward.errors import ModelwardError
 from modelward.governance.audit import ANCHOR_OP, AnchorLoop, AuditLog
 from modelward.governance.consent import ConsentChecker, purpose_of
 from modelward.governance.flow_policy import Release, keep_outputs, receiver_of, role_warnings
@@ -61,11 +61,11 @@ from modelward.governance.party.backward import input_gradient
 from modelward.governance.party.checkpoints import Checkpoints, state_digest
 from modelward.governance.party.config import PartyConfig, pins, revoked_path
 from modelward.governance.party.gate import Gate
-from modelward.governance.party.label_protection import ProtectReply
+from modelward.governance.party.label_protection import reply_protection
 from modelward.governance.party.pipeline import MAX_PREPARED, StalenessWindow, prepared_state
 from modelward.governance.party.segment import Holding
 from modelward.governance.party.step import Prepared, TentativeStep
-from modelward.governance.party.tensors import format_of, layout
+from modelward.governance.party.tensors import format_of, layout, send_codecs
 from modelward.governance.protocol import (
     ConsentDenied,
     NumericError,
@@ -76,7 +76,7 @@ from modelward.governance.protocol import (
 )
 from modelward.governance.trust.identity import normalize_pins
 from modelward.governance.trust.revocation import DenyList
-from modelward.governance.wire import Codec, Message, WireError, expect, message_limit, wire_note
+from modelward.governance.wire import Message, WireError, expect, message_limit, wire_note
 
 MAX_RESULTS = 16  # prediction results kept for the driver to fetch (oldest dropped)
 
@@ -117,8 +117,10 @@ class Party:
         self.segment, self.params = h.segment, h.params
         self.all_layers, self.is_first, self.is_last = h.all_layers, h.is_first, h.is_last
         self.in_shape, self.out_shape = h.in_shape, h.out_shape
-        self._protect = self._label_protection()
-        self.send_codecs = self._compression()  # {"h": …, "g": …}: what leaves this party compressed ([compression])
+        self._protect = reply_protection(cfg.label_protection, "label_protection" in cfg.model_fields_set,
+                                         h.y_train, self.in_shape, cfg.name, self.is_last)
+        # {"h": …, "g": …}: what leaves this party compressed ([compression])
+        self.send_codecs = send_codecs(cfg.compression, cfg.name, self.is_first, self.is_last)
         # the largest legitimate message (rows x the widest per-row tensor): the transport drops anything larger
         # before it is buffered, whoever sent it (issue 26); replies from the next party too
         self.message_limit = min(int(cfg.max_message_mb * 2**20) + 65536, message_limit(
@@ -186,37 +188,6 @@ class Party:
     def prepared(self) -> Prepared | None:
         """The step applied tentatively and neither committed nor aborted yet, if any."""
         return self.tentative.prepared
-
-    def _label_protection(self) -> ProtectReply | None:
-        """The label holder's reply-side gradient protection (``[label_protection]``), checked at start-up. On by
-        default (Marvell, scale 4); ``method = "none"`` (or ``scale = 0``) opts out."""
-        lp = self.cfg.label_protection
-        if lp is None:
-            return None
-        if not self.is_last:
-            if "label_protection" in self.cfg.model_fields_set and lp.method != "none":
-                raise ConfigError(f"party {self.cfg.name}: [label_protection] is for the label holder (the last "
-                                  "party)")
-            return None
-        if lp.method == "none" or lp.scale == 0:
-            return None
-        return ProtectReply(lp, self.holding.y_train, self.in_shape, self.cfg.name)
-
-    def _compression(self) -> dict[str, Codec]:
-        """The codecs of the tensors this party sends (``[compression]``): ``h`` to the next party, ``g`` back to
-        the previous one. A setting for a tensor this party never sends is refused at start-up."""
-        c = self.cfg.compression
-        out: dict[str, Codec] = {}
-        for key, kind, sends in (("h", "activations", not self.is_last), ("g", "gradients", not self.is_first)):
-            codec = getattr(c, kind).codec()
-            if codec is None:
-                continue
-            if not sends:
-                raise ConfigError(f"party {self.cfg.name}: [compression] {kind} = {getattr(c, kind).method!r}, but "
-                                  f"this party sends no {kind} (it holds the {'labels' if self.is_last else 'inputs'});"
-                                  " remove it or set method = \"none\"")
-            out[key] = codec
-        return out
 
     def _integrity_check(self, step: int, snap: Any) -> None:
         """After the numeric check of a tentative update: the update norm (and the label holder's loss) against
