@@ -119,8 +119,7 @@ class Party:
         self.in_shape, self.out_shape = h.in_shape, h.out_shape
         self._protect = reply_protection(cfg.label_protection, "label_protection" in cfg.model_fields_set,
                                          h.y_train, self.in_shape, cfg.name, self.is_last)
-        # {"h": …, "g": …}: what leaves this party compressed ([compression])
-        self.send_codecs = send_codecs(cfg.compression, cfg.name, self.is_first, self.is_last)
+        self.send_codecs = send_codecs(cfg.compression, cfg.name, self.is_first, self.is_last)  # {"h":, "g":}
         # the largest legitimate message (rows x the widest per-row tensor): the transport drops anything larger
         # before it is buffered, whoever sent it (issue 26); replies from the next party too
         self.message_limit = min(int(cfg.max_message_mb * 2**20) + 65536, message_limit(
