@@ -35,7 +35,7 @@ def test_a_stale_run_commits_every_step_everywhere_and_lands_near_the_exact_one(
             res = drv.train()
         assert res.steps_run == TC.steps and [s for s, _ in res.curve] == [0, 12, 24]
         for n, p in c.parties.items():
-            assert (p.step, p.prepared, list(p._flight)) == (TC.steps, None, []), n
+            assert (p.step, p.prepared, list(p.window.flight)) == (TC.steps, None, []), n
             assert p.checkpoints() == exact.parties[n].checkpoints(), n
         bob = _steps_rows(c, "bob")
         assert sorted(s for s, d in bob if d == "allow") == list(range(TC.steps))  # each step once, all allowed
@@ -101,7 +101,7 @@ def test_a_party_failure_mid_pipeline_rolls_back_and_resumes_without_losing_or_r
     rows = (c.root / "driver/steps.csv").read_text().splitlines()[1:]
     assert [int(r.split(",")[0]) for r in rows] == list(range(TC.steps))  # none lost, none twice
     for n, p in c.parties.items():
-        assert (p.step, p.prepared, list(p._flight)) == (TC.steps, None, []), n
+        assert (p.step, p.prepared, list(p.window.flight)) == (TC.steps, None, []), n
     # bob ran steps 10.. again after the restore, each allowed once since then; alice's log shows the restore
     restores = c.parties["alice"].audit.db.execute(
         "SELECT count(*) FROM audit WHERE op='restore' AND decision='allow'").fetchone()[0]
@@ -117,7 +117,7 @@ def test_a_refusal_mid_pipeline_settles_every_party_on_the_same_committed_step(m
     with c.driver(TC, seed=1, pipeline=True, staleness=1) as drv:
         with pytest.raises(ConsentDenied, match="max_steps_per_session"):
             drv.train()
-    steps = {(p.step, p.prepared, len(p._flight)) for p in c.parties.values()}
+    steps = {(p.step, p.prepared, len(p.window.flight)) for p in c.parties.values()}
     assert steps == {(7, None, 0)}, steps
     denied = [s for s, d in _steps_rows(c, "bob") if d == "deny"]
     assert denied and min(denied) == 7
@@ -183,7 +183,7 @@ def test_the_first_party_refuses_an_evaluation_or_a_checkpoint_with_steps_in_fli
     drv = c.driver(TC, staleness=1)
     drv.open(train=True)
     r = drv.call("alice", "step", 0, {"stale": 1}, {"idx": torch.arange(16)})
-    assert r.meta["done"] == [] and [f.step for f in c.parties["alice"]._flight] == [0]
+    assert r.meta["done"] == [] and [f.step for f in c.parties["alice"].window.flight] == [0]
     with pytest.raises(PartyError, match="in flight"):
         drv.call("alice", "eval", 0, {"split": "test"}, {"idx": torch.arange(8)})
     with pytest.raises(PartyError, match="in flight"):

@@ -61,11 +61,8 @@ class SplitDriver(Coordinator):
     """The coordinator of one split with its training loop (:meth:`train`).
 
     Args:
-        cfg: the split configuration.
-        session: the session id (default: cfg.session or a fresh one).
-        connect: ``connect(ref, cfg) -> PartyClient`` (default gRPC + mTLS; tests pass in-process clients).
-        pipeline: in :meth:`train`, send step s+1 before step s is answered (default: when the first party is
-            reached over the network, not when it runs in this process).
+        cfg, session, connect, pipeline, staleness: as for
+            :class:`~modelward.governance.driver.coordinator.Coordinator` (their one description).
 
     Example:
         >>> with SplitDriver(load_split_config("split.toml")) as drv:  # doctest: +SKIP

@@ -292,3 +292,34 @@ class ProtectReply:
             idx = msg.tensors["idx"]
             reply.tensors["g"] = protect_gradient(g, self.labels[idx], self.config, step=msg.step, index=idx)
         return reply
+
+
+def reply_protection(config: LabelProtectionConfig | None, explicit: bool, labels: torch.Tensor | None,
+                     in_shape: tuple[int, ...], who: str, is_last: bool) -> ProtectReply | None:
+    """A party's reply-side gradient protection (``[label_protection]``), checked at start-up: the label
+    holder's only. On by default (Marvell, scale 4); ``method = "none"`` (or ``scale = 0``) opts out.
+
+    Args:
+        config: the party's ``[label_protection]`` table (None: none).
+        explicit: the party's configuration sets the table itself (not the default).
+        labels: the party's training labels (None unless it is the label holder).
+        in_shape: the shape (no batch) of the gradient it returns.
+        who: the party's name, for errors.
+        is_last: the party is the label holder (the last party).
+
+    Returns:
+        The protection to wrap the party's step with, or None (not the label holder, or opted out).
+
+    Example:
+        >>> reply_protection(LabelProtectionConfig(method="none"), True, None, (4,), "alice", False) is None
+        True
+    """
+    if config is None:
+        return None
+    if not is_last:
+        if explicit and config.method != "none":
+            raise ConfigError(f"party {who}: [label_protection] is for the label holder (the last party)")
+        return None
+    if config.method == "none" or config.scale == 0:
+        return None
+    return ProtectReply(config, labels, in_shape, who)

@@ -21,33 +21,28 @@ caller sends. Who may ask for what is fixed by the chain: data operations (step,
 previous party (the driver for the first party), control operations from the driver. Every decision goes into the
 hash-chained audit log together with the other parties' latest heads (cross-anchoring).
 
-Bounded-staleness pipelining (opt-in, ``meta.stale`` = k on a step; :meth:`Party._op_step_stale`): the first
-party sends the activations of step s+1 before the gradient of step s is back (k + 1 steps in flight on its link),
-its update of each step applied k steps late on the weights its forward pass used (weight stashing; PipeDream-2BW,
-Narayanan et al. 2021). A party then keeps up to MAX_PREPARED steps prepared at once (the commit of step s
-travels with a later step); ``abort(s)`` undoes s and every step after it, a commit keeps every step up to it.
-Every request still takes the gate.
+Bounded-staleness pipelining (opt-in, ``meta.stale`` = k on a step) keeps k + 1 steps in flight on the first
+party's link, and several steps prepared on every party: see :mod:`~modelward.governance.party.pipeline`.
 
-The party is assembled from four parts, each owning its state:
+The party is assembled from five parts, each owning its state:
 
 - :class:`~modelward.governance.party.gate.Gate`: the admission path (peer pin → decode → op → order → role →
   sequence cache → consent → dispatch → audit record);
 - :class:`~modelward.governance.party.segment.Holding`: the segment, the data column, shapes and input bounds;
 - :class:`~modelward.governance.party.step.TentativeStep`: snapshot, late update, check, rollback, settle;
+- :class:`~modelward.governance.party.pipeline.StalenessWindow`: the first party's steps in flight (bounded
+  staleness: weight stashing, sending ahead, landing the gradients);
 - this class: the operations of the two-phase commit, in a dispatch table (:attr:`Party.ops`).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import secrets
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +52,7 @@ import torch.nn.functional as F
 from modelward.core.config import validate
 from modelward.core.io import optimizer_from_tensors, optimizer_to_tensors, save_tensors
 from modelward.core.train import TrainConfig, make_optimizer
-from modelward.errors import ConfigError, ModelwardError
+from modelward.errors import ModelwardError
 from modelward.governance.audit import ANCHOR_OP, AnchorLoop, AuditLog
 from modelward.governance.consent import ConsentChecker, purpose_of
 from modelward.governance.flow_policy import Release, keep_outputs, receiver_of, role_warnings
@@ -66,10 +61,11 @@ from modelward.governance.party.backward import input_gradient
 from modelward.governance.party.checkpoints import Checkpoints, state_digest
 from modelward.governance.party.config import PartyConfig, pins, revoked_path
 from modelward.governance.party.gate import Gate
-from modelward.governance.party.label_protection import ProtectReply
+from modelward.governance.party.label_protection import reply_protection
+from modelward.governance.party.pipeline import MAX_PREPARED, StalenessWindow, prepared_state
 from modelward.governance.party.segment import Holding
 from modelward.governance.party.step import Prepared, TentativeStep
-from modelward.governance.party.tensors import format_of, layout
+from modelward.governance.party.tensors import format_of, layout, send_codecs
 from modelward.governance.protocol import (
     ConsentDenied,
     NumericError,
@@ -80,37 +76,12 @@ from modelward.governance.protocol import (
 )
 from modelward.governance.trust.identity import normalize_pins
 from modelward.governance.trust.revocation import DenyList
-from modelward.governance.wire import Codec, Message, WireError, expect, message_limit, wire_note
+from modelward.governance.wire import Message, WireError, expect, message_limit, wire_note
 
 MAX_RESULTS = 16  # prediction results kept for the driver to fetch (oldest dropped)
-# bounded-staleness pipelining (``meta.stale``, see Party._op_step_stale): at most this many steps in flight on the
-# first party's link, and at most MAX_PREPARED steps prepared and not committed on any party (a driver that never
-# commits cannot make a party keep snapshots without end); PIPELINE_RING rollback buffer sets cover them
-MAX_STALENESS = 2
-MAX_PREPARED = 6
-PIPELINE_RING = 10
 
 Connect = Callable[[str, str], PartyClient]
 Operation = Callable[[Message, str], Message]
-
-
-@dataclass(eq=False)
-class _Flight:
-    """A step whose forward pass the first party ran and sent on, its gradient not back yet (bounded staleness).
-
-    Attributes:
-        step: the step; out: the segment's output (its graph holds the stashed parameters); stash: the parameters
-        the forward pass ran on (weight stashing: the backward pass uses them, not the live ones, which later
-        updates change); buffers: the segment's buffers before this forward pass (BatchNorm statistics, what an
-        abort restores); reply: the next party's answer, on its way; held: a commit carried by this request, kept
-        until the next party has answered it (it commits on arrival)."""
-
-    step: int
-    out: torch.Tensor
-    stash: list[torch.Tensor]
-    buffers: dict[str, torch.Tensor]
-    reply: Future
-    held: int | None
 
 
 def _opt_fields(tc: TrainConfig) -> dict[str, Any]:
@@ -146,8 +117,9 @@ class Party:
         self.segment, self.params = h.segment, h.params
         self.all_layers, self.is_first, self.is_last = h.all_layers, h.is_first, h.is_last
         self.in_shape, self.out_shape = h.in_shape, h.out_shape
-        self._protect = self._label_protection()
-        self.send_codecs = self._compression()  # {"h": …, "g": …}: what leaves this party compressed ([compression])
+        self._protect = reply_protection(cfg.label_protection, "label_protection" in cfg.model_fields_set,
+                                         h.y_train, self.in_shape, cfg.name, self.is_last)
+        self.send_codecs = send_codecs(cfg.compression, cfg.name, self.is_first, self.is_last)  # {"h":, "g":}
         # the largest legitimate message (rows x the widest per-row tensor): the transport drops anything larger
         # before it is buffered, whoever sent it (issue 26); replies from the next party too
         self.message_limit = min(int(cfg.max_message_mb * 2**20) + 65536, message_limit(
@@ -182,10 +154,10 @@ class Party:
         self.next_client: PartyClient | None = None
         self.link_seq: dict[str, int] = {}  # session -> last sequence number used towards the next party
         # bounded-staleness pipelining (the first party): the steps in flight, oldest first, and their senders
-        self._flight: deque[_Flight] = deque()
-        self._sender: ThreadPoolExecutor | None = None
-        self._link_through: set[str] = set()  # sessions whose link to the next party answered a pipelined step
-        self.pipelined = False  # a pipelined (bounded-staleness) request was accepted since the last restore
+        self.window = StalenessWindow(cfg.name, cfg.next, h, self.tentative, self.audit,
+                                      link=functools.partial(self._open_link, evict=False), link_seq=self.link_seq,
+                                      committed=lambda: self.step, carried_commit=self._carried_commit,
+                                      commit=self._commit)
         # the dispatch table (Flower's _registered_funcs): operation -> bound method, nothing built from strings
         self.ops: dict[str, Operation] = {
             "open": self.op_open, "status": self.op_status, "step": self.op_step, "vote": self.op_vote,
@@ -215,37 +187,6 @@ class Party:
     def prepared(self) -> Prepared | None:
         """The step applied tentatively and neither committed nor aborted yet, if any."""
         return self.tentative.prepared
-
-    def _label_protection(self) -> ProtectReply | None:
-        """The label holder's reply-side gradient protection (``[label_protection]``), checked at start-up. On by
-        default (Marvell, scale 4); ``method = "none"`` (or ``scale = 0``) opts out."""
-        lp = self.cfg.label_protection
-        if lp is None:
-            return None
-        if not self.is_last:
-            if "label_protection" in self.cfg.model_fields_set and lp.method != "none":
-                raise ConfigError(f"party {self.cfg.name}: [label_protection] is for the label holder (the last "
-                                  "party)")
-            return None
-        if lp.method == "none" or lp.scale == 0:
-            return None
-        return ProtectReply(lp, self.holding.y_train, self.in_shape, self.cfg.name)
-
-    def _compression(self) -> dict[str, Codec]:
-        """The codecs of the tensors this party sends (``[compression]``): ``h`` to the next party, ``g`` back to
-        the previous one. A setting for a tensor this party never sends is refused at start-up."""
-        c = self.cfg.compression
-        out: dict[str, Codec] = {}
-        for key, kind, sends in (("h", "activations", not self.is_last), ("g", "gradients", not self.is_first)):
-            codec = getattr(c, kind).codec()
-            if codec is None:
-                continue
-            if not sends:
-                raise ConfigError(f"party {self.cfg.name}: [compression] {kind} = {getattr(c, kind).method!r}, but "
-                                  f"this party sends no {kind} (it holds the {'labels' if self.is_last else 'inputs'});"
-                                  " remove it or set method = \"none\"")
-            out[key] = codec
-        return out
 
     def _integrity_check(self, step: int, snap: Any) -> None:
         """After the numeric check of a tentative update: the update norm (and the label holder's loss) against
@@ -316,14 +257,22 @@ class Party:
     def _ckpt_path(self, step: int):
         return self.ckpt.path(step)
 
-    def _state_tensors(self, buffers: dict[str, torch.Tensor] | None = None
+    def _state_tensors(self, buffers: dict[str, torch.Tensor] | None = None, snap: Prepared | None = None
                        ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """A checkpoint's tensors and metadata: of the live state (`buffers`: the buffers of an earlier moment,
+        see :meth:`_commit`), or of the state the prepared step `snap` starts from (a pipelined session:
+        :func:`~modelward.governance.party.pipeline.prepared_state`)."""
         t = self.tentative
+        meta: dict[str, Any] = {"step": self.step if snap is None else snap.step, "party": self.cfg.name,
+                                "layers": self.cfg.layers, "integrity": self.integrity.monitor.state()}
+        if snap is not None:
+            assert t.train_cfg is not None
+            tensors, meta["opt"] = prepared_state(snap, list(self.params), t.train_cfg)
+            meta["train_cfg"] = t.train_cfg.model_dump(mode="json")
+            return tensors, meta
         tensors = {f"model.{k}": v for k, v in self.segment.state_dict().items()}
         if buffers is not None:  # the buffers of an earlier moment (see _commit)
             tensors.update({f"model.{k}": buffers[k] for k in t.buffer_keys})
-        meta: dict[str, Any] = {"step": self.step, "party": self.cfg.name, "layers": self.cfg.layers,
-                                "integrity": self.integrity.monitor.state()}
         if t.opt is not None and t.train_cfg is not None:
             ot, skel = optimizer_to_tensors(t.opt)
             tensors.update(ot)
@@ -331,32 +280,12 @@ class Party:
             meta["train_cfg"] = t.train_cfg.model_dump(mode="json")
         return tensors, meta
 
-    def _prepared_tensors(self, snap: Prepared) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """The checkpoint of the state a prepared step starts from (a pipelined session commits step s while the
-        steps after it are applied already): its snapshot, copied (the rollback buffers are reused)."""
-        t = self.tentative
-        assert t.train_cfg is not None
-        tensors = {f"model.{k}": v.clone() for k, v in snap.model.items()}
-        params = [torch.nn.Parameter(snap.model[k].clone()) for k in self.params]
-        opt = make_optimizer(params, t.train_cfg)
-        for i, saved in snap.opt["state"].items():
-            opt.state[params[i]] = {k: (v.clone() if torch.is_tensor(v) else copy.deepcopy(v))
-                                    for k, v in saved.items()}
-        for g, saved in zip(opt.param_groups, snap.opt["groups"], strict=True):
-            g.update(copy.deepcopy(saved))
-        ot, skel = optimizer_to_tensors(opt)
-        tensors.update(ot)
-        meta: dict[str, Any] = {"step": snap.step, "party": self.cfg.name, "layers": self.cfg.layers,
-                                "integrity": self.integrity.monitor.state(), "opt": skel,
-                                "train_cfg": t.train_cfg.model_dump(mode="json")}
-        return tensors, meta
-
     def _save_checkpoint(self, background: bool = False, buffers: dict[str, torch.Tensor] | None = None,
                          snap: Prepared | None = None):
         # the records of every step in this checkpoint are on stable storage before it is (a step's own record
         # may still be syncing in the background when the step commits; a power cut loses the in-memory state
         # too, and the party restarts from a checkpoint): the writer waits for the audit log's sync first
-        tensors, meta = self._state_tensors(buffers) if snap is None else self._prepared_tensors(snap)
+        tensors, meta = self._state_tensors(buffers, snap)
         return self.ckpt.save(self.step if snap is None else snap.step, tensors, meta, background,
                               before=self.audit.sync)
 
@@ -393,7 +322,7 @@ class Party:
                 "step": self.step, "in_shape": list(self.in_shape), "out_shape": list(self.out_shape),
                 "n_train": self.holding.n("train"), "n_test": self.holding.n("test"),
                 "prepared": t.all_prepared()[0].step if t.count() else None,
-                "in_flight": [f.step for f in self._flight],
+                "in_flight": self.window.in_flight(),
                 "update_priority": t.update_priority,
                 "checkpoints": self.checkpoints(), "audit_head": self.audit.head_ref,
                 "digest": self.state_digest() if digest else None,
@@ -412,6 +341,31 @@ class Party:
         self.next_client = None
         self.link_seq.clear()
 
+    def _open_link(self, session: str, evict: bool = True) -> PartyClient | None:
+        """The link to the next party, connected, with `session` open on it (its last sequence number, read from
+        the next party, in :attr:`link_seq`).
+
+        Args:
+            session: the session the next request belongs to.
+            evict: forget every session's number once more than 4 x max_sessions_per_peer are kept (the first
+                party's staleness window passes False: its requests in flight hold numbers the next party may not
+                have seen yet, and a session re-opened now would reuse them).
+
+        Returns:
+            The client of the link; None where this party cannot reach its next party (no address, or built
+            without `connect`).
+        """
+        if self.next_address is None or self._connect is None:
+            return None
+        if self.next_client is None:
+            self.next_client = self._connect(self.cfg.next, self.next_address)
+        if session not in self.link_seq:
+            st = self.next_client.call(Message("open", session))
+            if evict and len(self.link_seq) > 4 * self.cfg.max_sessions_per_peer:
+                self.link_seq.clear()
+            self.link_seq[session] = int(st.meta["last_seq"])
+        return self.next_client
+
     def _next_call(self, msg: Message, meta: dict, tensors: dict[str, torch.Tensor]) -> Message:
         """The data operation `msg` continued to the next party (sequenced per session; the link re-opens after a
         failure). The heads of the parties before us, and ours, travel with it."""
@@ -423,13 +377,7 @@ class Party:
             raise PartyError(f"party {self.cfg.name}: built without a way to reach its next party {self.cfg.next!r} "
                              "(pass connect=, as the transport's server does)")
         try:
-            if self.next_client is None:
-                self.next_client = self._connect(self.cfg.next, self.next_address)
-            if session not in self.link_seq:
-                st = self.next_client.call(Message("open", session))
-                if len(self.link_seq) > 4 * self.cfg.max_sessions_per_peer:
-                    self.link_seq.clear()
-                self.link_seq[session] = int(st.meta["last_seq"])
+            self._open_link(session)
             seq = self.link_seq[session] + 1
             meta = {**meta, "anchors": {**anchors_of(msg, self.cfg.name), self.cfg.name: self.audit.head_ref}}
             codecs = {"h": self.send_codecs["h"]} if "h" in self.send_codecs and "h" in tensors else {}
@@ -493,9 +441,12 @@ class Party:
         t, h = self.tentative, self.holding
         if t.opt is None:
             raise PartyError(f"party {self.cfg.name}: open a training session first")
-        stale = self._staleness(msg)
-        if stale and self.is_first:
-            return self._op_step_stale(msg, caller, stale)
+        stale = self.window.staleness(msg)
+        if stale and self.is_first:  # (its update is checked without a loss: the first party holds no labels)
+            self._step_loss = None
+            reply = self.window.step(msg, stale)
+            self.note += f"; pipelined (staleness {stale}): finished steps {[d[0] for d in reply.meta['done']]}"
+            return reply
         carried, held = self._carried_commit(msg)
         at = self.step + t.count()
         if msg.step != at:
@@ -570,167 +521,6 @@ class Party:
         self.note = f"; committed step {carried} (carried by this {msg.op})"  # in this request's record
         return carried, None
 
-    # ----------------------------------------------------------------- bounded-staleness pipelining
-    def _staleness(self, msg: Message) -> int:
-        """``meta.stale`` of a step: 0 (the exact step, the default) or the number of steps the first party may
-        keep in flight on its link (1..MAX_STALENESS). A party that accepts one keeps several steps prepared."""
-        stale = msg.meta.get("stale", 0)
-        if not isinstance(stale, int) or isinstance(stale, bool) or not 0 <= stale <= MAX_STALENESS:
-            raise WireError(f"meta.stale {stale!r}: valid choices: an integer from 0 (exact) to {MAX_STALENESS}")
-        if stale:
-            self.pipelined = True
-            self.tentative.ring = PIPELINE_RING
-        return stale
-
-    def _refuse_in_flight(self, op: str) -> None:
-        if self._flight:
-            raise PartyError(f"party {self.cfg.name}: steps {[f.step for f in self._flight]} are in flight; the "
-                             f"driver drains the pipeline (a step with meta.drain) before {op}")
-
-    def _reset_flight(self, step: int) -> None:
-        """Undo the steps in flight from `step` on (all of them: a later one was computed after an earlier one):
-        wait for their requests to the next party to end (none is left on the wire to arrive after the abort that
-        follows), and restore the buffers from before the first one's forward pass. The link re-opens its session
-        (its sequence number is read again from the next party)."""
-        if not self._flight:
-            return
-        for f in self._flight:
-            try:
-                f.reply.result()
-            except BaseException:  # noqa: BLE001, S110 - the step is undone whatever its answer was
-                pass
-        with torch.no_grad():  # (a prepared step rolled back after this restores earlier buffers still)
-            for k, v in self._flight[0].buffers.items():
-                self.tentative.live[k].copy_(v)
-        self._flight.clear()
-        self.link_seq.clear()
-        self._link_through.clear()
-
-    def _next_send(self, msg: Message, meta: dict, tensors: dict[str, torch.Tensor]) -> Future:
-        """:meth:`_next_call` without waiting for the answer: the sequence number is taken now (in order), the
-        call runs on a sender thread. The next party's gate delivers the requests in order (InOrder); until one
-        pipelined request on this link has been answered, a new one waits for the one before (the gate only
-        orders a peer's requests once one of them has finished)."""
-        session = msg.session
-        if self.next_address is None or self._connect is None:
-            return self._failed(PartyError(f"party {self.cfg.name}: cannot reach its next party {self.cfg.next!r}"))
-        if self.next_client is None:
-            self.next_client = self._connect(self.cfg.next, self.next_address)
-        if session not in self.link_seq:
-            st = self.next_client.call(Message("open", session))
-            self.link_seq[session] = int(st.meta["last_seq"])
-        if session not in self._link_through and len(self._flight):
-            try:
-                self._flight[-1].reply.result()
-            except BaseException:  # noqa: BLE001, S110 - its own landing raises it
-                pass
-        seq = self.link_seq[session] = self.link_seq[session] + 1
-        meta = {**meta, "anchors": {**anchors_of(msg, self.cfg.name), self.cfg.name: self.audit.head_ref}}
-        if self._sender is None:
-            self._sender = ThreadPoolExecutor(MAX_STALENESS + 1, thread_name_prefix=f"send-{self.cfg.name}")
-        return self._sender.submit(self.next_client.call, Message(msg.op, session, msg.step, seq, meta, tensors))
-
-    @staticmethod
-    def _failed(e: BaseException) -> Future:
-        f: Future = Future()
-        f.set_exception(e)
-        return f
-
-    def _op_step_stale(self, msg: Message, caller: str, stale: int) -> Message:
-        """A pipelined step at the first party, with bounded staleness (``meta.stale`` = k): run the forward
-        pass of step s on a copy of the parameters (weight stashing), send the activation on *without waiting for
-        its gradient*, then finish the oldest step in flight once more than k are: its gradient (back from the
-        next party meanwhile) through the stashed forward pass, and the optimizer step on the live parameters.
-        So k + 1 steps are in flight on the link to the next party, and the update of step s uses the gradient
-        computed at the parameters before the updates of steps s-k..s-1 — PipeDream-2BW's delayed update
-        (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training", ICML, eq. for 2BW:
-        W(t+1) = W(t) − ν·∇f(W(t−1)) for k = 1) with weight stashing (Narayanan et al. 2019, "PipeDream",
-        SOSP). The parties after the first one compute exactly (their own updates are not delayed).
-
-        ``meta.drain``: no new step; finish every step in flight (before an evaluation, a checkpoint, the end).
-        The answer lists the steps finished, ``meta.done = [[step, loss], …]``, oldest first; each is prepared
-        everywhere (the first party's update checked, the others answered) and is committed like any step: the
-        driver carries its commit with a later request. A failure anywhere undoes every step in flight here and
-        raises; the driver then settles the last finished step and aborts the rest on every party."""
-        t, h = self.tentative, self.holding
-        drain = msg.meta.get("drain", False)
-        if not isinstance(drain, bool):
-            raise WireError(f"meta.drain must be true or false, got {drain!r}")
-        if drain and msg.meta.get("commit") is not None:
-            raise WireError("a drain carries no commit (it reaches no other party); carry it with a step or an "
-                            "evaluation")
-        carried, held = self._carried_commit(msg)
-        at = self.step + t.count() + len(self._flight)
-        if msg.step != at:
-            raise PartyError(f"party {self.cfg.name} is at step {at} (committed {self.step}, prepared "
-                             f"{[p.step for p in t.all_prepared()]}, in flight {[f.step for f in self._flight]}), "
-                             f"request is for step {msg.step}")
-        if t.count() - (held is not None) >= MAX_PREPARED:
-            raise PartyError(f"party {self.cfg.name}: {t.count()} steps prepared and not committed (at most "
-                             f"{MAX_PREPARED}); commit them first")
-        down: dict = {}
-        if not drain:
-            idx, x = h.input(msg, "train", h.limit())
-            buffers = {k: t.live[k].clone() for k in t.buffer_keys}
-            stash = {k: p.detach().clone().requires_grad_(p.requires_grad) for k, p in self.params.items()}
-            self.segment.train()
-            try:
-                out = torch.func.functional_call(self.segment, stash, (layout(x),))
-                meta: dict[str, Any] = {"stale": stale} if carried is None else {"stale": stale, "commit": carried}
-                reply = self._next_send(msg, meta, {"h": out.detach(), "idx": idx})
-            except BaseException:
-                with torch.no_grad():
-                    for k, v in buffers.items():
-                        t.live[k].copy_(v)
-                raise
-            self._flight.append(_Flight(msg.step, out, [stash[k] for k in self.params], buffers, reply, held))
-        done: list[list] = []
-        while self._flight and (drain or len(self._flight) > stale):
-            step, loss, down = self._land(msg.session)
-            done.append([step, loss])
-        self.note += f"; pipelined (staleness {stale}): finished steps {[d[0] for d in done]}"
-        return Message("step", step=msg.step, meta={"done": done, "_anchors": down})
-
-    def _land(self, session: str) -> tuple[int, float, dict]:
-        """Finish the oldest step in flight: its gradient, the backward pass through its stashed forward pass,
-        the update of the live parameters and its check; the step is then prepared here. Returns (step, loss,
-        the heads of the parties after this one)."""
-        t, h = self.tentative, self.holding
-        f = self._flight[0]
-        try:
-            r = f.reply.result()
-            g = h.bounded(expect(r, "g", torch.float32, tuple(f.out.shape)), "gradient g")
-            loss = float(r.meta["loss"])
-        except BaseException:
-            self._reset_flight(f.step)
-            raise
-        self._link_through.add(session)
-        if f.held is not None:  # the next party committed it on arrival (its vote passed): every party voted
-            self._commit(f.held)  # (while this step is still the first in flight: a checkpoint due now is of the
-            # state it starts from, its buffers before its forward pass)
-        self._flight.popleft()
-        snap = t.begin(f.step)()
-        with torch.no_grad():
-            for k, v in f.buffers.items():  # the state before this step: the buffers before its forward pass
-                snap.model[k].copy_(v)
-        try:
-            wanted = [(p, s) for p, s in zip(self.params.values(), f.stash, strict=True) if s.requires_grad]
-            grads = torch.autograd.grad(f.out, [s for _, s in wanted],
-                                        g.contiguous(memory_format=format_of(f.out)), allow_unused=True)
-            t.opt.zero_grad(set_to_none=True)
-            for (p, _), gr in zip(wanted, grads, strict=True):
-                p.grad = gr
-            self._step_loss = None
-            t.update(f.step, lambda: snap)
-        except BaseException as e:
-            t.rollback(snap)
-            self._reset_flight(f.step)
-            if isinstance(e, ModelwardError):
-                t.rolled_back = (f.step, str(e))
-            raise
-        t.push(snap)
-        return f.step, loss, anchors_of(r, self.cfg.name)
-
     def op_vote(self, msg: Message, caller: str) -> Message:
         """Phase 1's last word on step s from this party, after its late check (waited for before any request):
         ``prepared`` (or ``committed`` already); a step the check rolled back is refused (StepRolledBack)."""
@@ -765,8 +555,8 @@ class Party:
             for m in due:
                 if starts[m] is not None:
                     self._save_checkpoint(background=True, snap=starts[m])
-                elif self._flight:
-                    self._save_checkpoint(background=True, buffers=self._flight[0].buffers)
+                elif self.window.flight:
+                    self._save_checkpoint(background=True, buffers=self.window.flight[0].buffers)
                 else:
                     self._save_checkpoint(background=True, buffers=buffers)
         elif not self._committed_already(s):
@@ -777,12 +567,12 @@ class Party:
         """Step `s` is committed here: the last one with nothing prepared after it, or (a pipelined session, where
         a commit may arrive twice while later steps are prepared) any step before the current one."""
         t = self.tentative
-        return (t.prepared is None and self.step == s + 1) or (self.pipelined and s < self.step)
+        return (t.prepared is None and self.step == s + 1) or (self.window.active and s < self.step)
 
     def op_abort(self, msg: Message, caller: str) -> Message:
         """Phase 2 on a refusal: restore the state before the prepared step s (no-op if nothing is prepared); in a
         pipelined session every step prepared or in flight from s on is undone with it."""
-        self._reset_flight(msg.step)
+        self.window.reset(msg.step)
         self.tentative.abort(msg.step, committed=self.step)
         return Message("abort", step=self.step, meta={"step": self.step})
 
@@ -794,7 +584,7 @@ class Party:
         h = self.holding
         split = h.split_of(msg)
         idx, x = h.input(msg, split, h.limit())
-        self._refuse_in_flight(msg.op)
+        self.window.refuse_in_flight(msg.op)
         carried, held = self._carried_commit(msg)
         out = h.forward_eval(x)
         if not self.is_last:
@@ -820,7 +610,7 @@ class Party:
         its own organisation, inputs x); the label holder keeps the logits for the driver to fetch."""
         h = self.holding
         limit = h.limit()
-        self._refuse_in_flight(msg.op)
+        self.window.refuse_in_flight(msg.op)
         if self.is_first and "x" in msg.tensors:
             x = h.bounded(expect(msg, "x", torch.float32, (None, *self.in_shape), limit), "input x")
             idx = torch.arange(len(x))
@@ -864,17 +654,17 @@ class Party:
 
     def op_restore(self, msg: Message, caller: str) -> Message:
         """Back to the checkpoint of step ``meta.to_step`` (an uncommitted step is rolled back first)."""
-        self._reset_flight(0)
+        self.window.reset(0)
         self.tentative.drop()
         self._restore(int(msg.meta.get("to_step", -1)))
-        self.pipelined = False
+        self.window.active = False
         return Message("restore", step=self.step, meta={"step": self.step})
 
     def op_checkpoint(self, msg: Message, caller: str) -> Message:
         """Save a checkpoint now; with meta.export also write export.safetensors (parameters + buffers only) into
         this party's own checkpoint folder — nothing but the path leaves the party."""
-        if self.tentative.prepared is not None or self._flight:
-            busy = self.tentative.prepared.step if self.tentative.prepared is not None else self._flight[0].step
+        if self.tentative.prepared is not None or self.window.flight:
+            busy = self.tentative.prepared.step if self.tentative.prepared is not None else self.window.flight[0].step
             raise PartyError(f"party {self.cfg.name}: step {busy} is prepared or in flight; commit or abort first")
         path = self._save_checkpoint()
         meta: dict[str, Any] = {"step": self.step, "path": str(path)}
@@ -891,7 +681,7 @@ class Party:
         will abort or restore it anyway), and a checkpoint of the current step."""
         with self.lock:
             self.settle()  # a late update still running would otherwise apply itself after the rollback below
-            self._reset_flight(0)
+            self.window.reset(0)
             self.tentative.drop()
             if self.step not in self.checkpoints():
                 self._save_checkpoint()
@@ -903,8 +693,7 @@ class Party:
                 self._anchor_client.close()
         with self.lock:
             self.tentative.close()  # a late update in flight finishes (its step stays prepared)
-            if self._sender is not None:
-                self._sender.shutdown(wait=False, cancel_futures=True)
+            self.window.close()
             self.ckpt.close()
             if self.next_client is not None:
                 self.next_client.close()

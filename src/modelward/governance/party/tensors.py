@@ -20,6 +20,7 @@ import torch
 from pydantic import Field
 
 from modelward.core.config import StrictModel
+from modelward.errors import ConfigError
 from modelward.governance.wire import Codec
 
 
@@ -114,3 +115,33 @@ class CompressionConfig(StrictModel):
 
     activations: TensorCompression = Field(default_factory=TensorCompression)
     gradients: TensorCompression = Field(default_factory=TensorCompression)
+
+
+def send_codecs(compression: CompressionConfig, who: str, is_first: bool, is_last: bool) -> dict[str, Codec]:
+    """The codecs of the tensors a party sends (``[compression]``): ``h`` to the next party, ``g`` back to the
+    previous one. A setting for a tensor the party never sends is refused at start-up (ConfigError).
+
+    Args:
+        compression: the party's ``[compression]`` table.
+        who: the party's name, for errors.
+        is_first: the party holds the inputs (it returns no gradient).
+        is_last: the party holds the labels (it sends no activation on).
+
+    Returns:
+        ``{"h": codec, "g": codec}``, only the tensors sent compressed.
+
+    Example:
+        >>> send_codecs(CompressionConfig(), "alice", is_first=True, is_last=False)
+        {}
+    """
+    out: dict[str, Codec] = {}
+    for key, kind, sends in (("h", "activations", not is_last), ("g", "gradients", not is_first)):
+        codec = getattr(compression, kind).codec()
+        if codec is None:
+            continue
+        if not sends:
+            raise ConfigError(f"party {who}: [compression] {kind} = {getattr(compression, kind).method!r}, but "
+                              f"this party sends no {kind} (it holds the {'labels' if is_last else 'inputs'});"
+                              " remove it or set method = \"none\"")
+        out[key] = codec
+    return out
