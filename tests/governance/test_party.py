@@ -428,6 +428,29 @@ def test_a_pipelined_driver_trains_exactly_like_a_sequential_one_when_steps_over
         assert all(d == "allow" for _, _, d in rows), n
 
 
+def test_a_step_that_overtook_an_absent_predecessor_is_sent_again_and_the_run_stays_exact(make_chain):
+    """A loaded host: each even step reaches the first party long after the odd step sent behind it (0.3 s, far
+    beyond the party's InOrder bound, shortened here to 0.05 s), so the odd step is taken first and refused, unread,
+    as out of order. The driver settles the step before, sends the refused one again from the same batch, and the
+    run ends in exactly the state, curve and checkpoints of a sequential driver (no WireError escapes)."""
+    tc = TrainConfig(steps=6, eval_every=3, batch_size=16, eval_batch_size=128, lr=0.05)
+    seq, pipe = (make_chain(checkpoint_every=2) for _ in range(2))
+    pipe.parties["alice"].gate.order.wait_s = 0.05
+    _overtaking(pipe.parties["alice"], delay=0.3)
+    with seq.driver(tc, seed=2, pipeline=False) as a, pipe.driver(tc, seed=2, pipeline=True) as b:
+        ra, rb = a.train(), b.train()
+    assert rb.curve == ra.curve and pipe.digests() == seq.digests()
+    assert {(p.step, p.prepared) for p in pipe.parties.values()} == {(6, None)}
+    for n in pipe.names:
+        assert pipe.parties[n].checkpoints() == seq.parties[n].checkpoints()
+    refused = pipe.parties["alice"].audit.db.execute(
+        "SELECT step, reason FROM audit WHERE op='step' AND decision='deny'").fetchall()
+    assert refused and all("out-of-order" in r for _, r in refused)  # the interleaving did happen
+    allowed = pipe.parties["bob"].audit.db.execute(
+        "SELECT step FROM audit WHERE op='step' AND decision='allow'").fetchall()
+    assert sorted(s for (s,) in allowed) == list(range(6))  # every step ran once at bob
+
+
 def test_a_refusal_with_a_step_in_flight_behind_it_aborts_both(make_chain):
     """Bob refuses step 3 while step 4 is already on its way to Alice: step 4 is refused too (out of order, in
     Alice's log), both are aborted, step 2 is committed everywhere, and the state is the one a sequential driver

@@ -170,7 +170,11 @@ class Coordinator:
         except ModelwardError:
             if sequenced:  # the party did not take this number: the next request reuses it
                 with self._seq_lock:
-                    self._sent_seq = self.seq
+                    # only if no later number was taken meanwhile (a step sent ahead on another thread): rewinding
+                    # then would hand that number out twice, and a later step could be accepted under the number
+                    # of a refused one (its recovery, _finish_step / settle_pipeline, rewinds once all are in)
+                    if self._sent_seq == seq:
+                        self._sent_seq = self.seq
             raise
         if out.tensors:  # (only prediction logits, fetched from the label holder, ever arrive here)
             self.received.append((party, op, sorted(out.tensors)))
