@@ -469,6 +469,48 @@ def test_a_refusal_with_a_step_in_flight_behind_it_aborts_both(make_chain):
     assert [s for s, _ in denied] == [4] and "out-of-order" in denied[0][1]
 
 
+def test_a_step_numbered_after_its_predecessor_failed_does_not_take_the_failed_number(make_chain):
+    """The interleaving of the test above that a loaded host produces: bob refuses step 3 (sent ahead, on a sender
+    thread) before the driver numbers step 4. The failed request must not give its number back while step 4 is
+    being sent: step 4 would be accepted under it, run against a party that never prepared step 3, and fail with
+    a different error. It is refused out of order instead, and the state is the sequential driver's."""
+    import threading
+
+    tc = TrainConfig(steps=8, eval_every=8, batch_size=16, eval_batch_size=128, lr=0.05)
+    pol = {"bob": {"allow_peers": ["alice"], "training": True, "max_steps_per_session": 3}}
+    seq, pipe = (make_chain(policies=pol, checkpoint_every=100) for _ in range(2))
+    with seq.driver(tc, seed=1, pipeline=False) as drv:
+        with pytest.raises(ConsentDenied):
+            drv.train()
+    alice, refused = pipe.parties["alice"], threading.Event()
+    handle = alice.handle
+
+    def noting_the_refusal(caller, data):
+        try:
+            return handle(caller, data)
+        except ConsentDenied:
+            refused.set()
+            raise
+
+    alice.handle = noting_the_refusal
+    with pipe.driver(tc, seed=1, pipeline=True) as drv:
+        send = drv._send_step
+
+        def after_the_refusal(step, *args, **kw):
+            if step == 4:
+                assert refused.wait(10.0)  # step 3's call has failed (and returned) before step 4 is numbered
+                time.sleep(0.05)
+            return send(step, *args, **kw)
+
+        drv._send_step = after_the_refusal
+        with pytest.raises(ConsentDenied, match="max_steps_per_session"):
+            drv.train()
+    assert {(p.step, p.prepared) for p in pipe.parties.values()} == {(3, None)}
+    assert pipe.digests() == seq.digests()
+    rows = alice.audit.db.execute("SELECT step, decision, reason FROM audit WHERE op='step' AND step=4").fetchall()
+    assert [(s, d) for s, d, _ in rows] == [(4, "deny")] and "out-of-order" in rows[0][2]
+
+
 def test_a_shutdown_while_the_late_update_runs_waits_for_it_before_rolling_back(make_chain):
     """SIGTERM right after a party answered: its weight pass and update are still running on the update thread.
     The clean stop rolls the uncommitted step back and checkpoints the party; the update must not run after (or
