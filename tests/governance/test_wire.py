@@ -195,10 +195,10 @@ def test_in_order_holds_a_request_that_overtook_its_predecessor_and_nothing_else
 
 
 def test_in_order_waits_beyond_wait_s_while_the_predecessor_is_in_progress_here():
-    """A loaded host: request 2 is being handled here (it entered its turn) for longer than wait_s when request 3
-    arrives. Request 3 must wait until 2 has finished (else it takes the party's lock the moment 2 releases it,
-    before 2 is recorded, and a legitimate pipelined step is refused as out of order); a predecessor that never
-    arrived is still waited for at most wait_s."""
+    """A loaded host: request 2 is in progress here (it entered its turn: waiting for its own predecessor, for the
+    party's lock, or being handled) for longer than wait_s when request 3 arrives. Request 3 must wait until 2 has
+    finished (else, with 2 itself still queued, 3 can reach the party's lock first and a legitimate pipelined step
+    is refused as out of order); a predecessor that never arrived is still waited for at most wait_s."""
     import threading
     import time
 

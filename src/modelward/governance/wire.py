@@ -567,9 +567,10 @@ class InOrder:
 
     The bound runs out only while the predecessor is *absent*: while it is in progress here (it entered
     :meth:`turn` and has not finished: waiting for its own turn, for the party's lock, or being processed), its
-    successor keeps waiting, however slow the host is. Otherwise a legitimate pipelined request whose predecessor
-    takes longer than `wait_s` (a loaded host) would take the lock as soon as the predecessor releases it, before
-    the predecessor is recorded, and be refused as out of order. This keeps the protection: a peer holds at most
+    successor keeps waiting, however slow the host is. Otherwise, with two requests queued behind a request that
+    takes longer than `wait_s` (a loaded host; a pipelined link k + 1 = 3 steps deep), both would give up waiting
+    and race for the party's lock, and the later one, winning, would be refused as out of order (a legitimate
+    caller then has to undo and resend its steps). This keeps the protection: a peer holds at most
     `max_waiting` waiting threads, each for at most `wait_s` beyond the processing of requests this party is
     actually running (and a predecessor that is itself waiting for an absent one gives up after `wait_s`).
 
