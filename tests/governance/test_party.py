@@ -430,6 +430,29 @@ def test_a_pipelined_driver_trains_exactly_like_a_sequential_one_when_steps_over
         assert all(d == "allow" for _, _, d in rows), n
 
 
+def test_a_step_that_overtook_an_absent_predecessor_is_sent_again_and_the_run_stays_exact(make_chain):
+    """A loaded host: each even step reaches the first party long after the odd step sent behind it (0.3 s, far
+    beyond the party's InOrder bound, shortened here to 0.05 s), so the odd step is taken first and refused, unread,
+    as out of order. The driver settles the step before, sends the refused one again from the same batch, and the
+    run ends in exactly the state, curve and checkpoints of a sequential driver (no WireError escapes)."""
+    tc = TrainConfig(steps=6, eval_every=3, batch_size=16, eval_batch_size=128, lr=0.05)
+    seq, pipe = (make_chain(checkpoint_every=2) for _ in range(2))
+    pipe.parties["alice"].gate.order.wait_s = 0.05
+    _overtaking(pipe.parties["alice"], delay=0.3)
+    with seq.driver(tc, seed=2, pipeline=False) as a, pipe.driver(tc, seed=2, pipeline=True) as b:
+        ra, rb = a.train(), b.train()
+    assert rb.curve == ra.curve and pipe.digests() == seq.digests()
+    assert {(p.step, p.prepared) for p in pipe.parties.values()} == {(6, None)}
+    for n in pipe.names:
+        assert pipe.parties[n].checkpoints() == seq.parties[n].checkpoints()
+    refused = pipe.parties["alice"].audit.db.execute(
+        "SELECT step, reason FROM audit WHERE op='step' AND decision='deny'").fetchall()
+    assert refused and all("out-of-order" in r for _, r in refused)  # the interleaving did happen
+    allowed = pipe.parties["bob"].audit.db.execute(
+        "SELECT step FROM audit WHERE op='step' AND decision='allow'").fetchall()
+    assert sorted(s for (s,) in allowed) == list(range(6))  # every step ran once at bob
+
+
 def test_a_refusal_with_a_step_in_flight_behind_it_aborts_both(make_chain):
     """Bob refuses step 3 while step 4 is already on its way to Alice: step 4 is refused too (out of order, in
     Alice's log), both are aborted, step 2 is committed everywhere, and the state is the one a sequential driver
@@ -446,6 +469,48 @@ def test_a_refusal_with_a_step_in_flight_behind_it_aborts_both(make_chain):
     denied = pipe.parties["alice"].audit.db.execute(
         "SELECT step, reason FROM audit WHERE op='step' AND decision='deny'").fetchall()
     assert [s for s, _ in denied] == [4] and "out-of-order" in denied[0][1]
+
+
+def test_a_step_numbered_after_its_predecessor_failed_does_not_take_the_failed_number(make_chain):
+    """The interleaving of the test above that a loaded host produces: bob refuses step 3 (sent ahead, on a sender
+    thread) before the driver numbers step 4. The failed request must not give its number back while step 4 is
+    being sent: step 4 would be accepted under it, run against a party that never prepared step 3, and fail with
+    a different error. It is refused out of order instead, and the state is the sequential driver's."""
+    import threading
+
+    tc = TrainConfig(steps=8, eval_every=8, batch_size=16, eval_batch_size=128, lr=0.05)
+    pol = {"bob": {"allow_peers": ["alice"], "training": True, "max_steps_per_session": 3}}
+    seq, pipe = (make_chain(policies=pol, checkpoint_every=100) for _ in range(2))
+    with seq.driver(tc, seed=1, pipeline=False) as drv:
+        with pytest.raises(ConsentDenied):
+            drv.train()
+    alice, refused = pipe.parties["alice"], threading.Event()
+    handle = alice.handle
+
+    def noting_the_refusal(caller, data):
+        try:
+            return handle(caller, data)
+        except ConsentDenied:
+            refused.set()
+            raise
+
+    alice.handle = noting_the_refusal
+    with pipe.driver(tc, seed=1, pipeline=True) as drv:
+        send = drv._send_step
+
+        def after_the_refusal(step, *args, **kw):
+            if step == 4:
+                assert refused.wait(10.0)  # step 3's call has failed (and returned) before step 4 is numbered
+                time.sleep(0.05)
+            return send(step, *args, **kw)
+
+        drv._send_step = after_the_refusal
+        with pytest.raises(ConsentDenied, match="max_steps_per_session"):
+            drv.train()
+    assert {(p.step, p.prepared) for p in pipe.parties.values()} == {(3, None)}
+    assert pipe.digests() == seq.digests()
+    rows = alice.audit.db.execute("SELECT step, decision, reason FROM audit WHERE op='step' AND step=4").fetchall()
+    assert [(s, d) for s, d, _ in rows] == [(4, "deny")] and "out-of-order" in rows[0][2]
 
 
 def test_a_shutdown_while_the_late_update_runs_waits_for_it_before_rolling_back(make_chain):

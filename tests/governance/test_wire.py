@@ -192,3 +192,36 @@ def test_in_order_holds_a_request_that_overtook_its_predecessor_and_nothing_else
         w.join(5.0)
         assert not w.is_alive()
     order.wait("mallory", "s1", 3)  # another peer's session: nothing to wait for
+
+
+def test_in_order_waits_beyond_wait_s_while_the_predecessor_is_in_progress_here():
+    """A loaded host: request 2 is in progress here (it entered its turn: waiting for its own predecessor, for the
+    party's lock, or being handled) for longer than wait_s when request 3 arrives. Request 3 must wait until 2 has
+    finished (else, with 2 itself still queued, 3 can reach the party's lock first and a legitimate pipelined step
+    is refused as out of order); a predecessor that never arrived is still waited for at most wait_s."""
+    import threading
+    import time
+
+    order = InOrder(max_waiting=2, wait_s=0.05)
+    order.finished("driver", "s1", 1, accepted=1)
+    events: list[str] = []
+    entered = threading.Event()
+
+    def second() -> None:
+        with order.turn("driver", "s1", 2, accepted=lambda: 2):
+            entered.set()
+            time.sleep(0.4)  # 8 x wait_s: the slow predecessor
+            events.append("2 done")
+
+    t2 = threading.Thread(target=second)
+    t2.start()
+    assert entered.wait(5.0)
+    order.wait("driver", "s1", 3)
+    events.append("3 goes")
+    t2.join(5.0)
+    assert events == ["2 done", "3 goes"]
+    # the predecessor of 5 never arrives: 5 goes on after wait_s (the guard then refuses it as a gap)
+    t0 = time.monotonic()
+    order.wait("driver", "s1", 5)
+    assert time.monotonic() - t0 < 1.0
+    assert not order._in_progress  # nothing left behind once every request has finished

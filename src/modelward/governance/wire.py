@@ -565,6 +565,15 @@ class InOrder:
     threads for `wait_s` seconds, and nothing it sends changes what is accepted. A refused request releases only
     the one numbered right after it (a request far ahead, refused, releases nobody).
 
+    The bound runs out only while the predecessor is *absent*: while it is in progress here (it entered
+    :meth:`turn` and has not finished: waiting for its own turn, for the party's lock, or being processed), its
+    successor keeps waiting, however slow the host is. Otherwise, with two requests queued behind a request that
+    takes longer than `wait_s` (a loaded host; a pipelined link k + 1 = 3 steps deep), both would give up waiting
+    and race for the party's lock, and the later one, winning, would be refused as out of order (a legitimate
+    caller then has to undo and resend its steps). This keeps the protection: a peer holds at most
+    `max_waiting` waiting threads, each for at most `wait_s` beyond the processing of requests this party is
+    actually running (and a predecessor that is itself waiting for an absent one gives up after `wait_s`).
+
     Example:
         >>> order = InOrder()
         >>> order.finished("driver", "s1", 1, accepted=1)
@@ -576,6 +585,8 @@ class InOrder:
         # (peer, session) -> (the last number the guard accepted, the last number refused)
         self._state: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
         self._waiting = 0
+        # (peer, session) -> the numbers in progress here (entered turn(), not finished): waited for without bound
+        self._in_progress: dict[tuple[str, str], set[int]] = {}
         self._cv = threading.Condition()
 
     def _through(self, key: tuple[str, str], seq: int) -> bool:
@@ -592,7 +603,16 @@ class InOrder:
             self._waiting += 1
             try:
                 deadline = time.monotonic() + self.wait_s
-                while not self._through(key, seq) and (left := deadline - time.monotonic()) > 0:
+                while not self._through(key, seq):
+                    if seq - 1 in self._in_progress.get(key, ()):
+                        # the predecessor is being handled here: wait for it, and give it wait_s again should it
+                        # end without being recorded (it cannot: finished() records every request that arrived)
+                        deadline = time.monotonic() + self.wait_s
+                        self._cv.wait(self.wait_s)
+                        continue
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
                     self._cv.wait(left)
             finally:
                 self._waiting -= 1
@@ -600,9 +620,14 @@ class InOrder:
     @contextmanager
     def turn(self, peer: str, session: str, seq: int, accepted: Callable[[], int]) -> Iterator[None]:
         """Wait for the turn of request `seq` (:meth:`wait`); on leaving, however it ends, record it with
-        `accepted()`, the last number the sequence guard has accepted by then."""
-        self.wait(peer, session, seq)
+        `accepted()`, the last number the sequence guard has accepted by then. From its arrival to its end, the
+        request is in progress (its successor waits for it without the `wait_s` bound)."""
+        key = (peer, session)
+        with self._cv:
+            self._in_progress.setdefault(key, set()).add(seq)
+            self._cv.notify_all()
         try:
+            self.wait(peer, session, seq)
             yield
         finally:
             self.finished(peer, session, seq, accepted())
@@ -612,6 +637,11 @@ class InOrder:
         this one was accepted). Wakes the request waiting for it."""
         key = (peer, session)
         with self._cv:
+            going = self._in_progress.get(key)
+            if going is not None:
+                going.discard(seq)
+                if not going:
+                    del self._in_progress[key]
             refused = self._state.get(key, (0, -1))[1]
             self._state[key] = (accepted, seq if accepted < seq else refused)
             self._state.move_to_end(key)

@@ -159,6 +159,7 @@ class Coordinator:
         sequenced = op in ("step", "eval", "predict")
         if sequenced and party != self.names[0]:
             raise PartyError(f"data operations go to the first party ({self.names[0]}), not {party}")
+        numbered_here = sequenced and seq is None
         if not sequenced:
             seq = 0
         elif seq is None:
@@ -168,9 +169,13 @@ class Coordinator:
             out = self.clients[party].call(Message(op, self.session, step, seq, meta or {}, tensors or {}),
                                            timeout or self.cfg.timeout_s)
         except ModelwardError:
-            if sequenced:  # the party did not take this number: the next request reuses it
+            if numbered_here:  # the party did not take this number: the next request reuses it
                 with self._seq_lock:
                     self._sent_seq = self.seq
+            # (a step numbered by _send_step / _send_stale is not rewound here, on its sender thread: the driver may
+            # have numbered the step after it meanwhile, or be about to, and a later step would then be accepted
+            # under the number of the refused one; _finish_step and settle_pipeline rewind once every request in
+            # flight is in)
             raise
         if out.tensors:  # (only prediction logits, fetched from the label holder, ever arrive here)
             self.received.append((party, op, sorted(out.tensors)))
