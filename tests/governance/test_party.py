@@ -597,3 +597,27 @@ def test_the_session_opens_on_all_parties_at_once_and_reports_the_first_error_in
         inside.reset()
         with pytest.raises(PartyUnavailable, match="bob is down"):
             drv.open(train=True)
+
+
+def test_a_thread_count_set_from_a_side_thread_leaves_the_modes_bit_identical(make_chain):
+    """``torch.set_num_threads`` called from another thread (a library, a server thread, an earlier test) changes
+    the count that threads started later take, not this thread's. A party's and the driver's worker threads take
+    the count of the thread that built them, so the pipelined run (its passes on the driver's sender threads) still
+    equals the sequential one (its passes on this thread) bit for bit. (Without that, two CI runs on two pytest
+    workers ended with other digests.)"""
+    import threading
+
+    main = torch.get_num_threads()
+    other = 1 if main > 1 else 2
+    tc = TrainConfig(steps=6, eval_every=6, batch_size=16, eval_batch_size=128, lr=0.05)
+    seq, pipe = (make_chain(("alice", "carol", "bob"), ("conv1", "conv2")) for _ in range(2))
+    side = threading.Thread(target=torch.set_num_threads, args=(other,))
+    side.start()
+    side.join()
+    try:
+        with seq.driver(tc, seed=2, pipeline=False) as a, pipe.driver(tc, seed=2, pipeline=True) as b:
+            ra, rb = a.train(), b.train()
+    finally:
+        torch.set_num_threads(main)
+    assert torch.get_num_threads() == main
+    assert rb.curve == ra.curve and pipe.digests() == seq.digests()

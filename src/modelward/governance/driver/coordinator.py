@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from modelward.core.threads import torch_thread_pool
 from modelward.errors import ConfigError, ModelwardError
 from modelward.governance.driver.config import PartyRef, SplitConfig, split_revoked_path
 from modelward.governance.party.machine import Party
@@ -258,7 +259,7 @@ class Coordinator:
         args = (self.names[0], "step", step, meta, {"idx": idx}, None, seq)
         if ahead:
             if self._sender_pool is None:
-                self._sender_pool = ThreadPoolExecutor(2, thread_name_prefix="driver-send")
+                self._sender_pool = torch_thread_pool(2, "driver-send")
             return self._sender_pool.submit(self._chain_call, *args)
         done: Future = Future()
         try:
@@ -288,7 +289,7 @@ class Coordinator:
         elif commit is not None:
             meta["commit"] = commit
         if self._sender_pool is None:
-            self._sender_pool = ThreadPoolExecutor(2, thread_name_prefix="driver-send")
+            self._sender_pool = torch_thread_pool(2, "driver-send")
         return self._sender_pool.submit(self._chain_call, self.names[0], "step", step, meta,
                                         {} if idx is None else {"idx": idx}, None, seq)
 
@@ -376,7 +377,7 @@ class Coordinator:
     def _pooled(self) -> ThreadPoolExecutor:
         """The driver's small pool for rounds sent to every party at once."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=min(8, len(self.names)), thread_name_prefix="driver")
+            self._pool = torch_thread_pool(min(8, len(self.names)), "driver")
         return self._pool
 
     def abort_all(self, step: int) -> None:

@@ -13,13 +13,14 @@ import json
 import os
 import re
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from modelward.core.io import load_metadata, load_tensors, save_tensors, write_safetensors
+from modelward.core.threads import torch_thread_pool
 
 CKPT_RE = re.compile(r"^step_(\d{8})\.safetensors$")
 
@@ -53,7 +54,7 @@ class Checkpoints:
         self.keep = keep
         # one long-lived writer: starting a thread per checkpoint costs the step that commits (its start-up
         # contends for the GIL with it; figures in docs/benchmarks/governance.md)
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"checkpoints-{self.dir.name}")
+        self._writer = torch_thread_pool(1, f"checkpoints-{self.dir.name}")
         self._pending: Future[None] | None = None
         self._error: str | None = None
 

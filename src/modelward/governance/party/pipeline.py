@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from modelward.core.io import optimizer_to_tensors
+from modelward.core.threads import torch_thread_pool
 from modelward.core.train import TrainConfig, make_optimizer
 from modelward.errors import ModelwardError
 from modelward.governance.audit import AuditLog
@@ -213,7 +214,7 @@ class StalenessWindow:
         seq = self.link_seq[session] = self.link_seq[session] + 1
         meta = {**meta, "anchors": {**anchors_of(msg, self.name), self.name: self.audit.head_ref}}
         if self._sender is None:
-            self._sender = ThreadPoolExecutor(MAX_STALENESS + 1, thread_name_prefix=f"send-{self.name}")
+            self._sender = torch_thread_pool(MAX_STALENESS + 1, f"send-{self.name}")
         return self._sender.submit(client.call, Message(msg.op, session, msg.step, seq, meta, tensors))
 
     @staticmethod

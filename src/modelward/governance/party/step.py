@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from modelward.core.process import idle_priority
+from modelward.core.threads import torch_thread_pool
 from modelward.core.train import TrainConfig
 from modelward.errors import ModelwardError
 from modelward.governance.party.tensors import max_abs
@@ -112,11 +113,11 @@ class TentativeStep:
         # the prepared steps older than `prepared`, oldest first (only a pipelined session has any: the commit of a
         # step arrives while the steps after it are prepared already)
         self.earlier: list[Prepared] = []
-        self._copier = ThreadPoolExecutor(1, thread_name_prefix=f"snapshot-{name}")
+        self._copier = torch_thread_pool(1, f"snapshot-{name}")
         self.configured_priority = update_priority
         self.update_priority = update_priority
-        self._updater = ThreadPoolExecutor(1, thread_name_prefix=f"update-{name}",
-                                           initializer=idle_priority if update_priority == "idle" else None)
+        self._updater = torch_thread_pool(1, f"update-{name}",
+                                         initializer=idle_priority if update_priority == "idle" else None)
         self._updater_normal: ThreadPoolExecutor | None = None  # after a starved late update (see late_update)
         self._pending: _Late | None = None
 
@@ -282,7 +283,7 @@ class TentativeStep:
         if self.update_priority == "idle" or self.configured_priority == "normal":
             return self._updater
         if self._updater_normal is None:
-            self._updater_normal = ThreadPoolExecutor(1, thread_name_prefix=f"update-{self.name}-normal")
+            self._updater_normal = torch_thread_pool(1, f"update-{self.name}-normal")
         return self._updater_normal
 
     def run_late(self, step: int, weight_pass: Callable[[], None], snapshot: Callable[[], Prepared],

@@ -18,7 +18,6 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import grpc
 
 from modelward.core.lock import FolderLock
 from modelward.core.process import keep_freed_memory
+from modelward.core.threads import torch_thread_pool
 from modelward.errors import ConfigError, IdentityError, ModelwardError
 from modelward.governance.party.config import PartyConfig, check_test_only, pins, revoked_path
 from modelward.governance.party.machine import Connect, Party
@@ -46,7 +46,7 @@ class PartyServer:
         # the largest legitimate message (rows x the widest tensor, party.message_limit, at most max_message_mb):
         # gRPC drops a longer one from its length prefix, before buffering it and before any identity check
         limit = party.message_limit
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
+        self.server = grpc.server(torch_thread_pool(workers, "grpc"),
                                   options=[("grpc.max_receive_message_length", limit),
                                            ("grpc.max_send_message_length", limit),
                                            ("grpc.so_reuseport", 0)])
