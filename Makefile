@@ -6,13 +6,13 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 # the extras the test suite exercises (each optional backend's tests skip, saying so, when it is missing)
 EXTRAS := test,cluster,report,privacy,cost,scan,bom
-# pytest-xdist workers of `make test`: 0 (one process, in file order) by default. `make test PYTEST_WORKERS=2` runs
-# the suite on two workers (--dist loadgroup as tests/conftest.py refines it: a module's tests stay on one worker, the
-# Ray clusters' tests run on one worker one after another) in about 9.5 min instead of about 18, but in two of three
-# runs on this 2-core reference machine the load of two workers plus the party processes they start changed the
-# results of split training (two exactness tests, one accuracy check): a timing dependence to find before it can be
-# the default.
-PYTEST_WORKERS ?= 0
+# pytest-xdist workers of `make test` (0: one process, in file order). Two workers (--dist loadgroup as
+# tests/conftest.py refines it: a module's tests stay on one worker, the Ray clusters' tests run on one worker one
+# after another) take about 8.5 min on the 2-core reference machine instead of about 16. The two causes that once made
+# results depend on which tests shared a worker are fixed: a module fixture drew its model from the global RNG the
+# previous test left (the RNGs are now seeded before each module's fixtures), and torch.set_num_threads from a side
+# thread split the rounding between the driver's and the parties' threads (modelward.core.threads).
+PYTEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .PHONY: install browser demo test lint bench clean
