@@ -6,13 +6,14 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 # the extras the test suite exercises (each optional backend's tests skip, saying so, when it is missing)
 EXTRAS := test,cluster,report,privacy,cost,scan,bom
-# pytest-xdist workers of `make test` (0: one process, in file order). Two workers (--dist loadgroup as
-# tests/conftest.py refines it: a module's tests stay on one worker, the Ray clusters' tests run on one worker one
-# after another) take about 8.5 min on the 2-core reference machine instead of about 16. The two causes that once made
-# results depend on which tests shared a worker are fixed: a module fixture drew its model from the global RNG the
-# previous test left (the RNGs are now seeded before each module's fixtures), and torch.set_num_threads from a side
-# thread split the rounding between the driver's and the parties' threads (modelward.core.threads).
-PYTEST_WORKERS ?= 2
+# pytest-xdist workers of `make test` (0: one process, in file order, about 16 min on the 2-core reference machine).
+# `make test PYTEST_WORKERS=2` (--dist loadgroup as tests/conftest.py refines it: a module's tests stay on one worker,
+# the Ray clusters' tests run on one worker one after another) takes about 9 min. Two causes of layout-dependent
+# results are fixed (a module fixture's unseeded init; thread counts split between threads, modelward.core.threads),
+# but in one of four two-worker runs the legitimate split run of the neighbour-attack e2e still ended at 0.78 against
+# 0.886-0.03 (0.92-0.96 in every other run): a load dependence of split training under the shipped defaults, not yet
+# found. Until it is, one process stays the default.
+PYTEST_WORKERS ?= 0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .PHONY: install browser demo test lint bench clean
