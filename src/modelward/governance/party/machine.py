@@ -56,7 +56,7 @@ from modelward.errors import ModelwardError
 from modelward.governance.audit import ANCHOR_OP, AnchorLoop, AuditLog
 from modelward.governance.consent import ConsentChecker, purpose_of
 from modelward.governance.flow_policy import Release, keep_outputs, receiver_of, role_warnings
-from modelward.governance.integrity import StepIntegrity
+from modelward.governance.integrity import PoisoningSuspected, StepIntegrity
 from modelward.governance.party.backward import input_gradient
 from modelward.governance.party.checkpoints import Checkpoints, state_digest
 from modelward.governance.party.config import PartyConfig, pins, revoked_path
@@ -68,7 +68,6 @@ from modelward.governance.party.step import Prepared, TentativeStep
 from modelward.governance.party.tensors import format_of, layout, send_codecs
 from modelward.governance.protocol import (
     ConsentDenied,
-    NumericError,
     PartyClient,
     PartyError,
     PartyUnavailable,
@@ -127,11 +126,13 @@ class Party:
         if connect is not None and hasattr(connect, "max_bytes"):
             connect.max_bytes = self.message_limit
         self.warnings = role_warnings(cfg.name, cfg.prev, cfg.driver, self.is_first)
-        # outlier steps (incoming activations, update norm, loss) are refused and rolled back (integrity)
-        self.integrity = StepIntegrity(cfg.integrity)
-        self._step_loss: float | None = None
+        # what one step can change is bounded; the label holder's trend detector halts sustained damage (integrity)
+        self.integrity = StepIntegrity(cfg.integrity, self.segment, name=cfg.name, label_holder=self.is_last,
+                                       receives=not self.is_first, num_classes=cfg.num_classes,
+                                       state_dir=cfg.checkpoint_dir)
         self.tentative = TentativeStep(cfg.name, self.segment, lambda: self.cfg.max_abs_param,
                                        cfg.update_priority)
+        self.tentative.pre_update = self.integrity.before_optimizer_step
         self.tentative.extra_check = self._integrity_check
         self.audit = AuditLog(cfg.audit_db, cfg.name)
         self.consent = ConsentChecker(cfg.policy, self.audit)
@@ -143,6 +144,7 @@ class Party:
                          revoked=lambda caller: self.deny.reason(self.pins.get(caller)))
         self.guard = self.gate.guard
         self.ckpt = Checkpoints(cfg.checkpoint_dir, cfg.keep_checkpoints)
+        self.ckpt.pinned = lambda: self.integrity.trend.good_step  # the last good state survives pruning
         self.step = 0
         self.note = ""  # added to the reason of the request's audit record (a commit carried by a step)
         self.results: OrderedDict[str, torch.Tensor] = OrderedDict()
@@ -189,18 +191,21 @@ class Party:
         return self.tentative.prepared
 
     def _integrity_check(self, step: int, snap: Any) -> None:
-        """After the numeric check of a tentative update: the update norm (and the label holder's loss) against
-        the party's running statistics; an outlier rolls the step back and refuses it (integrity)."""
-        if not self.integrity.enabled:
-            return
+        """After the numeric check of a tentative update: the change of the running statistics is bounded."""
         t = self.tentative
-        keys, bufs = t.param_keys, t.buffer_keys
-        try:
-            self.integrity.after_update([snap.model[k] for k in keys], [t.live[k] for k in keys], self._step_loss,
-                                        [snap.model[k] for k in bufs], [t.live[k] for k in bufs])
-        except ModelwardError as e:
-            raise NumericError(f"party {self.cfg.name}: step {step}: {e}; the step is rolled back and refused") \
-                from None
+        self.integrity.after_update({k: snap.model[k] for k in t.buffer_keys}, {k: t.live[k] for k in t.buffer_keys})
+
+    def _halt(self) -> None:
+        """After the trend detector's alarm (the suspect step is undone already): the state the accepted steps left
+        is kept as evidence, the checkpoints after the last step in control are set aside, and the party goes back
+        to the last good one (integrity.StepIntegrity.roll_back_to_good)."""
+        self.settle()
+        self.window.reset(0)
+        self.tentative.drop()
+        good = self.integrity.roll_back_to_good(self.checkpoints(), lambda: self._state_tensors())
+        self._restore(good)
+        self.audit.append(self.cfg.name, "halt", step=good, decision="error", reason=self.integrity.halt.message(),
+                          purpose=purpose_of("step"))
 
     def _anchor_exchange(self) -> None:
         """One anchor exchange with the next party (audit.AnchorLoop): our head for theirs, each recorded only
@@ -236,15 +241,21 @@ class Party:
         err = self.ckpt.take_error()
         if err:
             raise PartyError(f"party {self.cfg.name}: {err}")
-        if op == "step" and self._protect is not None:
-            return self._protect(msg, caller, self.ops["step"])
-        return self.ops[op](msg, caller)
+        try:
+            if op == "step" and self._protect is not None:
+                return self._protect(msg, caller, self.ops["step"])
+            return self.ops[op](msg, caller)
+        except PoisoningSuspected:
+            if self.integrity.halt is not None and self.integrity.halt.restored_step is None:
+                self._halt()  # once: the first refusal of a halt rolls back (also after a restart in between)
+            raise
 
     def settle(self) -> None:
         """Wait for the late part of the prepared step; a failed check is rolled back and recorded (the step is
         refused from now on)."""
         failed = self.tentative.settle()
         if failed is not None:
+            self.integrity.rewind(failed.step)
             caller, session, seq = failed.request
             self.audit.append(caller, "step", session, failed.step, seq, decision="error",
                               reason=f"{failed.reason} (found by the check after the input gradient was sent; the "
@@ -263,8 +274,9 @@ class Party:
         see :meth:`_commit`), or of the state the prepared step `snap` starts from (a pipelined session:
         :func:`~modelward.governance.party.pipeline.prepared_state`)."""
         t = self.tentative
-        meta: dict[str, Any] = {"step": self.step if snap is None else snap.step, "party": self.cfg.name,
-                                "layers": self.cfg.layers, "integrity": self.integrity.monitor.state()}
+        step = self.step if snap is None else snap.step
+        meta: dict[str, Any] = {"step": step, "party": self.cfg.name, "layers": self.cfg.layers,
+                                "integrity": self.integrity.state(step)}
         if snap is not None:
             assert t.train_cfg is not None
             tensors, meta["opt"] = prepared_state(snap, list(self.params), t.train_cfg)
@@ -300,7 +312,7 @@ class Party:
         t.prepared = None
         t.rolled_back = None
         if isinstance(meta.get("integrity"), dict):
-            self.integrity.monitor.load_state(meta["integrity"])
+            self.integrity.load_state(meta["integrity"])
         if "train_cfg" in meta:
             t.train_cfg = TrainConfig.model_validate(meta["train_cfg"])
             t.opt = make_optimizer(list(self.params.values()), t.train_cfg)
@@ -325,6 +337,7 @@ class Party:
                 "in_flight": self.window.in_flight(),
                 "update_priority": t.update_priority,
                 "checkpoints": self.checkpoints(), "audit_head": self.audit.head_ref,
+                "halted": None if self.integrity.halt is None else self.integrity.halt.message(),
                 "digest": self.state_digest() if digest else None,
                 "params": {k: list(v.shape) for k, v in self.params.items()},
                 "link": None if link is None else {"to": self.cfg.next, "sent": link.sent,
@@ -443,10 +456,11 @@ class Party:
             raise PartyError(f"party {self.cfg.name}: open a training session first")
         stale = self.window.staleness(msg)
         if stale and self.is_first:  # (its update is checked without a loss: the first party holds no labels)
-            self._step_loss = None
             reply = self.window.step(msg, stale)
             self.note += f"; pipelined (staleness {stale}): finished steps {[d[0] for d in reply.meta['done']]}"
             return reply
+        if self.is_last:  # a halt of the training (integrity) refuses every step until the operator lifts it
+            self.note += self.integrity.refuse_if_halted()
         carried, held = self._carried_commit(msg)
         at = self.step + t.count()
         if msg.step != at:
@@ -457,12 +471,6 @@ class Party:
                              f"committed nor aborted{' (too many steps prepared at once)' if stale else ''}")
         t.rolled_back = None
         idx, x = h.input(msg, "train", h.limit())
-        self._step_loss = None
-        if not self.is_first:  # an outlier activation is refused before anything is computed (integrity)
-            try:
-                self.integrity.incoming("h", x)
-            except ModelwardError as e:
-                raise NumericError(f"party {self.cfg.name}: step {msg.step}: {e}; nothing computed") from None
         snapshot = t.begin(msg.step)
         try:
             self.segment.train()
@@ -470,10 +478,9 @@ class Party:
             out = self.segment(layout(x) if inp is None else inp)
             t.opt.zero_grad(set_to_none=True)
             root_grad: torch.Tensor | None = None
-            if self.is_last:
-                root = F.cross_entropy(out, h.y_train[idx])
-                loss, down = float(root.item()), {}
-                self._step_loss = loss  # checked against its running statistics with the update (integrity)
+            if self.is_last:  # rows clipped, and watched by the trend detector first (integrity)
+                root, loss = self.integrity.training_loss(msg.step, out, h.y_train[idx])
+                down = {}
             else:
                 r = self._next_call(msg, {} if carried is None else {"commit": carried},
                                     {"h": out.detach(), "idx": idx})
@@ -493,6 +500,7 @@ class Party:
                 weight_pass = weights.run
         except BaseException:
             t.rollback(snapshot())  # the state before this step (a held commit stays prepared)
+            self.integrity.rewind(msg.step)
             raise
         t.push(snapshot())
         # the first party's caller (the driver) waits for nothing but the loss, and no party's work overlaps its
@@ -574,6 +582,7 @@ class Party:
         pipelined session every step prepared or in flight from s on is undone with it."""
         self.window.reset(msg.step)
         self.tentative.abort(msg.step, committed=self.step)
+        self.integrity.rewind(self.step + self.tentative.count())
         return Message("abort", step=self.step, meta={"step": self.step})
 
     def op_eval(self, msg: Message, caller: str) -> Message:
