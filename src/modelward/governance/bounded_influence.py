@@ -63,12 +63,12 @@ class InfluenceConfig(StrictModel):
 
     Example:
         >>> InfluenceConfig().row_multiple
-        2.0
+        3.0
     """
 
     enabled: bool = True
     row_quantile: float = Field(0.5, gt=0.0, lt=1.0)
-    row_multiple: float = Field(2.0, ge=1.0)
+    row_multiple: float = Field(3.0, ge=1.0)
     row_rate: float = Field(0.05, gt=0.0, le=1.0)
     step_multiple: float = Field(4.0, gt=1.0)
     step_decay: float = Field(0.98, gt=0.0, lt=1.0)

@@ -81,7 +81,7 @@ class IntegrityConfig(StrictModel):
 
     Example:
         >>> IntegrityConfig().trend.threshold
-        12.0
+        15.0
     """
 
     enabled: bool = True

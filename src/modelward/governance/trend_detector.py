@@ -23,7 +23,7 @@ has x ≈ 0.01; one forged row adds about 1. A one-sided CUSUM for a rise of the
 alarms when ``S_t > h`` (``threshold``). λ̂ is an exponential average of x over the steps in control (S = 0): a
 rise is not absorbed into the reference while it is being accumulated, and honest training, whose rate only falls,
 keeps it current. For counts that are Poisson with the estimated rate, the average run length between false alarms
-is at least about ``e^h`` (Wald's bound; ``h = 12``: 1.6·10⁵ steps); the measured rate on long honest runs is in
+is at least about ``e^h`` (Wald's bound; ``h = 15``: 3·10⁶ steps); the measured rate on long honest runs is in
 docs/governance.md. The detector arms after ``warmup_steps``; before, the reference is learnt.
 
 **The change point.** If S was 0 after the rows of step s, every step up to s trained on rows in control: the state
@@ -68,15 +68,16 @@ class TrendConfig(StrictModel):
 
     Example:
         >>> TrendConfig().threshold
-        12.0
+        15.0
     """
 
     enabled: bool = True
-    decay: float = Field(0.95, gt=0.0, lt=1.0)
-    shift_rows: float = Field(1.0, gt=0.0)
+    decay: float = Field(0.98, gt=0.0, lt=1.0)
+    shift_rows: float = Field(2.0, gt=0.0)
     shift_sd: float = Field(2.0, ge=0.0)
-    threshold: float = Field(12.0, gt=0.0)
+    threshold: float = Field(15.0, gt=0.0)
     floor_rows: float = Field(0.05, gt=0.0)
+    window: int = Field(20, ge=2)
 
 
 @dataclass
@@ -121,6 +122,17 @@ class TrendDetector:
         self.seen = 0
         self.good_step = 0
         self.max_S = 0.0
+        self.recent: list[float] = []  # the last `window` counts
+
+    def reference(self) -> float:
+        """λ̂: the slow average, or, where lower, an upper confidence bound of the last ``window`` steps' mean
+        (after a fall of the rate, early in training, the slow average lags above it)."""
+        if self.rate is None:
+            return 0.0
+        if len(self.recent) < self.cfg.window:
+            return self.rate
+        m = sum(self.recent) / len(self.recent)
+        return min(self.rate, m + 3.0 * math.sqrt(max(m, self.cfg.floor_rows) / len(self.recent)))
 
     def count(self, losses: torch.Tensor) -> float:
         """``x = Σ min(ℓ_i, log K) / log K`` (a non-finite loss counts as a row fitted no better than chance)."""
@@ -139,21 +151,22 @@ class TrendDetector:
             return None
         armed = self.seen > self.warmup_steps
         if armed:
-            l0 = max(self.rate, self.cfg.floor_rows)
+            l0 = max(self.reference(), self.cfg.floor_rows)
             l1 = l0 + max(self.cfg.shift_rows, self.cfg.shift_sd * math.sqrt(l0))
             self.S = max(0.0, self.S + x * math.log(l1 / l0) - (l1 - l0))
             self.max_S = max(self.max_S, self.S)
-        if self.S == 0.0:  # in control: the reference follows (a rise being accumulated does not move it)
-            d = self.cfg.decay
-            self.rate = d * self.rate + (1 - d) * x
+        if self.S == 0.0:
             self.good_step = step + 1
+        d = self.cfg.decay
+        self.rate = d * self.rate + (1 - d) * x
+        self.recent = (self.recent + [x])[-self.cfg.window:]
         if armed and self.S > self.cfg.threshold:
-            return Alarm(step, self.S, max(self.rate, self.cfg.floor_rows), x, self.good_step)
+            return Alarm(step, self.S, max(self.reference(), self.cfg.floor_rows), x, self.good_step)
         return None
 
     def state(self) -> dict[str, Any]:
         return {"rate": self.rate, "S": self.S, "seen": self.seen, "good_step": self.good_step,
-                "max_S": self.max_S}
+                "max_S": self.max_S, "recent": list(self.recent)}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.rate = None if state.get("rate") is None else float(state["rate"])
@@ -161,3 +174,4 @@ class TrendDetector:
         self.seen = int(state.get("seen", 0))
         self.good_step = int(state.get("good_step", 0))
         self.max_S = float(state.get("max_S", 0.0))
+        self.recent = [float(v) for v in state.get("recent", [])]
