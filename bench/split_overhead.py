@@ -8,7 +8,7 @@ Both runs include the same evaluations. Every step is the full protocol: consent
 tentative update with its rollback copy, the numeric check and the two-phase commit.
 
     python bench/split_overhead.py [--steps 40] [--channels 64,128] [--fc 256] [--batch 128] [--cut conv1]
-                                   [--driver both|process|hosted]
+                                   [--driver both|process|hosted] [--integrity default|off]
 
 Two deployments of the driver are measured: ``process`` (the driver in its own process, as `split train`
 runs by default; one gRPC call driver→alice per step) and ``hosted`` (`split train --host alice.toml`: Alice's
@@ -63,6 +63,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads in every process (same for both runs)")
     ap.add_argument("--driver", choices=["both", "process", "hosted"], default="both",
                     help="where the driver runs: its own process, hosted with alice's party, or both (alternating)")
+    ap.add_argument("--integrity", choices=["default", "off"], default="default",
+                    help="the parties' [integrity]: the shipped defaults (bounded steps, trend detector) or off")
     ap.add_argument("--repeat", type=int, default=5, help="alternate monolithic and split runs this many times "
                                                           "(ratios: paired, fastest runs, medians)")
     args = ap.parse_args()
@@ -98,8 +100,11 @@ def main() -> None:
     cpu_split: dict[str, list[float]] = {m: [] for m in modes}
     results = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        # exact gradients (no label protection), and each party's shipped [integrity] (bounded steps, the trend
+        # detector) unless --integrity off: what a step of a deployment costs
+        integrity = {p: {"integrity": {} if args.integrity == "default" else {"enabled": False}} for p in ("alice", "bob")}
         locals_ = {m: prepare_local_split(Path(tmp) / m, model, data, ["alice", "bob"], [args.cut],
-                                          threads=args.threads) for m in modes}
+                                          threads=args.threads, extra=integrity) for m in modes}
         hosts = {}
         for m, split in locals_.items():
             stack.callback(split.stop)

@@ -15,6 +15,10 @@ Parts (``--parts``):
 - ``slow``: after the honest run, the slow poisoning of :mod:`modelward.governance.poisoning_audit` (a growing
   fraction of rows carrying other images' activations), ``--attempts`` attempts per arm: Bob's accuracy before,
   when stopped, after; where it stopped.
+- ``real``: the slow poisoning against two ``party serve`` processes (gRPC, mutual TLS on 127.0.0.1) under the
+  shipped defaults (Bob's examples/policy_bob.toml, his label protection unseeded, a driver identity of its own that
+  the attacker also holds), ``--seeds`` runs, integrity on only: what ``tests/e2e/test_governance_poisoning.py``
+  asserts, measured over several runs.
 - ``backdoor``: after the honest run, alice plants a trigger through her activations for ``--backdoor-steps``
   steps: in each batch the rows whose label is the target class (``--target``; alice can tell them by looking at
   her own images, here she is given the labels — the strongest case) get a fixed pattern added to their activations
@@ -24,7 +28,7 @@ Parts (``--parts``):
   triggered activation Bob classifies as the target) and clean accuracy, with the defences on and off, and whether
   the trend detector stopped it.
 
-    nice -n 10 python bench/split_poisoning.py [--parts accuracy,slow,backdoor] [--seeds 8] [--steps 200]
+    nice -n 10 python bench/split_poisoning.py [--parts accuracy,slow,real,backdoor] [--seeds 8] [--steps 200]
         [--attempts 60] [--backdoor-steps 100] [--poison 0.0] [--out runs/bench/poisoning]
 
 Results go to ``<out>/<part>.json`` (a finished part is not run again).
@@ -38,6 +42,7 @@ import json
 import logging
 import statistics
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +50,18 @@ import torch
 
 from modelward.core.data import DataConfig, load_data
 from modelward.core.init import init_model_
+from modelward.core.io import load_tensors
 from modelward.core.records import atomic_write_json
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ModelwardError
 from modelward.governance.demo import prepare_local_split
 from modelward.governance.driver import PartyRef, SplitConfig, SplitDriver
-from modelward.governance.party.config import load_party_config
+from modelward.governance.party.config import TLSConfig, load_party_config
 from modelward.governance.party.machine import Party
+from modelward.governance.plan import segment_of
 from modelward.governance.poisoning_audit import SlowPoisoning, slow_poisoning
-from modelward.governance.transport.client import InProcessClient
+from modelward.governance.transport.client import GrpcPartyClient, InProcessClient
 from modelward.governance.wire import Message
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,6 +144,49 @@ def part_slow(out: Path, seeds: list[int], steps: int, attempts: int) -> dict[st
             row["reason"] = row["reason"][:200]
             log.info("slow poisoning: %s", row)
             rows.append(row)
+    return {"runs": rows}
+
+
+def part_real(out: Path, seeds: list[int], steps: int, attempts: int) -> dict[str, Any]:
+    data = load_data(DataConfig(source="digits", seed=0))
+    bob_policy = tomllib.loads((ROOT / "examples/policy_bob.toml").read_text())
+    tc = TrainConfig(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-4, batch_size=64, steps=steps,
+                     eval_every=steps, loss="error")
+    rows = []
+    for seed in seeds:
+        root = out / "real" / f"seed{seed}"
+        model = init_model_(build_model(MODEL, (1, 8, 8), 10), "glorot_uniform", seed)
+        split = prepare_local_split(root, model, data, ["alice", "bob"], ["conv1"], threads=1, exact=False,
+                                    driver="operator", policies={"bob": bob_policy, "alice": {
+                                        "allow_peers": ["operator"], "training": True, "inference": True}})
+        split.start()
+        try:
+            with SplitDriver(split.split_config(tc, seed=seed, retry_s=0.0, timeout_s=120.0)) as drv:
+                drv.train()
+                exports = drv.checkpoint_all(export=True)
+            full = build_model(MODEL, (1, 8, 8), 10)
+            full.load_state_dict({k: v for m in exports.values() for k, v in load_tensors(m["export"]).items()})
+            alice_part, bob_part = segment_of(full, ["conv1"]), segment_of(full, ["conv2", "fc1", "logits"])
+            pin = split.split_config(tc, seed).parties[1].pin()
+            address = split.processes["bob"].address
+            tls = {w: TLSConfig(ca=str(root / "certs/ca.pem"), cert=str(root / f"certs/{w}.pem"),
+                                key=str(root / f"certs/{w}.key")) for w in ("alice", "operator")}
+            data_key = GrpcPartyClient("bob", address, tls["alice"], pin, timeout=60)
+            control_key = GrpcPartyClient("bob", address, tls["operator"], pin, timeout=60)
+            t0 = time.perf_counter()
+            try:
+                rec = slow_poisoning(data_key, control_key, alice_part, bob_part, data, root / "bob/checkpoints",
+                                     SlowPoisoning(attempts=attempts, seed=seed))
+            finally:
+                data_key.close()
+                control_key.close()
+        finally:
+            split.stop()
+        row = {"seed": seed, "arm": "on", "seconds": round(time.perf_counter() - t0, 1),
+               **{k: v for k, v in rec.as_dict().items() if k != "fractions"}}
+        row["reason"] = row["reason"][:300]
+        log.info("slow poisoning against party processes: %s", row)
+        rows.append(row)
     return {"runs": rows}
 
 
@@ -236,11 +286,13 @@ def main() -> None:
             res = part_accuracy(out, seeds, args.steps)
         elif part == "slow":
             res = part_slow(out, seeds, args.steps, args.attempts)
+        elif part == "real":
+            res = part_real(out, seeds, args.steps, args.attempts)
         elif part == "backdoor":
             res = part_backdoor(out, seeds, args.steps, args.backdoor_steps, args.target, args.trigger_scale,
                                 args.poison)
         else:
-            raise SystemExit(f"--parts: {part!r}; valid: accuracy, slow, backdoor")
+            raise SystemExit(f"--parts: {part!r}; valid: accuracy, slow, real, backdoor")
         atomic_write_json(path, res)
         summarise(part, res)
 
@@ -249,10 +301,12 @@ def summarise(part: str, res: dict[str, Any]) -> None:
     if part == "accuracy":
         print(f"accuracy over {len(res['runs'])} seeds: bounds on {res['mean_on']:.4f}, off {res['mean_off']:.4f}, "
               f"on - off {res['mean_difference']:+.4f} (sd of the paired differences {res['sd_difference']:.4f})")
-    elif part == "slow":
+    elif part in ("slow", "real"):
         for arm in ARMS:
             rs = [r for r in res["runs"] if r["arm"] == arm]
-            print(f"slow poisoning, integrity {arm}: before {statistics.mean(r['accuracy_before'] for r in rs):.4f}, "
+            if not rs:
+                continue
+            print(f"slow poisoning ({part}), integrity {arm}: before {statistics.mean(r['accuracy_before'] for r in rs):.4f}, "
                   f"at stop {statistics.mean(r['accuracy_at_stop'] for r in rs):.4f} (worst drop "
                   f"{max(r['accuracy_before'] - r['accuracy_at_stop'] for r in rs):.4f}), after "
                   f"{statistics.mean(r['accuracy_after'] for r in rs):.4f}; stopped {sum(r['stopped'] for r in rs)}"
