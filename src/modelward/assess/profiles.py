@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
-from modelward.assess.config import Profile
+from modelward.assess.config import AssessConfig, Profile
+from modelward.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -46,3 +47,23 @@ PROFILES: dict[Profile, ProfileSizes] = {
                              substitute_epochs=30, completion_seeds=3, completion_steps=None, inversion_steps=500,
                              explain_points=1000),
 }
+
+
+#: the sizes ``[sizes]`` may override (counts: points, steps, models)
+COUNT_FIELDS = tuple(f.name for f in fields(ProfileSizes) if f.type in ("int", "int | None"))
+
+
+def profile_sizes(cfg: AssessConfig) -> ProfileSizes:
+    """The profile's sizes with the config's ``[sizes]`` overrides (e.g. ``n_eval = 100`` for fewer points).
+
+    Raises:
+        ConfigError: an override that is not a count of :class:`ProfileSizes` (the message lists the valid ones).
+
+    Example:
+        >>> profile_sizes(AssessConfig(checkpoint="m.safetensors", sizes={"n_eval": 50})).n_eval
+        50
+    """
+    bad = sorted(set(cfg.sizes) - set(COUNT_FIELDS))
+    if bad:
+        raise ConfigError(f"sizes: unknown field(s) {bad}; valid: {list(COUNT_FIELDS)}")
+    return replace(PROFILES[cfg.profile], **cfg.sizes)

@@ -13,6 +13,7 @@ import json
 import platform
 import sys
 import time
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -199,7 +200,8 @@ def build_report(out: Path) -> dict[str, Any]:
         "model_files": supply.get("scans", []),
         "name": cfg["name"], "model": target.get("description", cfg.get("checkpoint")),
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "profile": cfg["profile"],
-        "profile_sizes": PROFILES[cfg["profile"]].__dict__, "seeds": {"seed": cfg["seed"]},
+        "profile_sizes": replace(PROFILES[cfg["profile"]], **cfg.get("sizes", {})).__dict__,
+        "size_overrides": cfg.get("sizes", {}), "seeds": {"seed": cfg["seed"]},
         "sections": sections, "timing": {s["section"]: round(s["seconds"], 2) for s in sections},
         "config": cfg, "versions": _versions(),
     }

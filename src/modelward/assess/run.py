@@ -21,7 +21,7 @@ from typing import Any
 from modelward.assess.config import AssessConfig
 from modelward.assess.findings import attach_findings
 from modelward.assess.preflight import preflight, reopen_sections
-from modelward.assess.profiles import PROFILES
+from modelward.assess.profiles import profile_sizes
 from modelward.assess.report import write_report
 from modelward.assess.sections.common import TITLES, NotAssessed, SectionResult, load_sections
 from modelward.assess.target import load_target
@@ -51,7 +51,7 @@ def execute_section(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str,
         device = resolve_device(cfg.device)
         target.model.to(device)
         with seeded(cfg.seed), torch.inference_mode(False):
-            result: SectionResult = module.run(cfg, target, PROFILES[cfg.profile], out, root)
+            result: SectionResult = module.run(cfg, target, profile_sizes(cfg), out, root)
     except NotAssessed as e:
         result = SectionResult(name, TITLES[name], status="not_assessed", verdict="none", reason=str(e))
     except ImportError as e:  # an optional dependency of this section is missing
@@ -95,6 +95,7 @@ class AssessStudy(Study[AssessConfig, RunOutcome]):
 
     def check(self, cfg: AssessConfig, out: Path) -> None:
         resolve_device(cfg.device)  # a device this machine lacks is refused before any work
+        profile_sizes(cfg)  # as an unknown [sizes] field
 
     def write_config(self, cfg: AssessConfig, out: Path) -> None:
         atomic_write_json(out / self.config_file, cfg.model_dump(mode="json"))  # read back by the report

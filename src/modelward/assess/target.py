@@ -17,6 +17,7 @@ from modelward.assess.config import AssessConfig
 from modelward.core.checkpoint import Checkpoint, checkpoint_kind, load_checkpoint, read_checkpoint
 from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.io import check_state
+from modelward.core.sources import adapt_state_dict, hf_weight_files
 from modelward.core.zoo import ModelConfig, build_model, model_config_from_metadata
 from modelward.errors import ConfigError, DataError
 from modelward.scan.scanner import load_checked_torch_file
@@ -31,7 +32,7 @@ class Target:
         data: the data it was trained on (``x_train`` are the members, ``x_test`` held out).
         factory: a fresh, untrained model of the same architecture (shadow models, completion originals).
         gloro: the GloRo net when the checkpoint is a ``modelward robust train`` model, else None.
-        kind: "zoo", "gloro" or "entrypoint".
+        kind: "gloro", or the model's source: "zoo", "entrypoint", "torchvision", "timm", "hf".
         description: one line for the report.
     """
 
@@ -73,7 +74,7 @@ def _membership(cfg: AssessConfig, data_cfg: DataConfig, meta: dict) -> str | No
     return None
 
 
-_PATH_KEYS = ("path", "labels_path", "test_path", "test_labels_path", "train_index")
+_PATH_KEYS = ("path", "labels_path", "test_path", "test_labels_path", "train_index", "tokenizer")
 
 
 def _same_data(recorded: DataConfig, given: DataConfig) -> bool:
@@ -113,22 +114,46 @@ def load_target(cfg: AssessConfig) -> Target:
         return build_model(model_cfg, data.input_shape, data.num_classes)
 
     model = factory()
+    weights_from = str(cfg.checkpoint)
+    if not tensors and model_cfg.resolved_source == "hf" and model_cfg.path:
+        tensors, weights_from = _hf_folder_weights(Path(model_cfg.path))
+    tensors = adapt_state_dict(model, tensors)
     if tensors:
-        check_state(model, tensors, str(cfg.checkpoint))
+        check_state(model, tensors, weights_from)
         try:
             model.load_state_dict(tensors)
         except RuntimeError as e:
-            raise DataError(f"{cfg.checkpoint}: weights do not match [model] {model_cfg.arch} for "
+            raise DataError(f"{weights_from}: weights do not match [model] {_model_name(model_cfg)} for "
                             f"{data.describe()} ({str(e).splitlines()[0]})") from None
     model.eval()
-    kind = "entrypoint" if model_cfg.arch == "entrypoint" else "zoo"
+    kind = model_cfg.resolved_source
     n_params = sum(p.numel() for p in model.parameters())
     record = {k: float(meta[k]) for k in ("final_test_loss", "test_accuracy") if isinstance(meta.get(k), int | float)}
     if meta.get("loss") not in (None, "cross_entropy"):
         record.pop("final_test_loss", None)  # only a cross-entropy record compares with what is measured here
     return Target(model, data, factory, model_cfg, None, kind,
-                  f"{model_cfg.arch} ({n_params:,} parameters) on {data.describe()}",
+                  f"{_model_name(model_cfg)} ({n_params:,} parameters) on {data.describe()}",
                   _membership(cfg, data_cfg, meta), record)
+
+
+def _model_name(m: ModelConfig) -> str:
+    src = m.resolved_source
+    if src in ("torchvision", "timm"):
+        return f"{src} {m.name}"
+    if src == "hf":
+        return f"Hugging Face {Path(m.path).name if m.path else m.kwargs.get('model_type')} classifier"
+    return m.arch
+
+
+def _hf_folder_weights(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """The weights of a ``save_pretrained`` folder: safetensors files read as they are, a pickled
+    ``pytorch_model.bin`` only after the scan found it clean (then with ``weights_only=True``)."""
+    files = hf_weight_files(folder)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        part, _ = _metadata(f)
+        tensors.update(part)
+    return tensors, (str(files[0]) if len(files) == 1 else f"{folder} ({len(files)} weight files)")
 
 
 def _gloro_target(cfg: AssessConfig, ck: Checkpoint) -> Target:
