@@ -18,6 +18,7 @@ from modelward.core.checkpoint import Checkpoint, checkpoint_kind, load_checkpoi
 from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.io import check_state
 from modelward.core.sources import adapt_state_dict, hf_weight_files
+from modelward.core.text import token_embedding
 from modelward.core.zoo import ModelConfig, build_model, model_config_from_metadata
 from modelward.errors import ConfigError, DataError
 from modelward.scan.scanner import load_checked_torch_file
@@ -63,7 +64,8 @@ def _metadata(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     return read_checkpoint(path)
 
 
-def _membership(cfg: AssessConfig, data_cfg: DataConfig, meta: dict) -> str | None:
+def _membership(cfg: AssessConfig, data_cfg: DataConfig, meta: dict, data: DataSplit | None = None
+                ) -> str | None:
     if data_cfg.test_path:
         return f"members: {data_cfg.path}; non-members: the separate test file {data_cfg.test_path}"
     if data_cfg.train_index:
@@ -71,6 +73,9 @@ def _membership(cfg: AssessConfig, data_cfg: DataConfig, meta: dict) -> str | No
     if "data" in meta and _same_data(DataConfig.model_validate(meta["data"]), data_cfg):
         return ("the training/test split recorded in the checkpoint's metadata (`modelward train` with this data "
                 "config), reproduced exactly")
+    if data is not None and data.held_out_given:
+        return (f"members: the training set of {data_cfg.entrypoint or data_cfg.path}; non-members: its own "
+                "held-out set (as the source split them)")
     return None
 
 
@@ -102,8 +107,8 @@ def load_target(cfg: AssessConfig) -> Target:
         if checkpoint_kind(tensors, meta) == "gloro":  # a `modelward robust train` model
             return _gloro_target(cfg, load_checkpoint(Path(cfg.checkpoint), kinds=("gloro",)))
     data_cfg = cfg.data or (DataConfig.model_validate(meta["data"]) if "data" in meta else DataConfig())
+    _code_path(cfg)  # before the data: a data entry point is imported from the config's folder too
     data = load_data(data_cfg)
-    _code_path(cfg)
     model_cfg = cfg.model or (model_config_from_metadata(meta["model"], str(cfg.checkpoint)) if "model" in meta
                               else None)
     if model_cfg is None:
@@ -123,26 +128,48 @@ def load_target(cfg: AssessConfig) -> Target:
         try:
             model.load_state_dict(tensors)
         except RuntimeError as e:
-            raise DataError(f"{weights_from}: weights do not match [model] {_model_name(model_cfg)} for "
+            raise DataError(f"{weights_from}: weights do not match [model] {_model_name(model_cfg, model)} for "
                             f"{data.describe()} ({str(e).splitlines()[0]})") from None
     model.eval()
+    _check_modality(model, data, weights_from)
     kind = model_cfg.resolved_source
     n_params = sum(p.numel() for p in model.parameters())
     record = {k: float(meta[k]) for k in ("final_test_loss", "test_accuracy") if isinstance(meta.get(k), int | float)}
     if meta.get("loss") not in (None, "cross_entropy"):
         record.pop("final_test_loss", None)  # only a cross-entropy record compares with what is measured here
     return Target(model, data, factory, model_cfg, None, kind,
-                  f"{_model_name(model_cfg)} ({n_params:,} parameters) on {data.describe()}",
-                  _membership(cfg, data_cfg, meta), record)
+                  f"{_model_name(model_cfg, model)} ({n_params:,} parameters) on {data.describe()}",
+                  _membership(cfg, data_cfg, meta, data), record)
 
 
-def _model_name(m: ModelConfig) -> str:
+def _model_name(m: ModelConfig, model: nn.Module) -> str:
     src = m.resolved_source
     if src in ("torchvision", "timm"):
         return f"{src} {m.name}"
     if src == "hf":
-        return f"Hugging Face {Path(m.path).name if m.path else m.kwargs.get('model_type')} classifier"
+        return f"Hugging Face {type(getattr(model, 'hf', model)).__name__}"
     return m.arch
+
+
+def _check_modality(model: nn.Module, data: DataSplit, source: str) -> None:
+    """Token ids for a model with a token embedding, and only for one: the mismatch named before any section
+    (otherwise z-scored ids reach an embedding, or ids reach a convolution, and fail deep inside autograd)."""
+    first = next((m for m in model.modules() if any(True for _ in m.parameters(recurse=False))), None)
+    if data.is_text:
+        try:
+            token_embedding(model)
+        except ConfigError:
+            raise ConfigError(f"{source}: the data are token ids ({data.describe()}) but the model has no "
+                              "nn.Embedding to read them") from None
+        pad = getattr(model, "pad_token_id", None)
+        if pad is not None and pad != data.pad_id:
+            raise ConfigError(f"{source}: the model pads with token id {pad} but the data with {data.pad_id} "
+                              "(the attention mask would be wrong): give the model's tokenizer as data.tokenizer, or "
+                              f"data.pad_id = {pad} for ids given as numbers")
+    elif isinstance(first, nn.Embedding):
+        raise ConfigError(f"{source}: the model starts with an nn.Embedding (it reads token ids) but the data are "
+                          f"{data.modality} values ({data.describe()}): give text as data.text_column with "
+                          "data.tokenizer, or token ids as numbers with data.tokens = true (and data.pad_id)")
 
 
 def _hf_folder_weights(folder: Path) -> tuple[dict[str, torch.Tensor], str]:

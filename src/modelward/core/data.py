@@ -95,8 +95,8 @@ class DataConfig(StrictModel):
             raise ValueError(f"data.lazy = true works for sources {list(LAZY_SOURCES)}, not {self.source!r}")
         if self.train_index and self.test_path:
             raise ValueError("data.train_index and data.test_path both say which rows are held out; give one")
-        if self.test_path and self.source not in ("npz", "csv", "idx"):
-            raise ValueError(f"data.test_path is read for sources npz, csv and idx, not {self.source!r} (which "
+        if self.test_path and self.source not in ("npz", "csv", "idx", "hf_datasets"):
+            raise ValueError(f"data.test_path is read for sources npz, csv, idx and hf_datasets, not {self.source!r} (which "
                              "would silently re-split); give data.train_index to name the training rows instead")
         if self.train_index and (self.lazy or self.source not in FILE_SOURCES):
             raise ValueError("data.train_index names rows of a user file read into memory (npz, csv, "

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
+import torch.nn.functional as F
+from torch import nn
+
 from modelward.assess.findings import Metric
+from modelward.core.progress import NullProgress, ProgressSink
 from modelward.core.records import write_table
 from modelward.errors import ModelwardError
 
@@ -47,6 +55,7 @@ class SectionResult:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)  # filled by modelward.assess.findings
     warnings: list[str] = field(default_factory=list)  # shown above the section (e.g. a model-quality warning)
+    plan: dict[str, Any] = field(default_factory=dict)  # the work announced before it ran and its estimate
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,3 +112,110 @@ def load_sections(out: Path) -> list[dict[str, Any]]:
             found.append(SectionResult(name, TITLES[name], status="not_assessed", verdict="none",
                                        reason="it has not run yet (the assessment was interrupted)").to_dict())
     return found
+
+
+# ---------------------------------------------------------------------------------------------- planned work
+@dataclass(frozen=True)
+class Work:
+    """One piece of a section's planned work, counted in point-gradients (one forward and backward pass of one
+    input): ``points × per_point × runs``.
+
+    Attributes:
+        what: e.g. "PGD L∞"; points: inputs; per_point: gradient evaluations per input and run (steps ×
+        restarts); runs: repetitions (ε values, targets, models); detail: how the count is made, in words.
+    """
+
+    what: str
+    points: int
+    per_point: int
+    runs: int = 1
+    detail: str = ""
+
+    @property
+    def units(self) -> int:
+        return self.points * self.per_point * self.runs
+
+    def text(self) -> str:
+        return f"{self.what}: {self.detail or f'{self.runs} × {self.points} points × {self.per_point}'}"
+
+
+def seconds_per_point_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, n: int = 16) -> float:
+    """Measured seconds of one forward + backward pass per input on this machine (the unit of every estimate):
+    one warm-up pass, then the best of two timed passes on `n` inputs."""
+    xb, yb = x[:n], y[:n]
+    was = model.training
+    model.eval()
+    best = float("inf")
+    try:
+        for i in range(3):
+            t0 = time.perf_counter()
+            with torch.enable_grad():
+                F.cross_entropy(model(xb), yb).backward()
+            if i:
+                best = min(best, time.perf_counter() - t0)
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was)
+    return best / max(1, len(xb))
+
+
+def _clock(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+class SectionProgress:
+    """A section's progress: it announces its planned work and an estimate before it starts (:meth:`announce`),
+    then reports what it has done (:meth:`step`: the attack, ε and points), to the command's bars and to the
+    assessment's ``progress.log`` (through :mod:`modelward.core.progress`)."""
+
+    def __init__(self, section: str, sink: ProgressSink | None = None) -> None:
+        self.section = section
+        self.sink = sink or NullProgress()
+        self.plan: dict[str, Any] = {}
+
+    def announce(self, works: list[Work], seconds_per_unit: float, note: str = "") -> dict[str, Any]:
+        """Start the section's progress with `works` and the estimate they make at the measured speed.
+
+        Returns:
+            The plan as recorded in the report: each piece, the total point-gradients, the measured seconds per
+            point-gradient and the estimated seconds.
+        """
+        total = sum(w.units for w in works)
+        estimate = total * seconds_per_unit
+        self.plan = {"work": [{"what": w.what, "detail": w.text(), "units": w.units} for w in works],
+                     "units": total, "seconds_per_unit": seconds_per_unit, "estimate_seconds": estimate,
+                     "note": note}
+        text = (f"planned: {'; '.join(w.text() for w in works)} = {total:,} point-gradients, about "
+                f"{_clock(estimate)} at {1000 * seconds_per_unit:.2f} ms each (measured here)" + (f"; {note}" if note
+                                                                                                   else ""))
+        self.plan["text"] = text
+        self.sink.start(self.section, total, f"{self.section} (~{_clock(estimate)})")
+        self.sink.advance(self.section, 0, text)  # a message: logged in full, shown until the first step
+        return self.plan
+
+    def step(self, units: int, info: str) -> None:
+        """`units` more point-gradients done; `info` names the attack, ε and points."""
+        self.sink.advance(self.section, units, info)
+
+    def done(self, info: str = "") -> None:
+        self.sink.done(self.section, info)
+
+
+_CURRENT: list[SectionProgress] = []
+
+
+@contextmanager
+def section_progress_for(section: str, sink: ProgressSink | None) -> Iterator[SectionProgress]:
+    """Make a :class:`SectionProgress` for `section` the current one for the block (what
+    :func:`section_progress` returns inside a section's ``run``)."""
+    sp = SectionProgress(section, sink)
+    _CURRENT.append(sp)
+    try:
+        yield sp
+    finally:
+        _CURRENT.remove(sp)
+
+
+def section_progress(section: str = "section") -> SectionProgress:
+    """The running section's progress (a silent one outside :func:`section_progress_for`)."""
+    return _CURRENT[-1] if _CURRENT else SectionProgress(section)

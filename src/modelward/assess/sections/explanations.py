@@ -15,12 +15,21 @@ import torch
 from modelward.assess.config import AssessConfig
 from modelward.assess.findings import clopper_pearson
 from modelward.assess.profiles import ProfileSizes
-from modelward.assess.sections.common import Headline, SectionResult, traffic_light
+from modelward.assess.sections.common import (
+    Headline,
+    SectionResult,
+    Work,
+    seconds_per_point_gradient,
+    section_progress,
+    traffic_light,
+)
 from modelward.assess.target import Target
 from modelward.bias.amplification import bias_amplification
+from modelward.core.data import DataSplit
 from modelward.core.plots import grouped_bars
 from modelward.explain.interpret import attribute, top_units
 from modelward.explain.plots import attribution_grid
+from modelward.explain.text import token_attributions
 
 
 def _unit_layer(model: torch.nn.Module) -> str:
@@ -32,11 +41,60 @@ def _unit_layer(model: torch.nn.Module) -> str:
     return named[linear[-1] - 1][0]
 
 
+TEXT_IG_STEPS = 32
+
+
+def _token_tables(res: SectionResult, out: Path, model: torch.nn.Module, d: DataSplit, x: torch.Tensor,
+                  y: torch.Tensor) -> None:
+    """Text: integrated gradients at the embedding layer (explain/text.py) for every explained text's true class;
+    per class the tokens that raise its score most on average, and one attributed text per class."""
+    attr = torch.cat([token_attributions(model, x[i : i + 32], y[i : i + 32], d.special_ids, d.pad_id,
+                                         TEXT_IG_STEPS) for i in range(0, len(x), 32)])
+    section_progress("explanations").step(len(x) * TEXT_IG_STEPS, f"token attributions: {len(x)} texts")
+    rows, examples = [], []
+    for c in range(d.num_classes):
+        sel = (y == c).nonzero().flatten()
+        if len(sel) == 0:
+            continue
+        ids, a = x[sel].flatten(), attr[sel].flatten()
+        real = a != 0
+        sums = torch.zeros(int(x.max()) + 1).index_add_(0, ids[real], a[real])
+        counts = torch.zeros_like(sums).index_add_(0, ids[real], torch.ones(int(real.sum())))
+        mean = torch.where(counts > 0, sums / counts.clamp_min(1), torch.full_like(sums, -torch.inf))
+        for rank, t in enumerate(mean.topk(min(5, int((counts > 0).sum()))).indices.tolist(), start=1):
+            rows.append({"class": d.class_names[c], "rank": rank, "token": d.token_name(t),
+                         "mean_attribution": float(mean[t]), "occurrences": int(counts[t])})
+        i = int(sel[0])
+        keep = [(d.token_name(int(t)), float(v)) for t, v in zip(x[i], attr[i], strict=True) if int(t) != d.pad_id]
+        examples.append({"class": d.class_names[c],
+                         "text with attributions": " ".join(f"{w}({v:+.2f})" if v else w for w, v in keep)})
+    res.add_table(out, "top_tokens", "Tokens that raise each class's score most (integrated gradients at the "
+                  "embedding layer)", rows,
+                  notes=[f"mean attribution over the explained test texts of the class where the token occurs; "
+                         f"integrated gradients ({TEXT_IG_STEPS} steps) from a baseline with every real token "
+                         "replaced by the padding embedding (special tokens kept), as Captum's "
+                         "LayerIntegratedGradients on the word embeddings"])
+    res.add_table(out, "attributed_texts", "One test text per class, each token with its attribution to the true "
+                  "class", examples)
+
+
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
     res = SectionResult("explanations", "Explanations and bias amplification")
     d, model = target.data, target.model
     x, y = d.x_test[: sizes.explain_points], d.y_test[: sizes.explain_points]
     layer = _unit_layer(model)
+    n_img = min(10, d.num_classes) if d.is_image else 0
+    works = [Work("internal influence", len(x), 1, detail=f"{len(x)} points × 1 gradient (top units of {layer})")]
+    if d.is_text:
+        works.append(Work("token attributions", len(x), TEXT_IG_STEPS,
+                          detail=f"{len(x)} texts × {TEXT_IG_STEPS} integrated-gradient steps"))
+    if n_img:
+        works.append(Work("input attributions", n_img, 33, detail=f"{n_img} images × (32 integrated-gradient "
+                          "steps + 1 saliency)"))
+    works.append(Work("bias amplification", len(d.x_test) // 3 + 1, 1,
+                      detail=f"predictions on {len(d.x_test)} test points"))
+    progress = section_progress("explanations")
+    res.plan = progress.announce(works, seconds_per_point_gradient(model, x, y))
     unit_rows = []
     for c in range(d.num_classes):
         xc = x[y == c]
@@ -45,8 +103,11 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
         for rank, u in enumerate(top_units(model, layer, xc, target=c, k=3), start=1):
             unit_rows.append({"class": d.class_names[c], "rank": rank, "layer": layer, "unit": u.unit,
                               "influence": u.score})
+    progress.step(len(x), f"internal influence of {layer}: {len(x)} points")
     res.add_table(out, "top_units", f"Most influential units of '{layer}' per class", unit_rows,
                   notes=["internal influence (point DoI over the test points of the class, the class logit as QoI)"])
+    if d.is_text:
+        _token_tables(res, out, model, d, x, y)
     if d.is_image:
         pick = [int((y == c).nonzero()[0]) for c in range(d.num_classes) if (y == c).any()][:10]
         xs = x[pick]
@@ -59,6 +120,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                              "Input attributions of the true class")
         res.add_figure(p, root, "What the model looks at", "One test image per class (top row) and the pixels "
                        "that raise (red) or lower (blue) its class score.")
+        progress.step(n_img * 33, f"input attributions: {n_img} images")
     with torch.no_grad():
         pred = torch.cat([model(d.x_test[i : i + 1024]).argmax(1) for i in range(0, len(d.x_test), 1024)]).numpy()
     truth = d.y_test.numpy()

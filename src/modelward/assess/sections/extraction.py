@@ -20,7 +20,15 @@ import torch
 from modelward.assess.config import AssessConfig
 from modelward.assess.findings import clopper_pearson
 from modelward.assess.profiles import ProfileSizes
-from modelward.assess.sections.common import Headline, SectionResult, pct, traffic_light
+from modelward.assess.sections.common import (
+    Headline,
+    SectionResult,
+    Work,
+    pct,
+    seconds_per_point_gradient,
+    section_progress,
+    traffic_light,
+)
 from modelward.assess.target import Target
 from modelward.core.plots import grouped_bars
 from modelward.extraction.attacks import EvalSet, SubstituteConfig, TransferSet, make_extraction_attack
@@ -49,6 +57,11 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     ev = EvalSet(data.x_test, data.y_test, clean_probs.argmax(1))
     transfer = TransferSet(data.x_train, data.y_train)
     attack = make_extraction_attack("knockoff", "naive", substitute=SubstituteConfig(epochs=sizes.substitute_epochs))
+    progress = section_progress("extraction")
+    works = [Work("KnockoffNets", budget, sizes.substitute_epochs + 1, len(DEFENSES),
+                  f"{len(DEFENSES)} defenses × {budget} queries × ({sizes.substitute_epochs} substitute epochs + the "
+                  "answers)")]
+    res.plan = progress.announce(works, seconds_per_point_gradient(model, data.x_test, data.y_test))
     rows = []
     ownership: dict = {}
     for name in DEFENSES:
@@ -65,6 +78,8 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
         # the defense's utility cost, measured on the test set with a fresh copy of its state
         probe = LocalVictim(model, make_defense(name, **params), num_classes=k)
         answers = probe.query(data.x_test)
+        progress.step(budget * (sizes.substitute_epochs + 1), f"{name}: {budget} queries, substitute accuracy "
+                      f"{pct(outcome.accuracy)}")
         rows.append({"defense": name, "epsilon": params.get("epsilon", 0.0), "budget": budget,
                      "substitute_accuracy": outcome.accuracy, "fidelity": outcome.fidelity,
                      "defended_top1_accuracy": float((answers.argmax(1) == data.y_test).float().mean()),

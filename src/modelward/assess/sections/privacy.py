@@ -15,7 +15,16 @@ import torch
 
 from modelward.assess.config import AssessConfig
 from modelward.assess.profiles import ProfileSizes
-from modelward.assess.sections.common import Headline, NotAssessed, SectionResult, pct, traffic_light
+from modelward.assess.sections.common import (
+    Headline,
+    NotAssessed,
+    SectionResult,
+    Work,
+    pct,
+    seconds_per_point_gradient,
+    section_progress,
+    traffic_light,
+)
 from modelward.assess.target import Target
 from modelward.privacy.figures import image_grid, roc_plot
 from modelward.privacy.inversion import invert
@@ -59,8 +68,19 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     train_cfg = cfg.train if sizes.shadow_steps is None else cfg.train.model_copy(update={"steps": sizes.shadow_steps})
     trainer = ModelTrainer(target.factory, train_cfg)
     x_aux, y_aux = d.x_test[aux_idx], d.y_test[aux_idx]
+    progress = section_progress("privacy")
+    forward = max(1, (2 * n) // 3)  # scoring 2n points is a forward pass each: about a third of a point-gradient
+    works = [Work("shadow models (LiRA)", train_cfg.batch_size, train_cfg.steps, sizes.shadows,
+                  f"{sizes.shadows} models × {train_cfg.steps} steps × {train_cfg.batch_size} points"),
+             Work("scoring", forward, sizes.shadows + 3, detail=f"{2 * n} points × ({sizes.shadows} shadows + the "
+                  "model) forward, white-box influences")]
+    if d.is_image:
+        works.append(Work("model inversion", d.num_classes, sizes.inversion_steps,
+                          detail=f"{d.num_classes} classes × {sizes.inversion_steps} steps"))
+    res.plan = progress.announce(works, seconds_per_point_gradient(target.model, x_aux, y_aux))
     data = AttackData(target.model, x_aux, y_aux, d.num_classes, trainer=trainer, seed=cfg.seed)
     data.shadows = ShadowPool.train(trainer, x_aux, y_aux, sizes.shadows, seed=cfg.seed)
+    progress.step(works[0].units, f"{sizes.shadows} shadow models trained ({train_cfg.steps} steps each)")
     attacks = {"loss threshold": LossAttack(), "LiRA offline": LiRA(online=False),
                "white-box (last layer)": DeepWB(slices=[(_last_layer_input(target.model), "input")], proxies=2,
                                                 shadows=2, exact=True)}
@@ -72,6 +92,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
         except Exception as e:  # noqa: BLE001 - one attack that cannot run on this model is reported, not fatal
             res.notes.append(f"{label}: not run ({type(e).__name__}: {e})")
             continue
+        progress.step(works[1].units // len(attacks), f"{label}: {2 * n} points scored")
         m = evaluate(scores, members, attack.threshold)
         save_scores(out, label.split()[0].lower().replace("-", "_"), scores, members)
         fpr, tpr, _ = roc_curve(scores, members)

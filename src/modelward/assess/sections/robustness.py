@@ -16,14 +16,24 @@ from torch import nn
 
 from modelward.assess.config import AssessConfig
 from modelward.assess.profiles import ProfileSizes
-from modelward.assess.sections.common import Headline, SectionResult, pct, traffic_light
+from modelward.assess.sections.common import (
+    Headline,
+    SectionResult,
+    Work,
+    pct,
+    seconds_per_point_gradient,
+    section_progress,
+    traffic_light,
+)
 from modelward.assess.target import Target
 from modelward.core.plots import line_plot
+from modelward.core.text import token_embedding
 from modelward.robustness.attacks import attack_mode, make_attack, predict
 from modelward.robustness.evaluation import robustness_sandwich
 from modelward.robustness.gloro.certify import certify
 from modelward.robustness.gloro.net import GloroNet
 from modelward.robustness.metrics import robust_accuracy
+from modelward.robustness.text import embedding_curves, token_substitution_curve
 
 
 def _points(target: Target, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,8 +49,13 @@ def _sweep(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, name: str, 
     params = {"norm": norm, "clip": clip, "seed": seed} if name == "pgd" else {"norm": norm, "clip": clip}
     if name == "pgd":
         params["steps"] = steps
-    pts = robust_accuracy(model, x, y, name, eps, params)
-    return [p.robust_accuracy for p in pts]
+    out = []
+    for e in eps:  # one ε at a time (each is an independent attack with the same seed): progress after each
+        out.append(robust_accuracy(model, x, y, name, [e], params)[0].robust_accuracy)
+        section_progress("robustness").step(len(y) * (steps if name == "pgd" else 1),
+                                            f"{name.upper()} {_NORM[norm]} ε = {e:.4g}: {len(y)} points, robust "
+                                            f"{pct(out[-1])}")
+    return out
 
 
 def _cw_curve(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, eps: list[float], steps: int,
@@ -66,6 +81,7 @@ def _certified(target: Target, x: torch.Tensor, y: torch.Tensor, eps: list[float
     return [certify(net, x, y, epsilon=e).vra for e in eps], label
 
 
+AA_QUERIES = {True: 200, False: 1000}  # Square's queries in the sandwich: quick profile (≤ 10 PGD steps), others
 TABULAR_LINF = (0.05, 0.1, 0.25)  # in units of each feature's training standard deviation
 TABULAR_REF_LINF = 0.1
 THRESHOLDS = (0.7, 0.4)  # robust accuracy: green ≥ 70 %, amber ≥ 40 %
@@ -159,7 +175,103 @@ def threat_models(target: Target, sizes: ProfileSizes, cfg: AssessConfig
     return modality, linf, l2, ref_linf, ref_l2, scale
 
 
+TEXT_FRACTIONS = (0.05, 0.1, 0.2)  # HotFlip: the most tokens substituted, as a fraction of a text's real tokens
+TEXT_REF_FRACTION = 0.1
+TEXT_EMB = (0.05, 0.1, 0.25, 0.5)  # embedding-space radii in σ units (L∞ ε·σ; ℓ2 ε·σ·√D)
+TEXT_REF_EMB = 0.1
+HOTFLIP_CANDIDATES = 8
+
+
+def run_text(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
+    """Text classifiers: token substitution (HotFlip) decides the verdict; embedding-space PGD/FGSM are reported
+    for information (see :mod:`modelward.robustness.text` for what each number means)."""
+    res = SectionResult("robustness", "Robustness to evasion attacks")
+    d, model = target.data, target.model
+    x, y = _points(target, sizes.n_eval)
+    fractions = sorted({*TEXT_FRACTIONS, TEXT_REF_FRACTION})
+    emb_linf = sorted({*(cfg.robustness.linf_eps or TEXT_EMB), TEXT_REF_EMB})
+    emb_l2 = sorted({*(cfg.robustness.l2_eps or TEXT_EMB), TEXT_REF_EMB})
+    words = x.ne(d.pad_id)
+    for s_id in d.special_ids:
+        words &= x.ne(s_id)
+    max_flips = [max(1, int(f * int(words.sum(1).max()))) for f in fractions]
+    progress = section_progress("robustness")
+    works = [Work("HotFlip", len(y), 1 + HOTFLIP_CANDIDATES // 3, sum(max_flips),
+                  f"{len(fractions)} budgets ({', '.join(f'{100 * f:g} %' for f in fractions)} of tokens) × "
+                  f"{len(y)} points × ≤ {max(max_flips)} rounds of 1 gradient + {HOTFLIP_CANDIDATES} candidates"),
+             Work("FGSM+PGD in the embedding space", len(y), sizes.pgd_steps + 1, len(emb_linf) + len(emb_l2),
+                  f"(L∞ {len(emb_linf)} ε + ℓ2 {len(emb_l2)} ε) × {len(y)} points × ({sizes.pgd_steps} PGD steps + "
+                  "1 FGSM step)")]
+    res.plan = progress.announce(works, seconds_per_point_gradient(model, x, y),
+                                 note="an upper bound: rounds stop at the first flip")
+    with attack_mode(model):
+        n_correct = int((predict(model, x) == y).sum())
+    clean = n_correct / len(y)
+    sub = token_substitution_curve(model, x, y, fractions, d.special_ids, HOTFLIP_CANDIDATES,
+                                   report=lambda n, info: progress.step(0, info))
+    progress.step(works[0].units, "HotFlip done")
+    steps_each = len(y) * (sizes.pgd_steps + 1) // 2
+    curves, sigma = embedding_curves(model, x, y, emb_linf, emb_l2, sizes.pgd_steps, d.special_ids, cfg.seed,
+                                     report=lambda n, info: progress.step(steps_each, info))
+    dim = token_embedding(model).embedding_dim
+    res.add_table(out, "robust_accuracy_tokens", "Robust accuracy under token substitution (HotFlip)",
+                  [{"budget (fraction of tokens)": f, "robust_accuracy": a,
+                    "mean substitutions per broken point": m} for f, a, m in zip(sub.budgets, sub.accuracy,
+                                                                                   sub.mean_flips, strict=True)],
+                  notes=["HotFlip (Ebrahimi et al. 2018): up to the budget of a text's real tokens (at least one) "
+                         "replaced by any vocabulary token, chosen by the gradient at the embedding layer with "
+                         f"{HOTFLIP_CANDIDATES} candidates evaluated exactly per round; special tokens are never "
+                         "touched. No synonym or grammar constraint: a stronger attacker than TextAttack's "
+                         "word-substitution recipes, so this robust accuracy is a lower value than theirs."])
+    rows = [{"radius (σ units)": e, **{c.attack: c.accuracy[c.budgets.index(e)] for c in curves
+                                      if e in c.budgets}} for e in sorted({*emb_linf, *emb_l2})]
+    res.add_table(out, "robust_accuracy_embeddings", "Robust accuracy under embedding-space attacks "
+                  "(not texts: a smoothness measure)", rows,
+                  notes=[f"σ = {sigma:.4g}, the standard deviation of the token embedding table (D = {dim}); L∞ "
+                         f"radius ε·σ per coordinate, ℓ2 radius ε·σ·√D over the whole text. Every real token's "
+                         "embedding is perturbed; no text corresponds to most perturbed points, so these numbers "
+                         "say how smooth the model is around its inputs, not what an attacker who sends text can "
+                         "do."])
+    series = {"HotFlip": ([0.0, *sub.budgets], [clean, *sub.accuracy])}
+    p = line_plot(out / "robustness_tokens.png", series, "Robust accuracy vs tokens substituted", "fraction of tokens",
+                  "accuracy")
+    res.add_figure(p, root, "Token substitution", "Accuracy on the first test texts after HotFlip, by the most "
+                   "tokens it may replace.")
+    emb_series = {c.attack: ([0.0, *c.budgets], [clean, *c.accuracy]) for c in curves}
+    p = line_plot(out / "robustness_embeddings.png", emb_series, "Embedding-space robust accuracy vs ε (σ units)",
+                  "ε (σ units)", "accuracy")
+    res.add_figure(p, root, "Embedding-space perturbations", "Accuracy after PGD/FGSM on the token embeddings "
+                   "(a smoothness measure: not texts an attacker could send).")
+    n = len(y)
+    res.add_metric("clean_accuracy", f"clean accuracy on {n} test texts", clean, k=n_correct, n=n, risk_up=False,
+                   context={"severity": "info", "rule": "for reference: robust accuracy cannot exceed it"})
+    acc_ref = sub.accuracy[sub.budgets.index(TEXT_REF_FRACTION)]
+    res.add_metric(f"hotflip_tokens@{TEXT_REF_FRACTION:g}", f"HotFlip token-substitution robust accuracy at ≤ "
+                   f"{100 * TEXT_REF_FRACTION:g} % of tokens", acc_ref, k=round(acc_ref * n), n=n, risk_up=False,
+                   context={"thresholds": list(THRESHOLDS), "rule": RULE, "epsilon": TEXT_REF_FRACTION,
+                            "norm": "tokens", "attack": "hotflip", "threat": True,
+                            "scale": "fraction of a text's real tokens replaced (at least one)"})
+    for c in curves:
+        if "PGD" in c.attack:
+            norm = "linf" if "L∞" in c.attack else "l2"
+            v = c.accuracy[c.budgets.index(TEXT_REF_EMB)]
+            res.add_metric(f"embedding_pgd_{norm}@{TEXT_REF_EMB:g}", f"{c.attack} robust accuracy at ε = "
+                           f"{TEXT_REF_EMB:g} σ", v, k=round(v * n), n=n, risk_up=False,
+                           context={"severity": "info", "epsilon": TEXT_REF_EMB, "norm": norm, "sigma": sigma,
+                                    "rule": "for information: perturbations of the embeddings are not texts; the "
+                                            "verdict is the token-substitution attack's"})
+    value, label = set_threat_headline(res)
+    res.summary = (f"Clean accuracy {pct(clean)} on {n} test texts; {label}: {pct(value)}. In the embedding space "
+                   f"(not texts), PGD at ε = {TEXT_REF_EMB:g} σ leaves "
+                   + ", ".join(f"{pct(c.accuracy[c.budgets.index(TEXT_REF_EMB)])} ({c.attack.split()[1]})"
+                               for c in curves if "PGD" in c.attack) + ".")
+    res.notes.append("Token substitutions are empirical attacks: they give an upper bound on true robust accuracy.")
+    return res
+
+
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
+    if target.data.is_text:
+        return run_text(cfg, target, sizes, out, root)
     res = SectionResult("robustness", "Robustness to evasion attacks")
     model = target.model
     x, y = _points(target, sizes.n_eval)
@@ -172,6 +284,21 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     else:
         clip = _clip(target.data.x_train)
 
+    aa_points = min(len(y), sizes.cw_points)
+    aa_steps = max(sizes.pgd_steps, 20)
+    k = target.data.num_classes
+    works = [Work("FGSM+PGD", len(y), sizes.pgd_steps + 1, len(linf) + len(l2),
+                  f"(L∞ {len(linf)} ε + ℓ2 {len(l2)} ε) × {len(y)} points × ({sizes.pgd_steps} PGD steps + 1 FGSM)"),
+             Work("C&W ℓ2", min(len(y), sizes.cw_points), 4 * sizes.cw_steps,
+                  detail=f"{min(len(y), sizes.cw_points)} points × 4 binary-search steps × {sizes.cw_steps} "
+                         "iterations"),
+             Work("AutoAttack", aa_points, aa_steps * (1 + 2 * (k - 1)) + AA_QUERIES[sizes.pgd_steps <= 10] // 3, 2,
+                  f"(L∞ + ℓ2) × {aa_points} points × (APGD-CE + APGD-T and FAB-T on {k - 1} targets: {aa_steps} "
+                  f"iterations each; Square: {AA_QUERIES[sizes.pgd_steps <= 10]} queries); an upper bound: "
+                  "points already broken are not attacked again")]
+    progress = section_progress("robustness")
+    res.plan = progress.announce(works, seconds_per_point_gradient(target.model, target.data.x_test,
+                                                                   target.data.y_test))
     with attack_mode(model):
         n_correct = int((predict(model, x) == y).sum())
     clean = n_correct / len(y)
@@ -182,6 +309,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                  for a in ("fgsm", "pgd")}
     xc, yc = x[: sizes.cw_points], y[: sizes.cw_points]
     cw, cw_median = _cw_curve(model, xc, yc, l2, sizes.cw_steps, clip, cfg.seed)
+    progress.step(works[1].units, f"C&W ℓ2: {len(yc)} points, median distortion {cw_median:.3g}")
     curves_l2[f"C&W ℓ2 (first {len(yc)} points)"] = cw
     cert_label = ""
     try:
@@ -221,7 +349,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     if target.gloro is not None and cert:
         add_threat_metric(res, "certified", "l2", ref_l2, cert[i_2], n, scale, label="certified accuracy (GloRo)")
     _sandwich(res, out, model, x[: sizes.cw_points],
-              y[: sizes.cw_points], ref_linf, ref_l2, sizes, scale, cfg.seed)
+              y[: sizes.cw_points], ref_linf, ref_l2, sizes, scale, cfg.seed, works[2].units // 2)
     value, label = set_threat_headline(res)
     others = "; ".join(f"{m['label']}: {pct(m['value'])}" for m in res.metrics
                        if m["context"].get("threat") and not m["headline"])
@@ -234,20 +362,23 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
 
 
 def _sandwich(res: SectionResult, out: Path, model: nn.Module, x: torch.Tensor, y: torch.Tensor, ref_linf: float,
-              ref_l2: float, sizes: ProfileSizes, scale: str, seed: int) -> None:
+              ref_l2: float, sizes: ProfileSizes, scale: str, seed: int, units_per_norm: int = 0) -> None:
     """The field's standard evaluation at the reference radii: AutoAttack (standard) as the upper bound, the best
     certificate that covers the model (GloRo, CROWN, IBP) as the lower bound; both join the threat metrics, so the
     headline is the worst of them (issue 28). On the quick profile the attacks run fewer iterations and queries than
     RobustBench's (stated in the table's notes)."""
-    params = {"steps": max(sizes.pgd_steps, 20), "n_queries": 200 if sizes.pgd_steps <= 10 else 1000}
+    params = {"steps": max(sizes.pgd_steps, 20), "n_queries": AA_QUERIES[sizes.pgd_steps <= 10]}
     rows, notes = [], []
     for norm, eps in (("linf", ref_linf), ("l2", ref_l2)):
+        section_progress("robustness").step(0, f"AutoAttack {_NORM[norm]} ε = {eps:.4g}: {len(y)} points ...")
         try:
             s = robustness_sandwich(model, x, y, [eps], norm, seed=seed, attack_params=params)
         except Exception as e:  # noqa: BLE001 - an architecture the attacks cannot run on is reported, not fatal
             notes.append(f"AutoAttack {norm} not run: {type(e).__name__}: {e}")
             continue
         r = s["rows"][0]
+        section_progress("robustness").step(units_per_norm, f"AutoAttack {_NORM[norm]} ε = {eps:.4g}: {s['n']} points, robust ≤ "
+                                               f"{pct(r['attacked_upper'])}")
         rows.append({"norm": _NORM[norm], "epsilon": round(eps, 6), "points": s["n"],
                      "certified_lower": r["certified_lower"], "autoattack_upper": r["attacked_upper"],
                      "gap": r["gap"], "certified_by": str(r["certified_by"]), "broken_by": str(r["broken_by"]),
