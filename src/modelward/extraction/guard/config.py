@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from modelward.core.config import StrictModel, load_config
 from modelward.core.device import DeviceSetting
@@ -40,6 +40,11 @@ class ModelSection(StrictModel):
     num_classes: int = Field(ge=2)
     net: ModelConfig = Field(default_factory=ModelConfig)
     device: DeviceSetting = "cpu"  # where the model answers (docs/devices.md); defenses work on the CPU
+    # text models (issue 39): INT64 token ids [batch, ≤ input_shape[0]] or BYTES strings [batch] (tokenized by
+    # `tokenizer`, a local folder or tokenizer.json relative to the config file); FP32 for everything else
+    input_datatype: Literal["FP32", "INT64", "BYTES"] = "FP32"
+    tokenizer: str | None = None
+    pad_id: int | None = Field(None, ge=0)  # default: the model's own padding id (0 if it has none)
 
     @field_validator("name")
     @classmethod
@@ -54,6 +59,15 @@ class ModelSection(StrictModel):
         if not v or min(v) < 1:
             raise ValueError("input_shape must list positive sizes, e.g. [1, 8, 8]")
         return v
+
+    @model_validator(mode="after")
+    def _text_ok(self) -> ModelSection:
+        if self.input_datatype != "FP32" and len(self.input_shape) != 1:
+            raise ValueError(f"input_datatype {self.input_datatype!r} is for text models: input_shape = [tokens]")
+        if self.input_datatype == "BYTES" and not self.tokenizer:
+            raise ValueError("input_datatype 'BYTES' needs model.tokenizer (a local tokenizer folder or "
+                             "tokenizer.json)")
+        return self
 
 
 class DefenseSection(StrictModel):

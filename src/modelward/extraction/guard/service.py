@@ -26,6 +26,8 @@ from modelward.core.io import load_state_dict, load_tensors, save_tensors
 from modelward.core.lock import FolderLock
 from modelward.core.records import atomic_write_text
 from modelward.core.seed import seeded
+from modelward.core.sources import adapt_state_dict
+from modelward.core.text import load_tokenizer, token_embedding
 from modelward.core.zoo import build_model
 from modelward.errors import ConfigError, DataError
 from modelward.extraction.defenses import IncrementalState, PredictionDefense, build_defense
@@ -37,7 +39,7 @@ from modelward.extraction.guard.config import (
     state_fingerprint,
 )
 from modelward.extraction.guard.errors import GuardError, WouldBlock
-from modelward.extraction.guard.oip import InferRequest, encode_response, model_metadata
+from modelward.extraction.guard.oip import InferRequest, TextInput, encode_response, model_metadata
 from modelward.extraction.guard.ownership import ExtractionSuspected, GuardOwnership
 from modelward.extraction.guard.querylog import QueryLog, key_digest
 
@@ -59,6 +61,7 @@ def load_weights(model: nn.Module, path: Path, field: str) -> None:
     """Load a safetensors state dict into ``model`` (eval mode); ConfigError naming ``field`` on a mismatch or on
     non-finite weights (a model with NaN/inf weights answers NaN, which every request would see as its own fault)."""
     state, _ = load_state_dict(path)
+    state = adapt_state_dict(model, state)  # a Hugging Face model.safetensors keeps its own names
     bad = [f"{name} ({int(torch.isnan(t).sum())} NaN, {int(torch.isinf(t).sum())} inf)"
            for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
@@ -70,6 +73,26 @@ def load_weights(model: nn.Module, path: Path, field: str) -> None:
     except RuntimeError as e:
         raise ConfigError(f"{field}: {path} does not match the configured architecture: {e}") from None
     model.eval()
+
+
+def text_input(cfg: GuardConfig, base_dir: Path, model: nn.Module) -> TextInput | None:
+    """How a text model's requests arrive (``[model] input_datatype`` INT64 or BYTES), or None for FP32 inputs."""
+    m = cfg.model
+    if m.input_datatype == "FP32":
+        return None
+    vocab = token_embedding(model).num_embeddings
+    pad = m.pad_id if m.pad_id is not None else getattr(model, "pad_token_id", 0)
+    if m.input_datatype == "INT64":
+        return TextInput("INT64", pad, vocab)
+    tok = load_tokenizer(base_dir / str(m.tokenizer))
+    if tok.pad_token_id is not None and tok.pad_token_id != pad:
+        raise ConfigError(f"model.tokenizer pads with id {tok.pad_token_id}, the model with {pad}")
+
+    def tokenize(texts: list[str]) -> np.ndarray:
+        enc = tok(texts, padding="longest", truncation=True, max_length=m.input_shape[0])
+        return np.asarray(enc["input_ids"], dtype=np.int64).reshape(len(texts), -1)
+
+    return TextInput("BYTES", pad, vocab, tokenize)
 
 
 def service_defense(cfg: GuardConfig, base_dir: Path) -> PredictionDefense:
@@ -111,6 +134,10 @@ class GuardService:
     """
 
     def __init__(self, cfg: GuardConfig, base_dir: Path, reset: bool = False, check_only: bool = False) -> None:
+        net = cfg.model.net
+        if net.path and not Path(net.path).is_absolute():  # a Hugging Face folder, relative to the config file
+            net = net.model_copy(update={"path": str(base_dir / net.path)})
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"net": net})})
         self.cfg = cfg
         self.name = cfg.model.name
         self.input_shape = tuple(cfg.model.input_shape)
@@ -119,6 +146,7 @@ class GuardService:
         load_weights(self.model, base_dir / cfg.model.checkpoint, "model.checkpoint")
         self.device = resolve_device(cfg.model.device)  # an unusable device is refused before serving
         self.model.to(self.device)
+        self.text = text_input(cfg, base_dir, self.model)  # INT64 / BYTES inputs of a text model, else None
         self.defense = service_defense(cfg, base_dir)
         self.base_dir = base_dir
         self.state_dir = base_dir / cfg.server.state_dir
@@ -191,7 +219,7 @@ class GuardService:
     def metadata(self) -> dict[str, Any]:
         """The Open Inference Protocol model metadata."""
         return model_metadata(self.name, self.input_shape, self.num_classes, self.defense.name,
-                              self.cfg.server.max_batch)
+                              self.cfg.server.max_batch, self.cfg.model.input_datatype)
 
     def check_model(self, name: str, version: str | None) -> None:
         """GuardError ``unknown_model`` / ``unknown_version`` unless the request names this model (version 1)."""
@@ -243,7 +271,7 @@ class GuardService:
 
     def parse_request(self, body: bytes, header_length: str | None = None) -> InferRequest:
         """Parse one request body for this model (:meth:`InferRequest.parse`)."""
-        return InferRequest.parse(body, header_length, self.input_shape, self.cfg.server.max_batch)
+        return InferRequest.parse(body, header_length, self.input_shape, self.cfg.server.max_batch, self.text)
 
     def answer(self, key: KeySection, x: torch.Tensor, request_id: str | None = None,
                t0: float | None = None) -> tuple[torch.Tensor, float]:
