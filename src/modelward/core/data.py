@@ -748,11 +748,14 @@ def _entrypoint_data(cfg: DataConfig) -> DataSplit:
     def stack(xs: list) -> np.ndarray:
         if cfg.tokens:
             return _pad_token_lists([torch.as_tensor(x).reshape(-1).tolist() for x in xs], cfg.pad_id, where)
-        arr = torch.stack([torch.as_tensor(x) for x in xs]).numpy()
-        if np.issubdtype(arr.dtype, np.integer) and arr.ndim == 2:
-            raise DataError(f"{where}: the inputs are integers of shape {arr.shape}: if they are token ids, set "
-                            "data.tokens = true (and data.pad_id)")
-        return arr.astype(np.float32)
+        rows = [torch.as_tensor(x) for x in xs]
+        if not rows[0].is_floating_point() and rows[0].dim() == 1:
+            raise DataError(f"{where}: the inputs are rows of integers: if they are token ids, set data.tokens = true "
+                            "(and data.pad_id); other inputs must be float tensors")
+        try:
+            return torch.stack(rows).numpy().astype(np.float32)
+        except RuntimeError as e:
+            raise DataError(f"{where}: the inputs do not have one shape ({str(e).splitlines()[0]})") from None
 
     xs = [stack(r[0]) for r in rows]
     ys = [np.asarray(r[1], dtype=np.int64) for r in rows]

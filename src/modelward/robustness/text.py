@@ -52,7 +52,7 @@ class TextCurve:
 
 
 def token_substitution_curve(model: nn.Module, ids: torch.Tensor, y: torch.Tensor, fractions: Sequence[float],
-                             special_ids: Sequence[int], candidates: int = 8,
+                             special_ids: Sequence[int], candidates: int = 32,
                              report: Report | None = None) -> TextCurve:
     """Robust accuracy under HotFlip with a budget of each fraction of a text's real tokens (at least one).
 

@@ -139,24 +139,23 @@ class Work:
         return f"{self.what}: {self.detail or f'{self.runs} × {self.points} points × {self.per_point}'}"
 
 
-def seconds_per_point_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, n: int = 16) -> float:
+def seconds_per_point_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, n: int = 64) -> float:
     """Measured seconds of one forward + backward pass per input on this machine (the unit of every estimate):
-    one warm-up pass, then the best of two timed passes on `n` inputs."""
-    xb, yb = x[:n], y[:n]
+    a warm-up pass on 8 inputs, then one timed pass on a batch of `n` (the attacks' batches are large: per-input
+    time falls with the batch, so a small timed batch would overstate it several-fold on a loaded machine)."""
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
     was = model.training
     model.eval()
-    best = float("inf")
     try:
-        for i in range(3):
+        for xb, yb in ((x[:8], y[:8]), (x[:n], y[:n])):
             t0 = time.perf_counter()
             with torch.enable_grad():
-                F.cross_entropy(model(xb), yb).backward()
-            if i:
-                best = min(best, time.perf_counter() - t0)
+                F.cross_entropy(model(xb.to(dev)), yb.to(dev)).backward()
+            took = time.perf_counter() - t0
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was)
-    return best / max(1, len(xb))
+    return took / max(1, min(n, len(x)))
 
 
 def _clock(seconds: float) -> str:
@@ -219,3 +218,70 @@ def section_progress_for(section: str, sink: ProgressSink | None) -> Iterator[Se
 def section_progress(section: str = "section") -> SectionProgress:
     """The running section's progress (a silent one outside :func:`section_progress_for`)."""
     return _CURRENT[-1] if _CURRENT else SectionProgress(section)
+
+
+# ---------------------------------------------------------------------------------------------- the quick budget
+def forward_flops(model: nn.Module, x: torch.Tensor) -> float:
+    """FLOPs of one input's forward pass, counted by torch's ``FlopCounterMode`` (matrix products and
+    convolutions); at least 2 per parameter when the count fails (an op it does not know)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+    params = sum(p.numel() for p in model.parameters())
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(x[:1].to(dev))
+        counted = float(counter.get_total_flops())
+    except Exception:  # noqa: BLE001 - a count is an estimate: fall back to the parameter count
+        counted = 0.0
+    finally:
+        model.train(was)
+    return max(counted, 2.0 * params)
+
+
+def fit_budget(section: str, sizes: Any, explicit: dict[str, int], plan: Any, flops_per_unit: float,
+               floors: dict[str, int]) -> tuple[Any, list[Work], str]:
+    """The largest scaling of the section's counts (down to `floors`, never below, never the `explicit` ones) whose
+    planned work fits ``sizes.budget_tflop``; unchanged when there is no budget or it fits.
+
+    Args:
+        section: the section's name (for the note).
+        sizes: the profile's :class:`~modelward.assess.profiles.ProfileSizes`.
+        explicit: the counts the config set in ``[sizes]`` (kept as given).
+        plan: ``plan(sizes) -> list[Work]`` for some sizes.
+        flops_per_unit: forward+backward FLOPs of one point-gradient (3 × :func:`forward_flops`).
+        floors: the counts the budget may reduce, and their least values.
+
+    Returns:
+        ``(sizes, works, note)``: the sizes to run, their planned work, and the reduction in words ("" if none).
+    """
+    from dataclasses import replace
+
+    works = plan(sizes)
+    budget = getattr(sizes, "budget_tflop", None)
+    if budget is None or sum(w.units for w in works) * flops_per_unit <= budget * 1e12:
+        return sizes, works, ""
+    free = {k: f for k, f in floors.items() if k not in explicit and getattr(sizes, k) is not None}
+
+    def scaled(s: float) -> Any:
+        return replace(sizes, **{k: max(min(f, getattr(sizes, k)), round(getattr(sizes, k) * s))
+                                 for k, f in free.items()})
+
+    lo, hi = 0.0, 1.0
+    for _ in range(20):  # the planned work grows with every count: bisect the common factor
+        mid = (lo + hi) / 2
+        if sum(w.units for w in plan(scaled(mid))) * flops_per_unit <= budget * 1e12:
+            lo = mid
+        else:
+            hi = mid
+    new = scaled(lo)
+    works = plan(new)
+    total = sum(w.units for w in works) * flops_per_unit / 1e12
+    changed = ", ".join(f"{k} {getattr(sizes, k)} → {getattr(new, k)}" for k in free
+                        if getattr(new, k) != getattr(sizes, k))
+    note = (f"quick profile: {changed} to fit its budget of {budget:g} TFLOP per section (this model: "
+            f"{flops_per_unit / 1e9:.3g} GFLOP per point-gradient; planned {total:.2g} TFLOP"
+            + (", the floors reached" if total > budget else "") + "); --profile standard evaluates all")
+    return new, works, note

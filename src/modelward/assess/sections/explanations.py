@@ -14,11 +14,13 @@ import torch
 
 from modelward.assess.config import AssessConfig
 from modelward.assess.findings import clopper_pearson
-from modelward.assess.profiles import ProfileSizes
+from modelward.assess.profiles import BUDGET_FLOORS, ProfileSizes
 from modelward.assess.sections.common import (
     Headline,
     SectionResult,
     Work,
+    fit_budget,
+    forward_flops,
     seconds_per_point_gradient,
     section_progress,
     traffic_light,
@@ -81,20 +83,28 @@ def _token_tables(res: SectionResult, out: Path, model: torch.nn.Module, d: Data
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
     res = SectionResult("explanations", "Explanations and bias amplification")
     d, model = target.data, target.model
-    x, y = d.x_test[: sizes.explain_points], d.y_test[: sizes.explain_points]
     layer = _unit_layer(model)
     n_img = min(10, d.num_classes) if d.is_image else 0
-    works = [Work("internal influence", len(x), 1, detail=f"{len(x)} points × 1 gradient (top units of {layer})")]
-    if d.is_text:
-        works.append(Work("token attributions", len(x), TEXT_IG_STEPS,
-                          detail=f"{len(x)} texts × {TEXT_IG_STEPS} integrated-gradient steps"))
-    if n_img:
-        works.append(Work("input attributions", n_img, 33, detail=f"{n_img} images × (32 integrated-gradient "
-                          "steps + 1 saliency)"))
-    works.append(Work("bias amplification", len(d.x_test) // 3 + 1, 1,
-                      detail=f"predictions on {len(d.x_test)} test points"))
+
+    def plan(sz: ProfileSizes) -> list[Work]:
+        n = min(len(d.x_test), sz.explain_points)
+        works = [Work("internal influence", n, 1, detail=f"{n} points × 1 gradient (top units of {layer})")]
+        if d.is_text:
+            works.append(Work("token attributions", n, TEXT_IG_STEPS,
+                              detail=f"{n} texts × {TEXT_IG_STEPS} integrated-gradient steps"))
+        if n_img:
+            works.append(Work("input attributions", n_img, 33, detail=f"{n_img} images × (32 integrated-gradient "
+                              "steps + 1 saliency)"))
+        return [*works, Work("bias amplification", len(d.x_test) // 3 + 1, 1,
+                             detail=f"predictions on {len(d.x_test)} test points")]
+
+    sizes, works, note = fit_budget("explanations", sizes, cfg.sizes, plan, 3 * forward_flops(model, d.x_test),
+                                    BUDGET_FLOORS["explanations"])
+    x, y = d.x_test[: sizes.explain_points], d.y_test[: sizes.explain_points]
     progress = section_progress("explanations")
-    res.plan = progress.announce(works, seconds_per_point_gradient(model, x, y))
+    res.plan = progress.announce(works, seconds_per_point_gradient(model, x, y), note)
+    if note:
+        res.notes.append(note)
     unit_rows = []
     for c in range(d.num_classes):
         xc = x[y == c]

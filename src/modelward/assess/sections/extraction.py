@@ -19,11 +19,13 @@ import torch
 
 from modelward.assess.config import AssessConfig
 from modelward.assess.findings import clopper_pearson
-from modelward.assess.profiles import ProfileSizes
+from modelward.assess.profiles import BUDGET_FLOORS, ProfileSizes
 from modelward.assess.sections.common import (
     Headline,
     SectionResult,
     Work,
+    fit_budget,
+    forward_flops,
     pct,
     seconds_per_point_gradient,
     section_progress,
@@ -56,12 +58,21 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     victim_acc = float((clean_probs.argmax(1) == data.y_test).float().mean())
     ev = EvalSet(data.x_test, data.y_test, clean_probs.argmax(1))
     transfer = TransferSet(data.x_train, data.y_train)
-    attack = make_extraction_attack("knockoff", "naive", substitute=SubstituteConfig(epochs=sizes.substitute_epochs))
     progress = section_progress("extraction")
-    works = [Work("KnockoffNets", budget, sizes.substitute_epochs + 1, len(DEFENSES),
-                  f"{len(DEFENSES)} defenses × {budget} queries × ({sizes.substitute_epochs} substitute epochs + the "
-                  "answers)")]
-    res.plan = progress.announce(works, seconds_per_point_gradient(model, data.x_test, data.y_test))
+
+    def plan(sz: ProfileSizes) -> list[Work]:
+        q = cfg.extraction.budget or sz.query_budget
+        return [Work("KnockoffNets", q, sz.substitute_epochs + 1, len(DEFENSES),
+                     f"{len(DEFENSES)} defenses × {q} queries × ({sz.substitute_epochs} substitute epochs + the "
+                     "answers)")]
+
+    sizes, works, note = fit_budget("extraction", sizes, cfg.sizes, plan, 3 * forward_flops(model, data.x_test),
+                                    BUDGET_FLOORS["extraction"])
+    budget = cfg.extraction.budget or sizes.query_budget
+    attack = make_extraction_attack("knockoff", "naive", substitute=SubstituteConfig(epochs=sizes.substitute_epochs))
+    res.plan = progress.announce(works, seconds_per_point_gradient(model, data.x_test, data.y_test), note)
+    if note:
+        res.notes.append(note)
     rows = []
     ownership: dict = {}
     for name in DEFENSES:

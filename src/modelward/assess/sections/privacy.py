@@ -8,18 +8,21 @@ Shadow models use the model's architecture and the assessment's training recipe 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from modelward.assess.config import AssessConfig
-from modelward.assess.profiles import ProfileSizes
+from modelward.assess.profiles import BUDGET_FLOORS, ProfileSizes
 from modelward.assess.sections.common import (
     Headline,
     NotAssessed,
     SectionResult,
     Work,
+    fit_budget,
+    forward_flops,
     pct,
     seconds_per_point_gradient,
     section_progress,
@@ -43,6 +46,38 @@ def _last_layer_input(model: torch.nn.Module) -> str:
     return linear[-1]
 
 
+def _plan(cfg: AssessConfig, target: Target, sizes: ProfileSizes) -> list[Work]:
+    d = target.data
+    n = min(sizes.mia_points, len(d.x_test) - len(d.x_test) // 2, len(d.x_train))
+    steps = cfg.train.steps if sizes.shadow_steps is None else sizes.shadow_steps
+    batch = cfg.train.batch_size
+    works = [Work("shadow models (LiRA)", batch, steps, sizes.shadows,
+                  f"{sizes.shadows} models × {steps} steps × {batch} points"),
+             Work("scoring", max(1, (2 * n) // 3), sizes.shadows + 3,  # a forward pass: a third of a gradient
+                  detail=f"{2 * n} points × ({sizes.shadows} shadows + the model) forward, white-box influences")]
+    if d.is_image:
+        works.append(Work("model inversion", d.num_classes, sizes.inversion_steps,
+                          detail=f"{d.num_classes} classes × {sizes.inversion_steps} steps"))
+    return works
+
+
+def _fit(cfg: AssessConfig, target: Target, sizes: ProfileSizes) -> tuple[ProfileSizes, list[Work], str]:
+    """The quick profile's budget: fewer scored points and shadow models, and no LiRA at all when even two shadow
+    models of this model exceed it (the loss and white-box attacks need none)."""
+    fpu = 3 * forward_flops(target.model, target.data.x_test)
+    sizes, works, note = fit_budget("privacy", sizes, cfg.sizes, lambda sz: _plan(cfg, target, sz), fpu,
+                                    BUDGET_FLOORS["privacy"])
+    budget = sizes.budget_tflop
+    if budget is not None and "shadows" not in cfg.sizes and sum(w.units for w in works) * fpu > budget * 1e12:
+        need = works[0].units * fpu / 1e12
+        sizes = replace(sizes, shadows=0)
+        works = _plan(cfg, target, sizes)
+        note = (f"{note}; " if note else "quick profile: ") + (
+            f"LiRA not run: its shadow models alone would need {need:.2g} TFLOP, over the budget of {budget:g} "
+            "(--profile standard trains 16; the loss and white-box attacks need none)")
+    return sizes, works, note
+
+
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
     res = SectionResult("privacy", "Privacy: membership inference and model inversion")
     if target.membership is None:
@@ -53,6 +88,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                           "non-members")
     d = target.data
     res.notes.append(f"membership: {target.membership}")
+    sizes, works, budget_note = _fit(cfg, target, sizes)
     g = torch.Generator().manual_seed(cfg.seed)
     test_perm = torch.randperm(len(d.x_test), generator=g)
     half = len(test_perm) // 2
@@ -69,17 +105,11 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     trainer = ModelTrainer(target.factory, train_cfg)
     x_aux, y_aux = d.x_test[aux_idx], d.y_test[aux_idx]
     progress = section_progress("privacy")
-    forward = max(1, (2 * n) // 3)  # scoring 2n points is a forward pass each: about a third of a point-gradient
-    works = [Work("shadow models (LiRA)", train_cfg.batch_size, train_cfg.steps, sizes.shadows,
-                  f"{sizes.shadows} models × {train_cfg.steps} steps × {train_cfg.batch_size} points"),
-             Work("scoring", forward, sizes.shadows + 3, detail=f"{2 * n} points × ({sizes.shadows} shadows + the "
-                  "model) forward, white-box influences")]
-    if d.is_image:
-        works.append(Work("model inversion", d.num_classes, sizes.inversion_steps,
-                          detail=f"{d.num_classes} classes × {sizes.inversion_steps} steps"))
-    res.plan = progress.announce(works, seconds_per_point_gradient(target.model, x_aux, y_aux))
+    res.plan = progress.announce(works, seconds_per_point_gradient(target.model, x_aux, y_aux), budget_note)
+    if budget_note:
+        res.notes.append(budget_note)
     data = AttackData(target.model, x_aux, y_aux, d.num_classes, trainer=trainer, seed=cfg.seed)
-    data.shadows = ShadowPool.train(trainer, x_aux, y_aux, sizes.shadows, seed=cfg.seed)
+    data.shadows = ShadowPool.train(trainer, x_aux, y_aux, sizes.shadows, seed=cfg.seed) if sizes.shadows else None
     progress.step(works[0].units, f"{sizes.shadows} shadow models trained ({train_cfg.steps} steps each)")
     attacks = {"loss threshold": LossAttack(), "LiRA offline": LiRA(online=False),
                "white-box (last layer)": DeepWB(slices=[(_last_layer_input(target.model), "input")], proxies=2,
@@ -89,10 +119,10 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
         try:
             attack.fit(data)
             scores = attack.score(x_eval, y_eval)
+            progress.step(works[1].units // 3, f"{label}: {2 * n} points scored")
         except Exception as e:  # noqa: BLE001 - one attack that cannot run on this model is reported, not fatal
             res.notes.append(f"{label}: not run ({type(e).__name__}: {e})")
             continue
-        progress.step(works[1].units // len(attacks), f"{label}: {2 * n} points scored")
         m = evaluate(scores, members, attack.threshold)
         save_scores(out, label.split()[0].lower().replace("-", "_"), scores, members)
         fpr, tpr, _ = roc_curve(scores, members)

@@ -15,11 +15,13 @@ import torch
 from torch import nn
 
 from modelward.assess.config import AssessConfig
-from modelward.assess.profiles import ProfileSizes
+from modelward.assess.profiles import BUDGET_FLOORS, ProfileSizes
 from modelward.assess.sections.common import (
     Headline,
     SectionResult,
     Work,
+    fit_budget,
+    forward_flops,
     pct,
     seconds_per_point_gradient,
     section_progress,
@@ -179,7 +181,7 @@ TEXT_FRACTIONS = (0.05, 0.1, 0.2)  # HotFlip: the most tokens substituted, as a 
 TEXT_REF_FRACTION = 0.1
 TEXT_EMB = (0.05, 0.1, 0.25, 0.5)  # embedding-space radii in σ units (L∞ ε·σ; ℓ2 ε·σ·√D)
 TEXT_REF_EMB = 0.1
-HOTFLIP_CANDIDATES = 8
+HOTFLIP_CANDIDATES = 32
 
 
 def run_text(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
@@ -187,23 +189,31 @@ def run_text(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, 
     for information (see :mod:`modelward.robustness.text` for what each number means)."""
     res = SectionResult("robustness", "Robustness to evasion attacks")
     d, model = target.data, target.model
-    x, y = _points(target, sizes.n_eval)
     fractions = sorted({*TEXT_FRACTIONS, TEXT_REF_FRACTION})
     emb_linf = sorted({*(cfg.robustness.linf_eps or TEXT_EMB), TEXT_REF_EMB})
     emb_l2 = sorted({*(cfg.robustness.l2_eps or TEXT_EMB), TEXT_REF_EMB})
-    words = x.ne(d.pad_id)
+    words = d.x_test.ne(d.pad_id)
     for s_id in d.special_ids:
-        words &= x.ne(s_id)
+        words &= d.x_test.ne(s_id)
     max_flips = [max(1, int(f * int(words.sum(1).max()))) for f in fractions]
+
+    def plan(sz: ProfileSizes) -> list[Work]:
+        n = min(len(d.x_test), sz.n_eval)
+        return [Work("HotFlip", n, 1 + HOTFLIP_CANDIDATES // 3, sum(max_flips),
+                     f"{len(fractions)} budgets ({', '.join(f'{100 * f:g} %' for f in fractions)} of tokens) × {n} "
+                     f"points × ≤ {max(max_flips)} rounds of 1 gradient + {HOTFLIP_CANDIDATES} candidates, at most: "
+                     "a text stops at its first flip"),
+                Work("FGSM+PGD in the embedding space", n, sz.pgd_steps + 1, len(emb_linf) + len(emb_l2),
+                     f"(L∞ {len(emb_linf)} ε + ℓ2 {len(emb_l2)} ε) × {n} points × ({sz.pgd_steps} PGD steps + 1 "
+                     "FGSM step)")]
+
+    sizes, works, note = fit_budget("robustness", sizes, cfg.sizes, plan, 3 * forward_flops(model, d.x_test),
+                                    BUDGET_FLOORS["robustness"])
+    x, y = _points(target, sizes.n_eval)
     progress = section_progress("robustness")
-    works = [Work("HotFlip", len(y), 1 + HOTFLIP_CANDIDATES // 3, sum(max_flips),
-                  f"{len(fractions)} budgets ({', '.join(f'{100 * f:g} %' for f in fractions)} of tokens) × "
-                  f"{len(y)} points × ≤ {max(max_flips)} rounds of 1 gradient + {HOTFLIP_CANDIDATES} candidates"),
-             Work("FGSM+PGD in the embedding space", len(y), sizes.pgd_steps + 1, len(emb_linf) + len(emb_l2),
-                  f"(L∞ {len(emb_linf)} ε + ℓ2 {len(emb_l2)} ε) × {len(y)} points × ({sizes.pgd_steps} PGD steps + "
-                  "1 FGSM step)")]
-    res.plan = progress.announce(works, seconds_per_point_gradient(model, x, y),
-                                 note="an upper bound: rounds stop at the first flip")
+    res.plan = progress.announce(works, seconds_per_point_gradient(model, x, y), note)
+    if note:
+        res.notes.append(note)
     with attack_mode(model):
         n_correct = int((predict(model, x) == y).sum())
     clean = n_correct / len(y)
@@ -269,13 +279,33 @@ def run_text(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, 
     return res
 
 
+def _image_plan(target: Target, sizes: ProfileSizes, linf: list[float], l2: list[float]) -> list[Work]:
+    """The planned work of the image/tabular path for `sizes` (AutoAttack's count is an upper bound: members after
+    APGD-CE attack only the points still unbroken)."""
+    n = min(len(target.data.x_test), sizes.n_eval)
+    cw_n = min(n, sizes.cw_points)
+    aa_steps = max(sizes.pgd_steps, 20)
+    k = target.data.num_classes
+    queries = AA_QUERIES[sizes.pgd_steps <= 10]
+    return [Work("FGSM+PGD", n, sizes.pgd_steps + 1, len(linf) + len(l2),
+                 f"(L∞ {len(linf)} ε + ℓ2 {len(l2)} ε) × {n} points × ({sizes.pgd_steps} PGD steps + 1 FGSM)"),
+            Work("C&W ℓ2", cw_n, 4 * sizes.cw_steps,
+                 detail=f"{cw_n} points × 4 binary-search steps × {sizes.cw_steps} iterations"),
+            Work("AutoAttack", cw_n, aa_steps * (1 + 2 * (k - 1)) + queries // 3, 2,
+                 f"(L∞ + ℓ2) × {cw_n} points × (APGD-CE + APGD-T and FAB-T on {k - 1} targets: {aa_steps} "
+                 f"iterations each; Square: {queries} queries), at most: points already broken are not attacked "
+                 "again")]
+
+
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
     if target.data.is_text:
         return run_text(cfg, target, sizes, out, root)
     res = SectionResult("robustness", "Robustness to evasion attacks")
     model = target.model
-    x, y = _points(target, sizes.n_eval)
     modality, linf, l2, ref_linf, ref_l2, scale = threat_models(target, sizes, cfg)
+    sizes, works, note = fit_budget("robustness", sizes, cfg.sizes, lambda sz: _image_plan(target, sz, linf, l2),
+                                    3 * forward_flops(model, target.data.x_test), BUDGET_FLOORS["robustness"])
+    x, y = _points(target, sizes.n_eval)
     if modality == "tabular":  # attack in standardised units: one ε is the same share of every feature's spread
         sigma = target.data.x_train.std(0, keepdim=True).clamp_min(1e-8)
         model = _PerFeatureScale(target.model, sigma).eval()
@@ -283,22 +313,11 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
         clip = _clip(target.data.x_train / sigma)
     else:
         clip = _clip(target.data.x_train)
-
-    aa_points = min(len(y), sizes.cw_points)
-    aa_steps = max(sizes.pgd_steps, 20)
-    k = target.data.num_classes
-    works = [Work("FGSM+PGD", len(y), sizes.pgd_steps + 1, len(linf) + len(l2),
-                  f"(L∞ {len(linf)} ε + ℓ2 {len(l2)} ε) × {len(y)} points × ({sizes.pgd_steps} PGD steps + 1 FGSM)"),
-             Work("C&W ℓ2", min(len(y), sizes.cw_points), 4 * sizes.cw_steps,
-                  detail=f"{min(len(y), sizes.cw_points)} points × 4 binary-search steps × {sizes.cw_steps} "
-                         "iterations"),
-             Work("AutoAttack", aa_points, aa_steps * (1 + 2 * (k - 1)) + AA_QUERIES[sizes.pgd_steps <= 10] // 3, 2,
-                  f"(L∞ + ℓ2) × {aa_points} points × (APGD-CE + APGD-T and FAB-T on {k - 1} targets: {aa_steps} "
-                  f"iterations each; Square: {AA_QUERIES[sizes.pgd_steps <= 10]} queries); an upper bound: "
-                  "points already broken are not attacked again")]
     progress = section_progress("robustness")
     res.plan = progress.announce(works, seconds_per_point_gradient(target.model, target.data.x_test,
-                                                                   target.data.y_test))
+                                                                   target.data.y_test), note)
+    if note:
+        res.notes.append(note)
     with attack_mode(model):
         n_correct = int((predict(model, x) == y).sum())
     clean = n_correct / len(y)

@@ -51,7 +51,7 @@ class HotFlip:
     name = "hotflip"
 
     def __init__(self, model: nn.Module, budget: int | float = 0.1, special_ids: tuple[int, ...] | list[int] = (),
-                 candidates: int = 8, batch_size: int = 64) -> None:
+                 candidates: int = 32, batch_size: int = 64) -> None:
         if isinstance(budget, float) and not 0 < budget <= 1:
             raise ConfigError(f"hotflip: a fractional budget must be in (0, 1], got {budget}")
         if isinstance(budget, int) and budget < 0:
