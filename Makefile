@@ -60,3 +60,32 @@ bench: install
 
 clean:
 	rm -rf $(VENV) demo-out .pytest_cache .ruff_cache
+
+# ---- issue 39 (byom): models from torchvision and timm, in their own venv ---------------------------------------
+# PyPI's torchvision wheel is linked against the CUDA build of torch: beside the CPU torch its C++ operators cannot
+# load, and `import torchvision` stops at "operator torchvision::nms does not exist". modelward imports it anyway
+# for the classification models (modelward.core.sources.import_torchvision defines the two operator schemas
+# torchvision's meta registrations need, only in that case). It lives in its own venv so that nothing in the main
+# one ever meets a torchvision that fails to import; torchattacks (without its deps) is the reference of the vision
+# example's agreement test. `make test` makes it (about 2 min, 1.8 GB) so CI runs the vision tests; the main suite
+# re-runs them there (tests/e2e/test_assess_vision_example.py) and `make test-vision` runs them directly.
+VISION_VENV := .venv-vision
+VISION_PY := $(VISION_VENV)/bin/python
+VISION_STAMP := $(VISION_VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
+EXTRAS := $(EXTRAS),text
+
+$(VISION_STAMP): pyproject.toml Makefile
+	test -x $(VISION_PY) || $(PYTHON) -m venv $(VISION_VENV)
+	$(VISION_PY) -m pip install -q "$(TORCH_PIN)"
+	$(VISION_PY) -m pip install -q -e ".[test,scan,vision]"
+	$(VISION_PY) -m pip install -q --no-deps "torchattacks>=3.5"
+	rm -f $(VISION_VENV)/.installed-*
+	touch $(VISION_STAMP)
+
+.PHONY: vision test-vision
+vision: $(VISION_STAMP)
+
+test: vision
+
+test-vision: vision
+	$(VISION_PY) -m pytest -q -p no:cacheprovider tests/core/test_sources_vision.py tests/e2e/test_assess_vision_example.py

@@ -101,6 +101,8 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     x_eval = torch.cat([d.x_train[mem_idx], d.x_test[non_idx]])
     y_eval = torch.cat([d.y_train[mem_idx], d.y_test[non_idx]])
     members = np.r_[np.ones(n, bool), np.zeros(n, bool)]
+    # which rows were scored (training and test rows of the data), so any tool can re-score the same points
+    np.savez(out / "points.npz", members=mem_idx.numpy(), non_members=non_idx.numpy())
     train_cfg = cfg.train if sizes.shadow_steps is None else cfg.train.model_copy(update={"steps": sizes.shadow_steps})
     trainer = ModelTrainer(target.factory, train_cfg)
     x_aux, y_aux = d.x_test[aux_idx], d.y_test[aux_idx]
