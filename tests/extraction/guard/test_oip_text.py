@@ -78,3 +78,38 @@ def test_metadata_names_the_text_input():
     assert meta["inputs"][0] == {"name": "input", "datatype": "BYTES", "shape": [-1]}
     assert meta["parameters"]["max_tokens"] == 32
     assert model_metadata("m", (1, 8, 8), 10, "none", 64)["inputs"][0]["shape"] == [-1, 1, 8, 8]
+
+
+def test_a_served_hugging_face_classifier_answers_bytes_requests(tmp_path):
+    pytest.importorskip("transformers", reason="the text extra (transformers) is not installed")
+    import importlib.util
+
+    from modelward.core.zoo import ModelConfig, build_model
+    from modelward.extraction.guard.service import build_service
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("text_prepare_guard", root / "examples/text_classifier/prepare.py")
+    prepare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prepare)
+    folder = tmp_path / "model"
+    tok = prepare.tokenizer(folder)
+    net = build_model(ModelConfig(source="hf", kwargs={"model_type": "bert", "vocab_size": tok.vocab_size,
+                                                        "hidden_size": 16, "num_hidden_layers": 1,
+                                                        "num_attention_heads": 2, "intermediate_size": 32,
+                                                        "max_position_embeddings": 32}), (16,), 3)
+    net.hf.save_pretrained(folder)
+    (tmp_path / "guard.toml").write_text(
+        '[server]\nstate_dir = "state"\n[model]\nname = "topics"\ncheckpoint = "model/model.safetensors"\n'
+        'input_shape = [16]\nnum_classes = 3\ninput_datatype = "BYTES"\ntokenizer = "model"\n'
+        '[model.net]\nsource = "hf"\npath = "model"\n[[keys]]\nname = "alice"\nkey = "alice-secret-key-1"\n')
+    svc = build_service(tmp_path / "guard.toml")
+    try:
+        key = svc.keys["alice-secret-key-1"]
+        answer = svc.handle(key, _body(["the striker scored a goal", "rain and wind"], [2], "BYTES"), None)
+        probs = np.array(json.loads(answer.body)["outputs"][0]["data"]).reshape(2, 3)
+        assert np.allclose(probs.sum(1), 1.0, atol=1e-5) and answer.rows == 2
+        with pytest.raises(GuardError, match="datatype must be 'BYTES'"):
+            svc.handle(key, _body([[2, 5, 3]], [1, 3]), None)
+        assert svc.metadata()["inputs"][0]["datatype"] == "BYTES"
+    finally:
+        svc.close()

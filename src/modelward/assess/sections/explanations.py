@@ -46,6 +46,22 @@ def _unit_layer(model: torch.nn.Module) -> str:
 TEXT_IG_STEPS = 32
 
 
+def plan(target: Target, sz: ProfileSizes) -> list[Work]:
+    """The section's planned work for the sizes `sz` (point-gradients)."""
+    d = target.data
+    n = min(len(d.x_test), sz.explain_points)
+    n_img = min(10, d.num_classes) if d.is_image else 0
+    works = [Work("internal influence", n, 1, detail=f"{n} points × 1 gradient (top units)")]
+    if d.is_text:
+        works.append(Work("token attributions", n, TEXT_IG_STEPS,
+                          detail=f"{n} texts × {TEXT_IG_STEPS} integrated-gradient steps"))
+    if n_img:
+        works.append(Work("input attributions", n_img, 33, detail=f"{n_img} images × (32 integrated-gradient "
+                          "steps + 1 saliency)"))
+    return [*works, Work("bias amplification", len(d.x_test) // 3 + 1, 1,
+                         detail=f"predictions on {len(d.x_test)} test points")]
+
+
 def _token_tables(res: SectionResult, out: Path, model: torch.nn.Module, d: DataSplit, x: torch.Tensor,
                   y: torch.Tensor) -> None:
     """Text: integrated gradients at the embedding layer (explain/text.py) for every explained text's true class;
@@ -85,21 +101,8 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     d, model = target.data, target.model
     layer = _unit_layer(model)
     n_img = min(10, d.num_classes) if d.is_image else 0
-
-    def plan(sz: ProfileSizes) -> list[Work]:
-        n = min(len(d.x_test), sz.explain_points)
-        works = [Work("internal influence", n, 1, detail=f"{n} points × 1 gradient (top units of {layer})")]
-        if d.is_text:
-            works.append(Work("token attributions", n, TEXT_IG_STEPS,
-                              detail=f"{n} texts × {TEXT_IG_STEPS} integrated-gradient steps"))
-        if n_img:
-            works.append(Work("input attributions", n_img, 33, detail=f"{n_img} images × (32 integrated-gradient "
-                              "steps + 1 saliency)"))
-        return [*works, Work("bias amplification", len(d.x_test) // 3 + 1, 1,
-                             detail=f"predictions on {len(d.x_test)} test points")]
-
-    sizes, works, note = fit_budget("explanations", sizes, cfg.sizes, plan, 3 * forward_flops(model, d.x_test),
-                                    BUDGET_FLOORS["explanations"])
+    sizes, works, note = fit_budget("explanations", sizes, cfg.sizes, lambda sz: plan(target, sz),
+                                    3 * forward_flops(model, d.x_test), BUDGET_FLOORS["explanations"])
     x, y = d.x_test[: sizes.explain_points], d.y_test[: sizes.explain_points]
     progress = section_progress("explanations")
     res.plan = progress.announce(works, seconds_per_point_gradient(model, x, y), note)

@@ -48,6 +48,13 @@ from modelward.extraction.victim import LocalVictim
 DEFENSES = ("none", "modelguard_s", "modelguard_w")
 
 
+def plan(cfg: AssessConfig, sz: ProfileSizes) -> list[Work]:
+    """The section's planned work for the sizes `sz` (point-gradients)."""
+    q = cfg.extraction.budget or sz.query_budget
+    return [Work("KnockoffNets", q, sz.substitute_epochs + 1, len(DEFENSES),
+                 f"{len(DEFENSES)} defenses × {q} queries × ({sz.substitute_epochs} substitute epochs + the answers)")]
+
+
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
     res = SectionResult("extraction", "Model extraction (KnockoffNets) and its defenses")
     data, model = target.data, target.model
@@ -59,15 +66,8 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     ev = EvalSet(data.x_test, data.y_test, clean_probs.argmax(1))
     transfer = TransferSet(data.x_train, data.y_train)
     progress = section_progress("extraction")
-
-    def plan(sz: ProfileSizes) -> list[Work]:
-        q = cfg.extraction.budget or sz.query_budget
-        return [Work("KnockoffNets", q, sz.substitute_epochs + 1, len(DEFENSES),
-                     f"{len(DEFENSES)} defenses × {q} queries × ({sz.substitute_epochs} substitute epochs + the "
-                     "answers)")]
-
-    sizes, works, note = fit_budget("extraction", sizes, cfg.sizes, plan, 3 * forward_flops(model, data.x_test),
-                                    BUDGET_FLOORS["extraction"])
+    sizes, works, note = fit_budget("extraction", sizes, cfg.sizes, lambda sz: plan(cfg, sz),
+                                    3 * forward_flops(model, data.x_test), BUDGET_FLOORS["extraction"])
     budget = cfg.extraction.budget or sizes.query_budget
     attack = make_extraction_attack("knockoff", "naive", substitute=SubstituteConfig(epochs=sizes.substitute_epochs))
     res.plan = progress.announce(works, seconds_per_point_gradient(model, data.x_test, data.y_test), note)

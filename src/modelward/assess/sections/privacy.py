@@ -46,7 +46,8 @@ def _last_layer_input(model: torch.nn.Module) -> str:
     return linear[-1]
 
 
-def _plan(cfg: AssessConfig, target: Target, sizes: ProfileSizes) -> list[Work]:
+def plan(cfg: AssessConfig, target: Target, sizes: ProfileSizes) -> list[Work]:
+    """The section's planned work for `sizes` (point-gradients)."""
     d = target.data
     n = min(sizes.mia_points, len(d.x_test) - len(d.x_test) // 2, len(d.x_train))
     steps = cfg.train.steps if sizes.shadow_steps is None else sizes.shadow_steps
@@ -61,17 +62,17 @@ def _plan(cfg: AssessConfig, target: Target, sizes: ProfileSizes) -> list[Work]:
     return works
 
 
-def _fit(cfg: AssessConfig, target: Target, sizes: ProfileSizes) -> tuple[ProfileSizes, list[Work], str]:
+def fit_sizes(cfg: AssessConfig, target: Target, sizes: ProfileSizes) -> tuple[ProfileSizes, list[Work], str]:
     """The quick profile's budget: fewer scored points and shadow models, and no LiRA at all when even two shadow
     models of this model exceed it (the loss and white-box attacks need none)."""
     fpu = 3 * forward_flops(target.model, target.data.x_test)
-    sizes, works, note = fit_budget("privacy", sizes, cfg.sizes, lambda sz: _plan(cfg, target, sz), fpu,
+    sizes, works, note = fit_budget("privacy", sizes, cfg.sizes, lambda sz: plan(cfg, target, sz), fpu,
                                     BUDGET_FLOORS["privacy"])
     budget = sizes.budget_tflop
     if budget is not None and "shadows" not in cfg.sizes and sum(w.units for w in works) * fpu > budget * 1e12:
         need = works[0].units * fpu / 1e12
         sizes = replace(sizes, shadows=0)
-        works = _plan(cfg, target, sizes)
+        works = plan(cfg, target, sizes)
         note = (f"{note}; " if note else "quick profile: ") + (
             f"LiRA not run: its shadow models alone would need {need:.2g} TFLOP, over the budget of {budget:g} "
             "(--profile standard trains 16; the loss and white-box attacks need none)")
@@ -88,7 +89,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                           "non-members")
     d = target.data
     res.notes.append(f"membership: {target.membership}")
-    sizes, works, budget_note = _fit(cfg, target, sizes)
+    sizes, works, budget_note = fit_sizes(cfg, target, sizes)
     g = torch.Generator().manual_seed(cfg.seed)
     test_perm = torch.randperm(len(d.x_test), generator=g)
     half = len(test_perm) // 2

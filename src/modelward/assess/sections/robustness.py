@@ -279,7 +279,7 @@ def run_text(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, 
     return res
 
 
-def _image_plan(target: Target, sizes: ProfileSizes, linf: list[float], l2: list[float]) -> list[Work]:
+def image_plan(target: Target, sizes: ProfileSizes, linf: list[float], l2: list[float]) -> list[Work]:
     """The planned work of the image/tabular path for `sizes` (AutoAttack's count is an upper bound: members after
     APGD-CE attack only the points still unbroken)."""
     n = min(len(target.data.x_test), sizes.n_eval)
@@ -303,7 +303,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     res = SectionResult("robustness", "Robustness to evasion attacks")
     model = target.model
     modality, linf, l2, ref_linf, ref_l2, scale = threat_models(target, sizes, cfg)
-    sizes, works, note = fit_budget("robustness", sizes, cfg.sizes, lambda sz: _image_plan(target, sz, linf, l2),
+    sizes, works, note = fit_budget("robustness", sizes, cfg.sizes, lambda sz: image_plan(target, sz, linf, l2),
                                     3 * forward_flops(model, target.data.x_test), BUDGET_FLOORS["robustness"])
     x, y = _points(target, sizes.n_eval)
     if modality == "tabular":  # attack in standardised units: one ε is the same share of every feature's spread
