@@ -39,8 +39,7 @@ def plans(cfg: AssessConfig, profile: str) -> dict[str, tuple[int, str]]:
     out: dict[str, tuple[int, str]] = {}
     if "robustness" in cfg.sections and not d.is_text:
         _, linf, l2, *_ = robustness.threat_models(target, sizes, cfg)
-        _, w, note = fit_budget("robustness", sizes, cfg.sizes, lambda s: robustness.image_plan(target, s, linf, l2),
-                                fpu, BUDGET_FLOORS["robustness"])
+        _, w, note, _ = robustness.fit_sizes(cfg, target, sizes, linf, l2)
         out["robustness"] = (sum(x.units for x in w), note)
     if "privacy" in cfg.sections:
         _, w, note = privacy.fit_sizes(cfg.model_copy(update={"profile": profile}), target, sizes)

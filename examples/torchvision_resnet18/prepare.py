@@ -21,13 +21,13 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 
 
-def images(n: int, classes: int, seed: int, protos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def images(n: int, classes: int, seed: int, protos: np.ndarray, noise: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
     """Each class is a faint smooth colour pattern around mid-grey; an image is its pattern plus pixel noise (the
     classes differ by at most ±0.12 per pixel under noise of σ 0.2: easy to learn, and as easy to attack in L∞ as
     natural images are), as uint8 HWC."""
     rng = np.random.default_rng(seed)
     y = rng.integers(0, classes, n)
-    x = protos[y] + 0.2 * rng.standard_normal((n, 32, 32, 3))
+    x = protos[y] + noise * rng.standard_normal((n, 32, 32, 3))
     return (np.clip(x, 0, 1) * 255).round().astype(np.uint8), y.astype(np.int64)
 
 
@@ -42,14 +42,15 @@ def torchvision():  # noqa: ANN201 - the module
     return import_torchvision()
 
 
-def main(out: Path = HERE, n_train: int = 2000, n_test: int = 1000, steps: int = 200, seed: int = 0) -> float:
+def main(out: Path = HERE, n_train: int = 2000, n_test: int = 1000, steps: int = 200, seed: int = 0,
+         noise: float = 0.2, contrast: float = 0.24) -> float:
     classes = 10
     rng = np.random.default_rng(seed)
     coarse = torch.as_tensor(rng.random((classes, 3, 4, 4)), dtype=torch.float32)
     smooth = F.interpolate(coarse, size=(32, 32), mode="bilinear", align_corners=False).permute(0, 2, 3, 1).numpy()
-    protos = 0.5 + 0.24 * (smooth - 0.5)
-    x_tr, y_tr = images(n_train, classes, seed + 1, protos)
-    x_te, y_te = images(n_test, classes, seed + 2, protos)
+    protos = 0.5 + contrast * (smooth - 0.5)
+    x_tr, y_tr = images(n_train, classes, seed + 1, protos, noise)
+    x_te, y_te = images(n_test, classes, seed + 2, protos, noise)
     np.savez(out / "train.npz", x=x_tr, y=y_tr)
     np.savez(out / "test.npz", x=x_te, y=y_te)
 

@@ -279,7 +279,8 @@ def run_text(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, 
     return res
 
 
-def image_plan(target: Target, sizes: ProfileSizes, linf: list[float], l2: list[float]) -> list[Work]:
+def image_plan(target: Target, sizes: ProfileSizes, linf: list[float], l2: list[float],
+               autoattack: bool = True) -> list[Work]:
     """The planned work of the image/tabular path for `sizes` (AutoAttack's count is an upper bound: members after
     APGD-CE attack only the points still unbroken)."""
     n = min(len(target.data.x_test), sizes.n_eval)
@@ -287,14 +288,32 @@ def image_plan(target: Target, sizes: ProfileSizes, linf: list[float], l2: list[
     aa_steps = max(sizes.pgd_steps, 20)
     k = target.data.num_classes
     queries = AA_QUERIES[sizes.pgd_steps <= 10]
-    return [Work("FGSM+PGD", n, sizes.pgd_steps + 1, len(linf) + len(l2),
-                 f"(L∞ {len(linf)} ε + ℓ2 {len(l2)} ε) × {n} points × ({sizes.pgd_steps} PGD steps + 1 FGSM)"),
-            Work("C&W ℓ2", cw_n, 4 * sizes.cw_steps,
-                 detail=f"{cw_n} points × 4 binary-search steps × {sizes.cw_steps} iterations"),
-            Work("AutoAttack", cw_n, aa_steps * (1 + 2 * (k - 1)) + queries // 3, 2,
-                 f"(L∞ + ℓ2) × {cw_n} points × (APGD-CE + APGD-T and FAB-T on {k - 1} targets: {aa_steps} "
-                 f"iterations each; Square: {queries} queries), at most: points already broken are not attacked "
-                 "again")]
+    works = [Work("FGSM+PGD", n, sizes.pgd_steps + 1, len(linf) + len(l2),
+                  f"(L∞ {len(linf)} ε + ℓ2 {len(l2)} ε) × {n} points × ({sizes.pgd_steps} PGD steps + 1 FGSM)"),
+             Work("C&W ℓ2", cw_n, 4 * sizes.cw_steps,
+                  detail=f"{cw_n} points × 4 binary-search steps × {sizes.cw_steps} iterations")]
+    if autoattack:
+        works.append(Work("AutoAttack", cw_n, aa_steps * (1 + 2 * (k - 1)) + queries // 3, 2,
+                          f"(L∞ + ℓ2) × {cw_n} points × (APGD-CE + APGD-T and FAB-T on {k - 1} targets: {aa_steps} "
+                          f"iterations each; Square: {queries} queries), at most: points already broken are not "
+                          "attacked again"))
+    return works
+
+
+def fit_sizes(cfg: AssessConfig, target: Target, sizes: ProfileSizes, linf: list[float], l2: list[float]
+              ) -> tuple[ProfileSizes, list[Work], str, bool]:
+    """The quick profile's budget for images and tabular data: fewer points down to the floors, then — if even they
+    exceed it — no AutoAttack sandwich (stated). Returns ``(sizes, works, note, run AutoAttack)``."""
+    fpu = 3 * forward_flops(target.model, target.data.x_test)
+    sizes, works, note = fit_budget("robustness", sizes, cfg.sizes, lambda sz: image_plan(target, sz, linf, l2),
+                                    fpu, BUDGET_FLOORS["robustness"])
+    budget = sizes.budget_tflop
+    if budget is None or "cw_points" in cfg.sizes or sum(w.units for w in works) * fpu <= budget * 1e12:
+        return sizes, works, note, True
+    need = works[-1].units * fpu / 1e12  # even at the floors: the sandwich is what a quick look can do without
+    note += (f"; AutoAttack not run: on {min(sizes.cw_points, sizes.n_eval)} points it alone would need up to "
+             f"{need:.2g} TFLOP; the verdict is the worst of FGSM, PGD and C&W (--profile standard runs it)")
+    return sizes, image_plan(target, sizes, linf, l2, autoattack=False), note, False
 
 
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
@@ -303,8 +322,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     res = SectionResult("robustness", "Robustness to evasion attacks")
     model = target.model
     modality, linf, l2, ref_linf, ref_l2, scale = threat_models(target, sizes, cfg)
-    sizes, works, note = fit_budget("robustness", sizes, cfg.sizes, lambda sz: image_plan(target, sz, linf, l2),
-                                    3 * forward_flops(model, target.data.x_test), BUDGET_FLOORS["robustness"])
+    sizes, works, note, autoattack = fit_sizes(cfg, target, sizes, linf, l2)
     x, y = _points(target, sizes.n_eval)
     if modality == "tabular":  # attack in standardised units: one ε is the same share of every feature's spread
         sigma = target.data.x_train.std(0, keepdim=True).clamp_min(1e-8)
@@ -367,8 +385,9 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     add_threat_metric(res, "cw", "l2", ref_l2, cw[i_2], len(yc), scale)
     if target.gloro is not None and cert:
         add_threat_metric(res, "certified", "l2", ref_l2, cert[i_2], n, scale, label="certified accuracy (GloRo)")
-    _sandwich(res, out, model, x[: sizes.cw_points],
-              y[: sizes.cw_points], ref_linf, ref_l2, sizes, scale, cfg.seed, works[2].units // 2)
+    if autoattack:
+        _sandwich(res, out, model, x[: sizes.cw_points],
+                  y[: sizes.cw_points], ref_linf, ref_l2, sizes, scale, cfg.seed, works[2].units // 2)
     value, label = set_threat_headline(res)
     others = "; ".join(f"{m['label']}: {pct(m['value'])}" for m in res.metrics
                        if m["context"].get("threat") and not m["headline"])
