@@ -47,6 +47,8 @@ def test_the_text_example_runs_as_shipped_and_agrees_with_an_own_computation(tmp
     sec = {s["section"]: s for s in report["sections"]}
     assert all(s["status"] == "assessed" for s in sec.values()), {k: s["reason"] for k, s in sec.items()}
     assert not report["warnings"]  # the model matches its data: verdicts are given
+    scanned = {Path(f["path"]).name: f for f in report["model_files"]}  # the model folder, scanned before loading
+    assert set(scanned) == {"config.json", "model.safetensors"} and all(f["clean"] for f in scanned.values())
     assert "planned:" in sec["robustness"]["plan"]["text"] and sec["robustness"]["plan"]["units"] > 0
     assert "HotFlip" in (tmp_path / "out" / "progress.log").read_text()
 

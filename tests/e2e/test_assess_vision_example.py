@@ -25,8 +25,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 VISION_PY = ROOT / ".venv-vision" / "bin" / "python"
 INNER = "MODELWARD_VISION_INNER"
-SMALL = ["sizes.n_eval=16", "sizes.cw_points=6", "sizes.cw_steps=10", "sizes.mia_points=40",
-         "sizes.explain_points=10", "sizes.pgd_steps=5"]
+# fewer points and steps, and only the reference radii (L∞ 8/255, ℓ2 0.5): a test, not an assessment
+SMALL = ["sizes.n_eval=16", "sizes.cw_steps=10", "sizes.mia_points=40", "sizes.explain_points=10",
+         "sizes.pgd_steps=5", f"robustness.linf_eps=[{8 / 255!r}]", "robustness.l2_eps=[0.5]"]
 
 
 def _vision_here() -> bool:
@@ -78,8 +79,11 @@ def _run_example_and_agree() -> None:
     report = json.loads((tmp / "out" / "report.json").read_text())
     sec = {s["section"]: s for s in report["sections"]}
     assert all(s["status"] == "assessed" for s in sec.values()), {k: s["reason"] for k, s in sec.items()}
-    # the quick profile's budget: two shadow ResNet-18s are more than it allows, and the report says so
+    # the quick profile's budget: two shadow ResNet-18s, and AutoAttack on even its 10 points, are more than it
+    # allows, and the report says so
     assert any("LiRA not run" in n for n in sec["privacy"]["notes"])
+    assert any("AutoAttack not run" in n for n in sec["robustness"]["notes"])
+    assert "sandwich" not in {t["name"] for t in sec["robustness"]["tables"]}
     assert report["model_files"][0]["format"] == "torch_zip" and report["model_files"][0]["clean"]
 
     from modelward.assess.config import AssessConfig
