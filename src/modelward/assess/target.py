@@ -6,6 +6,7 @@ from the config with :func:`load_target`; nothing is passed between them in memo
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,6 +133,7 @@ def load_target(cfg: AssessConfig) -> Target:
                             f"{data.describe()} ({str(e).splitlines()[0]})") from None
     model.eval()
     _check_modality(model, data, weights_from)
+    data = _named_classes(model, data)
     kind = model_cfg.resolved_source
     n_params = sum(p.numel() for p in model.parameters())
     record = {k: float(meta[k]) for k in ("final_test_loss", "test_accuracy") if isinstance(meta.get(k), int | float)}
@@ -149,6 +151,16 @@ def _model_name(m: ModelConfig, model: nn.Module) -> str:
     if src == "hf":
         return f"Hugging Face {type(getattr(model, 'hf', model)).__name__}"
     return m.arch
+
+
+def _named_classes(model: nn.Module, data: DataSplit) -> DataSplit:
+    """Class names from a Hugging Face model's ``id2label`` when the data only numbers its classes."""
+    id2label = getattr(getattr(getattr(model, "hf", None), "config", None), "id2label", None) or {}
+    names = tuple(str(id2label.get(i, "")) for i in range(data.num_classes))
+    numbered = data.class_names == tuple(str(i) for i in range(data.num_classes))
+    if numbered and all(names) and not all(n == f"LABEL_{i}" for i, n in enumerate(names)):
+        return dataclasses.replace(data, class_names=names)
+    return data
 
 
 def _check_modality(model: nn.Module, data: DataSplit, source: str) -> None:

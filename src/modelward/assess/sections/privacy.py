@@ -108,7 +108,9 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     trainer = ModelTrainer(target.factory, train_cfg)
     x_aux, y_aux = d.x_test[aux_idx], d.y_test[aux_idx]
     progress = section_progress("privacy")
-    res.plan = progress.announce(works, seconds_per_point_gradient(target.model, x_aux, y_aux), budget_note)
+    # timed on the shadows' own batch size: on a small model the per-batch overhead dominates
+    res.plan = progress.announce(works, seconds_per_point_gradient(target.model, x_aux, y_aux, train_cfg.batch_size),
+                                 budget_note)
     if budget_note:
         res.notes.append(budget_note)
     data = AttackData(target.model, x_aux, y_aux, d.num_classes, trainer=trainer, seed=cfg.seed)
