@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from modelward.assess.config import AssessConfig
-from modelward.assess.findings import clopper_pearson
+from modelward.assess.findings import rate_metric
 from modelward.assess.profiles import ProfileSizes
-from modelward.assess.sections.common import Headline, SectionResult, traffic_light
+from modelward.assess.sections.common import SEVERITY_VERDICT, Headline, SectionResult, traffic_light
 from modelward.assess.target import Target
 from modelward.bias.amplification import bias_amplification
 from modelward.core.plots import grouped_bars
@@ -85,11 +85,31 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     if np.isnan(value):
         res.verdict = "info"
     else:
-        n = len(truth)
-        k = int((pred == d.class_names.index(worst["class"])).sum())
-        lo, hi = (c - worst["prior"] for c in clopper_pearson(k, n))
+        c = d.class_names.index(worst["class"])
+        lo, hi = paired_difference_interval(pred == c, truth == c)
         ci = [0.0, max(abs(lo), abs(hi))] if lo <= 0 <= hi else sorted([abs(lo), abs(hi)])
+        rule = res.rule + "; a B_c whose 95 % interval contains 0 is not distinguishable from no amplification"
         res.add_metric("bias_amplification.max", f"bias amplification: largest |B_c| (class {worst['class']})",
-                       value, n=n, risk_up=True, headline=True,
-                       context={"thresholds": [0.02, 0.05], "ci": ci, "rule": res.rule})
+                       value, n=len(truth), risk_up=True, headline=True,
+                       context={"thresholds": [0.02, 0.05], "ci": ci, "chance": 0.0, "rule": rule,
+                                "ci_method": "Agresti–Min adjusted Wald interval of a paired difference"})
+        res.verdict = SEVERITY_VERDICT[rate_metric(res.metrics[-1])]
+        res.rule = rule
     return res
+
+
+def paired_difference_interval(a: np.ndarray, b: np.ndarray, z: float = 1.959963984540054) -> tuple[float, float]:
+    """95 % interval of mean(a) − mean(b) for two yes/no properties of the *same* points (B_c = predicted rate −
+    prior on one test set): the Agresti–Min (2005) adjusted Wald interval, ½ added to each cell of the 2×2 table.
+
+    Example:
+        >>> lo, hi = paired_difference_interval(np.array([1, 1, 0, 0]), np.array([1, 0, 0, 0]))
+        >>> lo < 0.25 < hi
+        True
+    """
+    a, b = np.asarray(a, bool), np.asarray(b, bool)
+    n10, n01 = float((a & ~b).sum()) + 0.5, float((~a & b).sum()) + 0.5
+    n = len(a) + 2.0
+    d = (n10 - n01) / n
+    se = np.sqrt((n10 + n01) / n - d * d) / np.sqrt(n)
+    return float(d - z * se), float(d + z * se)

@@ -88,7 +88,9 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
 
     n_test = len(data.y_test)
     k_sub = round(rows[0]["substitute_accuracy"] * n_test)
-    lo, hi = clopper_pearson(k_sub, n_test)
+    # the ratio has two measured terms: both intervals at 97.5 % (Bonferroni), the ratio's range from their ends
+    lo, hi = clopper_pearson(k_sub, n_test, 0.975)
+    v_lo, v_hi = clopper_pearson(round(victim_acc * n_test), n_test, 0.975)
     measured = [f"{'ModelGuard-S' if r['defense'] == 'modelguard_s' else 'ModelGuard-W'} at ε = {r['epsilon']:g} "
                 f"(measured here, {budget} queries): substitute accuracy {pct(rows[0]['substitute_accuracy'])} → "
                 f"{pct(r['substitute_accuracy'])}; utility cost: honest users' top-1 accuracy {pct(victim_acc)} → "
@@ -97,7 +99,8 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                 f"examples/guard_{r['defense']}.toml`)" for r in sorted(rows[1:], key=lambda r: r["substitute_accuracy"])]
     res.add_metric("substitute_ratio.unguarded", f"extraction: KnockoffNets substitute accuracy ÷ model accuracy, "
                    f"unguarded, {budget} queries", unguarded, n=n_test, risk_up=True, headline=True,
-                   context={"thresholds": [0.7, 0.9], "ci": [lo / max(victim_acc, 1e-9), hi / max(victim_acc, 1e-9)],
+                   context={"thresholds": [0.7, 0.9], "ci": [lo / max(v_hi, 1e-9), min(hi / max(v_lo, 1e-9), 2.0)],
+                            "ci_method": "substitute and model accuracy, Clopper–Pearson at 97.5 % each (Bonferroni)",
                             "rule": "green ≤ 70 %, amber ≤ 90 %, red above", "actions": measured})
     for r in rows[1:]:
         k = round(r["substitute_accuracy"] * n_test)
