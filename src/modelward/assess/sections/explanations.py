@@ -20,23 +20,15 @@ from modelward.assess.target import Target
 from modelward.bias.amplification import bias_amplification
 from modelward.core.plots import grouped_bars
 from modelward.explain.interpret import attribute, top_units
+from modelward.explain.layers import feature_layer
 from modelward.explain.plots import attribution_grid
-
-
-def _unit_layer(model: torch.nn.Module) -> str:
-    """The module whose output feeds the final linear layer (the penultimate representation)."""
-    named = [(n, m) for n, m in model.named_modules() if n and any(True for _ in m.parameters(recurse=False))]
-    linear = [i for i, (_, m) in enumerate(named) if isinstance(m, torch.nn.Linear)]
-    if not linear or linear[-1] == 0:
-        return named[-1][0]
-    return named[linear[-1] - 1][0]
 
 
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
     res = SectionResult("explanations", "Explanations and bias amplification")
     d, model = target.data, target.model
     x, y = d.x_test[: sizes.explain_points], d.y_test[: sizes.explain_points]
-    layer = _unit_layer(model)
+    layer = feature_layer(model, x[:2])  # what the classifier reads, by data flow (a ResNet: its pooled features)
     unit_rows = []
     for c in range(d.num_classes):
         xc = x[y == c]
