@@ -277,6 +277,11 @@ def scan_findings(scan: Any, reproduce: str | None = None) -> list[dict[str, Any
         sev: Severity = "info"
         title = f"model file {path} ({d['format']}): no unsafe content found"
         actions = ([f"Prefer safetensors: {conversion_command(path)}"] if d["format"] != "safetensors" else [])
+    elif not d.get("scanned", True):
+        sev = "medium"
+        title = f"model file {path}: {d['issues'][0]['detail']}"
+        actions = ["Nothing in this file was checked: convert the model to safetensors, or examine it with a scanner "
+                   "for its format before anything loads it."]
     else:
         sev = d["severity"] if d["severity"] in ("critical", "high", "medium") else "low"
         issues = d["issues"]
@@ -287,8 +292,9 @@ def scan_findings(scan: Any, reproduce: str | None = None) -> list[dict[str, Any
     return [Finding(
         id=f"supply_chain/{d['sha256'][:16]}", title=title, severity=sev, section="supply_chain",
         metric="unsafe_issues", value=float(len(d["issues"])), ci=None, n=None, unit="count", risk_up=True,
-        rule="critical: a pickle imports code-executing globals; high: other globals outside the plain-checkpoint "
-             "allowlist; medium: a malformed file; info: clean",
+        rule="critical: a pickle imports code-executing globals (or a graph calls Python); high: other globals outside "
+             "the plain-checkpoint allowlist, a Keras Lambda layer, file access; medium: a malformed file, a custom op, "
+             "a file not scanned (unknown format); info: clean",
         owasp=list(mapping["owasp"]), atlas=list(mapping["atlas"]), nist=list(mapping["nist"]), reproduce=cmd,
         actions=actions, locations=[path],
     ).to_dict()]
