@@ -3,7 +3,7 @@
 torchattacks' ``Square`` is a copy of the original AutoAttack code (fra31/auto-attack); on one-channel images the
 two agree exactly (bench/square_reference.py also runs the original, for three channels too). Before the fix
 modelward's Square drew window corners up to h − s (the reference stops at h − s − 1) and signs per point, and broke
-10 (L∞) and 7 (ℓ2) more of these 60 digits; that variant lives on as ``square_full``.
+10 (L∞) and 7 (ℓ2) more of these 60 digits at 1,000 queries; that variant lives on as ``square_full``.
 """
 
 from __future__ import annotations
