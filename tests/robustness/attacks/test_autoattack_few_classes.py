@@ -42,10 +42,10 @@ def _tabular(num_classes: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Ten
 @pytest.mark.parametrize("num_classes", [2, 3])
 def test_autoattack_runs_its_few_class_variant(num_classes: int) -> None:
     model, x, y = _tabular(num_classes)
-    res = AutoAttack(model, eps=0.5, norm="linf", steps=20, n_queries=100, clip=(-6.0, 6.0))(x, y)
+    res = AutoAttack(model, eps=0.5, norm="linf", steps=10, n_queries=50, clip=(-6.0, 6.0))(x, y)
     assert res.members == FEW_CLASSES[num_classes]
     assert set(res.counts()) == {"clean", *FEW_CLASSES[num_classes]}
-    alone = APGD(model, eps=0.5, steps=20, clip=(-6.0, 6.0))(x, y)
+    alone = APGD(model, eps=0.5, steps=10, clip=(-6.0, 6.0))(x, y)
     assert res.success_rate >= alone.success_rate > 0.0  # APGD-CE first with the same seed, the others add
 
 
@@ -60,6 +60,7 @@ def test_the_assess_sandwich_of_a_binary_tabular_model_is_autoattack(tmp_path: P
     assert "fewer than 4 classes" in res.tables[0]["notes"][0]
 
 
+@pytest.mark.slow
 def test_quick_profile_contains_one_reference_apgd_ce_run_on_a_small_rgb_resnet() -> None:
     """Every point torchattacks' APGD-CE (100 iterations, the reference's) breaks is broken by the quick profile's
     AutoAttack, by its APGD-CE member at the very same iterate (same algorithm, seed and batch)."""
