@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from modelward.core.device import resolve_device
-from modelward.core.io import load_state_dict, load_tensors, save_tensors
+from modelward.core.io import load_into, load_state_dict, load_tensors, save_tensors
 from modelward.core.lock import FolderLock
 from modelward.core.records import atomic_write_text
 from modelward.core.seed import seeded
@@ -56,19 +56,15 @@ class InferAnswer:
 
 
 def load_weights(model: nn.Module, path: Path, field: str) -> None:
-    """Load a safetensors state dict into ``model`` (eval mode); ConfigError naming ``field`` on a mismatch or on
-    non-finite weights (a model with NaN/inf weights answers NaN, which every request would see as its own fault)."""
-    state, _ = load_state_dict(path)
-    bad = [f"{name} ({int(torch.isnan(t).sum())} NaN, {int(torch.isinf(t).sum())} inf)"
-           for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
-        raise ConfigError(f"{field}: {path} has non-finite weights in {len(bad)} tensor(s): {', '.join(bad[:5])}"
-                          f"{' ...' if len(bad) > 5 else ''}; the model cannot answer — retrain it or restore a good "
-                          "checkpoint")
+    """Load a safetensors state dict into ``model`` (eval mode) through the project's one strict loader
+    (:func:`modelward.core.io.load_into`: names, shapes, dtypes — no F16/I64/BOOL cast — and finite values; a model
+    with NaN/inf weights answers NaN, which every request would see as its own fault); ConfigError naming
+    ``field``."""
     try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise ConfigError(f"{field}: {path} does not match the configured architecture: {e}") from None
+        state, _ = load_state_dict(path)
+        load_into(model, state, path)
+    except DataError as e:
+        raise ConfigError(f"{field}: {e}") from None
     model.eval()
 
 
