@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from modelward.core.config import StrictModel, load_config
 from modelward.core.device import DeviceSetting
@@ -27,10 +27,26 @@ class ServerSection(StrictModel):
     idle_timeout_s: float = Field(5.0, gt=0)  # a kept-alive connection with no new request is closed after this
     max_connections: int = Field(512, ge=1)  # open connections in total (more: 503 and closed at once)
     max_connections_per_client: int = Field(32, ge=1)  # open connections per client address
+    # connections only API-key holders may hold; idle or unauthenticated ones are evicted to keep them free
+    # (None: max_connections // 8, e.g. 64 of 512)
+    reserved_connections: int | None = Field(None, ge=0)
     shutdown_timeout_s: float = Field(10.0, gt=0)  # SIGTERM: requests still running after this are cancelled
     busy_timeout_s: float = Field(5.0, gt=0)  # how long a query-log write waits for another process's lock
     log_retention_days: float | None = Field(None, gt=0)  # query-log rows older than this are deleted; None = keep
     log_max_rows: int | None = Field(None, ge=1000)  # keep at most this many query-log rows; None = no cap
+
+
+    @property
+    def reserve(self) -> int:
+        """The connections kept for API-key holders (``reserved_connections``, default ``max_connections // 8``)."""
+        return self.max_connections // 8 if self.reserved_connections is None else self.reserved_connections
+
+    @model_validator(mode="after")
+    def _reserve_fits(self) -> ServerSection:
+        if self.reserved_connections is not None and self.reserved_connections >= self.max_connections:
+            raise ValueError(f"reserved_connections ({self.reserved_connections}) must be below max_connections "
+                             f"({self.max_connections}): the rest is what unauthenticated clients may hold")
+        return self
 
 
 class ModelSection(StrictModel):

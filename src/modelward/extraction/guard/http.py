@@ -22,6 +22,7 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 
 from modelward.errors import ConfigError, DataError
+from modelward.extraction.guard.connections import mark_authenticated
 from modelward.extraction.guard.errors import GuardError, WouldBlock
 from modelward.extraction.guard.keys import refuse_placeholder_keys
 from modelward.extraction.guard.service import GuardService, build_service
@@ -164,6 +165,7 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
             service.check_model(name, version)
             key = service.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
             key_name = key.name
+            mark_authenticated(request.scope)  # this connection now keeps its place under connection pressure
             body = await read_capped(request, service.cfg.server.max_body_bytes)
             hl = request.headers.get("inference-header-content-length")
             ans = None
@@ -204,6 +206,7 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
             key = service.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
             if not key.operator:
                 raise GuardError("forbidden", f"key {key.name!r} is not an operator key (operator = true)")
+            mark_authenticated(request.scope)
         except GuardError as e:
             return await refused(e)
         return await run_in_threadpool(service.status)
@@ -266,7 +269,7 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
         print(f"READY {name} {host}:{sock.getsockname()[1]}", flush=True)
         limits = ConnectionLimits(header_timeout=cfg.header_timeout_s, body_timeout=cfg.body_timeout_s,
                                   idle_timeout=cfg.idle_timeout_s, max_per_client=cfg.max_connections_per_client,
-                                  max_total=cfg.max_connections)
+                                  max_total=cfg.max_connections, reserve=cfg.reserve)
         server = uvicorn.Server(uvicorn.Config(
             create_app(service), log_level="warning", access_log=False, http=limited_h11_protocol(limits),
             timeout_keep_alive=cfg.idle_timeout_s,
