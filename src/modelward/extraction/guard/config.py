@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -51,7 +51,8 @@ class ServerSection(StrictModel):
 
 class ModelSection(StrictModel):
     name: str = "model"
-    checkpoint: str  # safetensors state dict, relative to the config file
+    # safetensors state dict, relative to the config file; None with [upstream] (proxy mode: no weights here)
+    checkpoint: str | None = None
     input_shape: list[int]
     num_classes: int = Field(ge=2)
     net: ModelConfig = Field(default_factory=ModelConfig)
@@ -81,6 +82,50 @@ class DefenseSection(StrictModel):
     misinformation_checkpoint: str | None = None
 
 
+class UpstreamSection(StrictModel):
+    """Proxy mode: the model server the guard stands in front of (Open Inference Protocol v2 over REST).
+
+    The guard authenticates, charges, sends the batch to ``{url}/v2/models/{model}[/versions/{version}]/infer``,
+    applies the defense to the upstream's ``output`` (logits or probabilities), watermarks, logs and answers; the
+    upstream's weights never reach modelward. ``token_env`` names an environment variable holding a bearer token for
+    the upstream (a secret never written in the config); ``ca`` / ``cert`` + ``key`` are PEM files (relative to the
+    config) for TLS to an ``https://`` upstream and, optionally, a client certificate (mutual TLS).
+    """
+
+    url: str  # http://host:port or https://host:port of the model server
+    model: str  # the model's name on the upstream
+    version: str | None = None
+    output: Literal["logits", "probs"] = "logits"  # what the upstream's output holds
+    input_name: str = "input"  # the upstream's input tensor name
+    output_name: str | None = None  # the upstream's output to read (None: its first output)
+    binary: bool = False  # send the input with the binary tensor extension (Triton, KServe >= 0.11), else JSON
+    timeout_s: float = Field(10.0, gt=0)  # one upstream request, connection included (then 504, nothing charged)
+    connect_timeout_s: float = Field(2.0, gt=0)
+    max_connections: int = Field(64, ge=1)  # kept-alive connections to the upstream
+    token_env: str | None = None  # environment variable with a bearer token for the upstream
+    ca: str | None = None  # PEM bundle to verify an https:// upstream (default: the system's)
+    cert: str | None = None  # client certificate (PEM) for mutual TLS, with key
+    key: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url_ok(cls, v: str) -> str:
+        from urllib.parse import urlsplit
+
+        u = urlsplit(v)
+        if u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/") or u.query:
+            raise ValueError("expected http://host:port or https://host:port (the server's root, no path)")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _pair(self) -> UpstreamSection:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("cert and key go together (the client certificate for mutual TLS and its key)")
+        if self.url.startswith("http://") and (self.ca or self.cert):
+            raise ValueError("ca / cert / key are for an https:// upstream; this url is http://")
+        return self
+
+
 class KeySection(StrictModel):
     name: str
     key: str = Field(min_length=8)
@@ -94,6 +139,17 @@ class GuardConfig(StrictModel):
     defense: DefenseSection = Field(default_factory=DefenseSection)
     keys: list[KeySection] = Field(min_length=1)
     ownership: OwnershipSection = Field(default_factory=OwnershipSection)
+    upstream: UpstreamSection | None = None  # proxy mode: answer from this model server instead of local weights
+
+    @model_validator(mode="after")
+    def _one_model(self) -> GuardConfig:
+        if self.upstream is None and self.model.checkpoint is None:
+            raise ValueError("model.checkpoint: required (the safetensors weights to serve), or give an [upstream] "
+                             "model server to stand in front of (proxy mode)")
+        if self.upstream is not None and self.model.checkpoint is not None:
+            raise ValueError("model.checkpoint and [upstream] exclude each other: in proxy mode the upstream "
+                             "answers and no weights are loaded here; remove one of them")
+        return self
 
 
 def load_guard_config(path: str | Path, overrides: list[str] | None = None) -> GuardConfig:

@@ -25,6 +25,7 @@ from modelward.errors import ConfigError, DataError
 from modelward.extraction.guard.connections import mark_authenticated
 from modelward.extraction.guard.errors import GuardError, WouldBlock
 from modelward.extraction.guard.keys import refuse_placeholder_keys
+from modelward.extraction.guard.proxy import UpstreamModel, prefetched, wait_ready
 from modelward.extraction.guard.service import GuardService, build_service
 
 log = logging.getLogger("modelward.guard")
@@ -32,7 +33,9 @@ log = logging.getLogger("modelward.guard")
 #: HTTP status of each GuardError code (anything else a client sent wrong is a 400)
 STATUS = {"unauthenticated": 401, "unknown_model": 404, "unknown_version": 404, "body_too_large": 413,
           "batch_too_large": 413, "query_budget_exceeded": 429, "store_busy": 503, "extraction_suspected": 403,
-          "forbidden": 403}
+          "forbidden": 403,
+          # proxy mode: the model server failed (nothing is charged)
+          "upstream_unavailable": 503, "upstream_timeout": 504, "upstream_error": 502, "upstream_bad_output": 502}
 INLINE_BYTES = int(os.environ.get("MODELWARD_GUARD_INLINE_BYTES", 64 * 1024))
 
 
@@ -85,10 +88,14 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
+    upstream = service.model if isinstance(service.model, UpstreamModel) else None  # proxy mode
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
         service.close()
+        if upstream is not None:
+            upstream.close()
 
     app = FastAPI(title="modelward guard (Open Inference Protocol)", version=_package_version(), lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url="/openapi.json")
@@ -141,7 +148,9 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
         return {"live": True}
 
     @app.get("/v2/health/ready")
-    async def ready() -> dict[str, bool]:
+    async def ready():
+        if upstream is not None and not await upstream.client.ready():  # proxy mode: ready when the upstream is
+            return JSONResponse({"ready": False}, status_code=503)
         return {"ready": True}
 
     async def model_ready(name: str, version: str | None = None):
@@ -169,7 +178,9 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
             body = await read_capped(request, service.cfg.server.max_body_bytes)
             hl = request.headers.get("inference-header-content-length")
             ans = None
-            if len(body) <= INLINE_BYTES and service.defense.fast:
+            if upstream is not None:  # proxy mode: ask the model server first, without blocking the loop
+                ans = await proxied(key, body, hl, rid, t0)
+            elif len(body) <= INLINE_BYTES and service.defense.fast:
                 # a small request takes well under a millisecond: a thread hop would cost more than it saves.
                 # wait=False: if the model or the query log is busy (another request, an external lock) it raises
                 # WouldBlock before any change, and the request goes to a worker thread: the loop never waits
@@ -198,6 +209,21 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
             return Response(ans.body, media_type="application/json", headers=headers)
         headers["Inference-Header-Content-Length"] = str(ans.header_length)
         return Response(ans.body, media_type="application/octet-stream", headers=headers)
+
+    async def proxied(key: Any, body: bytes, hl: str | None, rid: str, t0: float) -> Any:
+        """Proxy mode: parse, await the upstream's answer for the batch (no lock held, nothing charged yet), then
+        answer as in direct mode with that answer prefetched (inline when small and fast, else in a thread)."""
+        assert upstream is not None
+        small = len(body) <= INLINE_BYTES
+        req = service.parse_request(body, hl) if small else await run_in_threadpool(service.parse_request, body, hl)
+        logits = await upstream.fetch(req.x)
+        with prefetched(req.x, logits):
+            if small and service.defense.fast:
+                try:
+                    return service.handle(key, body, hl, rid, t0, wait=False)
+                except WouldBlock:
+                    pass
+            return await run_in_threadpool(service.handle, key, body, hl, rid, t0)
 
     @app.get("/v2/guard/status")
     async def guard_status(request: Request):
@@ -255,6 +281,8 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     try:  # bind before uvicorn, so a busy port is a clear error (exit 2), not uvicorn's log line and exit 3
         sock = bind_socket(host, port)
         refuse_placeholder_keys(service.cfg, config_path)
+        if isinstance(service.model, UpstreamModel):  # proxy mode: the model server must serve what [model] says
+            _check_upstream(service.model, config_path)
     except ConfigError:
         if "sock" in locals():
             sock.close()
@@ -278,6 +306,20 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     finally:
         sock.close()
         service.close()
+
+
+def _check_upstream(upstream: UpstreamModel, config_path: str | Path) -> None:
+    """At start: the upstream's metadata must agree with [model] (else exit 2, naming the differences); an upstream
+    that does not answer within its timeout is a warning (readiness says 503 until it answers)."""
+    try:
+        problems = wait_ready(upstream, upstream.cfg.timeout_s)
+    except GuardError as e:
+        log.warning("guard: proxy mode: %s; serving anyway (GET /v2/health/ready answers 503 until it answers)",
+                    e.message)
+        return
+    if problems:
+        raise ConfigError(f"{config_path}: [upstream] {upstream.cfg.url}{upstream.client.model_path} does not "
+                          f"serve what [model] says: {'; '.join(problems)}")
 
 
 def _log_to_stderr() -> None:

@@ -21,14 +21,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from modelward.core.device import resolve_device
-from modelward.core.io import load_into, load_state_dict, load_tensors, save_tensors
+from modelward.core.io import load_tensors, save_tensors
 from modelward.core.lock import FolderLock
 from modelward.core.records import atomic_write_text
 from modelward.core.seed import seeded
 from modelward.core.zoo import build_model
 from modelward.errors import ConfigError, DataError
 from modelward.extraction.defenses import IncrementalState, PredictionDefense, build_defense
+from modelward.extraction.guard.backend import load_weights, open_model
 from modelward.extraction.guard.config import (
     GuardConfig,
     KeySection,
@@ -53,19 +53,6 @@ class InferAnswer:
     header_length: int | None  # Inference-Header-Content-Length when the binary extension is used
     rows: int
     max_l1: float
-
-
-def load_weights(model: nn.Module, path: Path, field: str) -> None:
-    """Load a safetensors state dict into ``model`` (eval mode) through the project's one strict loader
-    (:func:`modelward.core.io.load_into`: names, shapes, dtypes — no F16/I64/BOOL cast — and finite values; a model
-    with NaN/inf weights answers NaN, which every request would see as its own fault); ConfigError naming
-    ``field``."""
-    try:
-        state, _ = load_state_dict(path)
-        load_into(model, state, path)
-    except DataError as e:
-        raise ConfigError(f"{field}: {e}") from None
-    model.eval()
 
 
 def service_defense(cfg: GuardConfig, base_dir: Path) -> PredictionDefense:
@@ -111,10 +98,8 @@ class GuardService:
         self.name = cfg.model.name
         self.input_shape = tuple(cfg.model.input_shape)
         self.num_classes = cfg.model.num_classes
-        self.model = build_model(cfg.model.net, self.input_shape, self.num_classes)
-        load_weights(self.model, base_dir / cfg.model.checkpoint, "model.checkpoint")
-        self.device = resolve_device(cfg.model.device)  # an unusable device is refused before serving
-        self.model.to(self.device)
+        # local weights, or the model server of proxy mode ([upstream]): the same nn.Module interface
+        self.model, self.device = open_model(cfg, base_dir)
         self.defense = service_defense(cfg, base_dir)
         self.base_dir = base_dir
         self.state_dir = base_dir / cfg.server.state_dir
