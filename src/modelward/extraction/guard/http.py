@@ -11,6 +11,7 @@ the service raise :class:`~modelward.extraction.guard.errors.GuardError` with a 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -37,6 +38,7 @@ STATUS = {"unauthenticated": 401, "unknown_model": 404, "unknown_version": 404, 
           # proxy mode: the model server failed (nothing is charged)
           "upstream_unavailable": 503, "upstream_timeout": 504, "upstream_error": 502, "upstream_bad_output": 502}
 INLINE_BYTES = int(os.environ.get("MODELWARD_GUARD_INLINE_BYTES", 64 * 1024))
+ANSWERING = "being answered in a worker thread"
 
 
 def _package_version() -> str:
@@ -170,6 +172,7 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
     async def infer(name: str, request: Request, version: str | None = None):
         t0, rid = time.perf_counter(), uuid.uuid4().hex[:16]
         key_name: str | None = None
+        stage = {"at": "waiting for its body"}  # where a cancellation (a shutdown past its timeout) finds it
         try:
             service.check_model(name, version)
             key = service.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
@@ -179,7 +182,7 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
             hl = request.headers.get("inference-header-content-length")
             ans = None
             if upstream is not None:  # proxy mode: ask the model server first, without blocking the loop
-                ans = await proxied(key, body, hl, rid, t0)
+                ans = await proxied(key, body, hl, rid, t0, stage)
             elif len(body) <= INLINE_BYTES and service.defense.fast:
                 # a small request takes well under a millisecond: a thread hop would cost more than it saves.
                 # wait=False: if the model or the query log is busy (another request, an external lock) it raises
@@ -189,7 +192,12 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
                 except WouldBlock:
                     pass
             if ans is None:  # large bodies (JSON parsing ~0.1 s per MB), slow defenses, a busy store
+                stage["at"] = ANSWERING
                 ans = await run_in_threadpool(service.handle, key, body, hl, rid, t0)
+        except asyncio.CancelledError:
+            # uvicorn cancels the requests still running when a shutdown exceeds shutdown_timeout_s; re-raised, the
+            # cancellation would be logged as "Exception in ASGI application" with a traceback (issue 37)
+            return await cancelled(key_name, rid, t0, stage["at"])
         except GuardError as e:
             return await refused(e, key_name, t0, rid)
         except ClientDisconnect:
@@ -210,12 +218,14 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
         headers["Inference-Header-Content-Length"] = str(ans.header_length)
         return Response(ans.body, media_type="application/octet-stream", headers=headers)
 
-    async def proxied(key: Any, body: bytes, hl: str | None, rid: str, t0: float) -> Any:
+    async def proxied(key: Any, body: bytes, hl: str | None, rid: str, t0: float, stage: dict[str, str]) -> Any:
         """Proxy mode: parse, await the upstream's answer for the batch (no lock held, nothing charged yet), then
         answer as in direct mode with that answer prefetched (inline when small and fast, else in a thread)."""
         assert upstream is not None
         small = len(body) <= INLINE_BYTES
+        stage["at"] = "parsing its body"
         req = service.parse_request(body, hl) if small else await run_in_threadpool(service.parse_request, body, hl)
+        stage["at"] = "waiting for the model server"
         logits = await upstream.fetch(req.x)
         with prefetched(req.x, logits):
             if small and service.defense.fast:
@@ -223,7 +233,26 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
                     return service.handle(key, body, hl, rid, t0, wait=False)
                 except WouldBlock:
                     pass
+            stage["at"] = ANSWERING
             return await run_in_threadpool(service.handle, key, body, hl, rid, t0)
+
+    async def cancelled(key_name: str | None, rid: str, t0: float, stage: str) -> JSONResponse:
+        """A request cancelled at shutdown: one log line (no traceback), a log row when nothing else will write
+        one, and a 503 if the connection still takes it."""
+        took = time.perf_counter() - t0
+        if stage == ANSWERING:  # the worker thread cannot be stopped: it commits (or not) as usual, and logs it
+            log.warning("guard: request %s (key %s) cancelled by the shutdown after %.1f s while it was being "
+                        "answered in a worker thread: that thread completes it (charged and logged if it commits), "
+                        "but the client will not receive the answer", rid, key_name, took)
+        else:
+            log.warning("guard: request %s (key %s) cancelled by the shutdown after %.1f s while %s; nothing was "
+                        "charged", rid, key_name, took, stage)
+            try:  # on the loop, on purpose: the server stops right after, a worker thread might never run
+                service.log.log(key_name, 0, 503, "cancelled", None, took * 1e3, rid)
+            except Exception as e:  # noqa: BLE001 - the store may already be closed
+                log.warning("guard: request %s: no log row for the cancellation (%s)", rid, e)
+        return error(503, "shutting_down", "the server is shutting down; nothing was charged unless answered; retry "
+                     "on another replica", rid)
 
     @app.get("/v2/guard/status")
     async def guard_status(request: Request):
