@@ -31,7 +31,8 @@ def _config(d: Path, **server) -> Path:
     torch.manual_seed(0)
     model = build_model(cfg, SHAPE, K)
     return write_guard_config(d, model, cfg, SHAPE, K, defense="modelguard_s", defense_params={"epsilon": 0.5},
-                              keys={KEY: None, BUDGET_KEY: 100}, name="tiny", server={**LIMITS, **server})
+                              keys={KEY: None, BUDGET_KEY: 100}, name="tiny", server={**LIMITS, **server},
+                              operators={KEY})
 
 
 @pytest.fixture(scope="module")
@@ -335,3 +336,36 @@ def test_placeholder_keys_from_the_docs_are_refused_at_start(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["guard", "check", str(path)])
     assert e.value.code == 0 and "placeholders" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------- issue 40 item 3
+def _metrics(url: str) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=15)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+
+
+def test_prometheus_metrics_count_requests_refusals_rows_budgets_and_need_an_operator_key(server):
+    srv, d = server
+    assert httpx.get(f"{srv.url}/metrics", timeout=15).status_code == 401
+    r = httpx.get(f"{srv.url}/metrics", headers={"Authorization": f"Bearer {BUDGET_KEY}"}, timeout=15)
+    assert r.status_code == 403 and "operator" in r.json()["error"]
+    before = _metrics(srv.url)
+    assert _infer(srv.url, _body(3), key=BUDGET_KEY).status_code == 200
+    assert _infer(srv.url, _body(3), key="not-a-key-at-all").status_code == 401
+    after = _metrics(srv.url)
+
+    def delta(name: str, **labels: str) -> float:
+        k = (name, tuple(sorted(labels.items())))
+        return after.get(k, 0.0) - before.get(k, 0.0)
+
+    assert delta("modelward_guard_requests_total", status="200", code="ok") == 1
+    assert delta("modelward_guard_refusals_total", reason="unauthenticated") == 1
+    assert delta("modelward_guard_rows_total") == 3
+    assert delta("modelward_guard_request_seconds_count") == 2
+    assert after[("modelward_guard_budget_remaining_rows", (("key", "key1"),))] == 100 - _used(d, "key1")
+    assert after[("modelward_guard_connections_open", ())] >= 1
+    assert ("modelward_guard_detector_flagged_keys", ()) not in after  # the detector is off in this config

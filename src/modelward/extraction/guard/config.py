@@ -27,6 +27,7 @@ class ServerSection(StrictModel):
     idle_timeout_s: float = Field(5.0, gt=0)  # a kept-alive connection with no new request is closed after this
     max_connections: int = Field(512, ge=1)  # open connections in total (more: 503 and closed at once)
     max_connections_per_client: int = Field(32, ge=1)  # open connections per client address
+    metrics_public: bool = False  # GET /metrics without an operator key (only where the port is cluster-internal)
     # connections only API-key holders may hold; idle or unauthenticated ones are evicted to keep them free
     # (None: max_connections // 8, e.g. 64 of 512)
     reserved_connections: int | None = Field(None, ge=0)

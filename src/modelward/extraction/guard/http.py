@@ -26,6 +26,7 @@ from modelward.errors import ConfigError, DataError
 from modelward.extraction.guard.connections import mark_authenticated
 from modelward.extraction.guard.errors import GuardError, WouldBlock
 from modelward.extraction.guard.keys import refuse_placeholder_keys
+from modelward.extraction.guard.metrics import CONTENT_TYPE, GuardMetrics
 from modelward.extraction.guard.proxy import UpstreamModel, prefetched, wait_ready
 from modelward.extraction.guard.service import GuardService, build_service
 
@@ -91,6 +92,7 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     upstream = service.model if isinstance(service.model, UpstreamModel) else None  # proxy mode
+    metrics = GuardMetrics(service)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -101,11 +103,14 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
 
     app = FastAPI(title="modelward guard (Open Inference Protocol)", version=_package_version(), lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app.state.metrics = metrics
 
     def error(status: int, code: str, message: str, request_id: str | None = None) -> JSONResponse:
         # the body keeps its two fields (clients parse them); the request id travels in a header
         headers = None if request_id is None else {"X-Request-Id": request_id}
-        return JSONResponse({"error": message, "code": code}, status_code=status, headers=headers)
+        resp = JSONResponse({"error": message, "code": code}, status_code=status, headers=headers)
+        resp.guard_code = code  # type: ignore[attr-defined] - for the metrics
+        return resp
 
     async def record(key_name: str | None, rows: int, status: int, code: str, t0: float | None = None,
                      request_id: str | None = None) -> None:
@@ -170,7 +175,15 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
         return service.metadata()
 
     async def infer(name: str, request: Request, version: str | None = None):
-        t0, rid = time.perf_counter(), uuid.uuid4().hex[:16]
+        t0 = time.perf_counter()
+        resp = await answer(name, request, version, t0)
+        ok = resp.status_code == 200
+        metrics.observe(resp.status_code, "ok" if ok else getattr(resp, "guard_code", "error"),
+                        time.perf_counter() - t0, getattr(resp, "guard_rows", 0))
+        return resp
+
+    async def answer(name: str, request: Request, version: str | None, t0: float):
+        rid = uuid.uuid4().hex[:16]
         key_name: str | None = None
         stage = {"at": "waiting for its body"}  # where a cancellation (a shutdown past its timeout) finds it
         try:
@@ -214,9 +227,12 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
                          f"server log for request {rid}", rid)
         headers = {"X-Request-Id": rid}
         if ans.header_length is None:
-            return Response(ans.body, media_type="application/json", headers=headers)
-        headers["Inference-Header-Content-Length"] = str(ans.header_length)
-        return Response(ans.body, media_type="application/octet-stream", headers=headers)
+            resp = Response(ans.body, media_type="application/json", headers=headers)
+        else:
+            headers["Inference-Header-Content-Length"] = str(ans.header_length)
+            resp = Response(ans.body, media_type="application/octet-stream", headers=headers)
+        resp.guard_rows = ans.rows  # type: ignore[attr-defined] - for the metrics
+        return resp
 
     async def proxied(key: Any, body: bytes, hl: str | None, rid: str, t0: float, stage: dict[str, str]) -> Any:
         """Proxy mode: parse, await the upstream's answer for the batch (no lock held, nothing charged yet), then
@@ -226,7 +242,11 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
         stage["at"] = "parsing its body"
         req = service.parse_request(body, hl) if small else await run_in_threadpool(service.parse_request, body, hl)
         stage["at"] = "waiting for the model server"
-        logits = await upstream.fetch(req.x)
+        t_up = time.perf_counter()
+        try:
+            logits = await upstream.fetch(req.x)
+        finally:
+            metrics.upstream.observe(time.perf_counter() - t_up)
         with prefetched(req.x, logits):
             if small and service.defense.fast:
                 try:
@@ -265,6 +285,20 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
         except GuardError as e:
             return await refused(e)
         return await run_in_threadpool(service.status)
+
+    @app.get("/metrics")
+    async def prometheus(request: Request):
+        """Prometheus metrics (operator keys only, unless server.metrics_public)."""
+        if not service.cfg.server.metrics_public:
+            try:
+                key = service.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+                if not key.operator:
+                    raise GuardError("forbidden", f"key {key.name!r} is not an operator key (operator = true); "
+                                     "or set server.metrics_public = true where only the cluster reaches the port")
+            except GuardError as e:
+                return await refused(e)
+        body = await run_in_threadpool(metrics.render)  # reads the store: off the loop
+        return Response(body, media_type=CONTENT_TYPE)
 
     model_route("", model_metadata, methods=["GET"])
     model_route("/ready", model_ready, methods=["GET"])
@@ -327,8 +361,12 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
         limits = ConnectionLimits(header_timeout=cfg.header_timeout_s, body_timeout=cfg.body_timeout_s,
                                   idle_timeout=cfg.idle_timeout_s, max_per_client=cfg.max_connections_per_client,
                                   max_total=cfg.max_connections, reserve=cfg.reserve)
+        protocol = limited_h11_protocol(limits)
+        app = create_app(service)
+        conns: Any = protocol
+        app.state.metrics.connections = lambda: {"open": sum(conns.per_client.values()), **conns.state}
         server = uvicorn.Server(uvicorn.Config(
-            create_app(service), log_level="warning", access_log=False, http=limited_h11_protocol(limits),
+            app, log_level="warning", access_log=False, http=protocol,
             timeout_keep_alive=cfg.idle_timeout_s,
             timeout_graceful_shutdown=cfg.shutdown_timeout_s))
         server.run(sockets=[sock])
