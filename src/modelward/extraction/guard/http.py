@@ -247,7 +247,7 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
             logits = await upstream.fetch(req.x)
         finally:
             metrics.upstream.observe(time.perf_counter() - t_up)
-        with prefetched(req.x, logits):
+        with prefetched(req.x, logits, body, req):
             if small and service.defense.fast:
                 try:
                     return service.handle(key, body, hl, rid, t0, wait=False)

@@ -57,23 +57,47 @@ except ImportError:  # pragma: no cover - orjson is a dependency
 
 log = logging.getLogger("modelward.guard")
 
+
+def _dumps_array(payload: dict[str, Any]) -> bytes:
+    """JSON with numpy arrays written by orjson directly (float32 values in their shortest exact form: ~10× faster
+    than ``tolist`` + dumps; the upstream reads back the same float32)."""
+    try:
+        return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    except NameError:  # pragma: no cover - without orjson
+        t = payload["inputs"][0]
+        return _dumps({**payload, "inputs": [{**t, "data": t["data"].tolist()}]})
+
 #: the upstream's answer for the request being handled: (input batch, logits); set by the HTTP layer
 _PREFETCHED: contextvars.ContextVar[tuple[torch.Tensor, torch.Tensor] | None] = contextvars.ContextVar(
     "modelward_guard_upstream_answer", default=None)
+#: the request the HTTP layer already parsed: (its body, the parsed request), so that the service does not parse it
+#: a second time (~0.1–0.5 ms for 16 rows on this CPU)
+_PARSED: contextvars.ContextVar[tuple[bytes, Any] | None] = contextvars.ContextVar(
+    "modelward_guard_parsed_request", default=None)
 # probabilities must sum to 1 within float32 rounding of a K-term sum (K ≤ a few thousand: ≤ 1e-3 is generous)
 PROB_SUM_TOL = 1e-3
 _DTYPES = {"FP32": "<f4", "FP64": "<f8", "FP16": "<f2", "BF16": None}
 
 
 @contextlib.contextmanager
-def prefetched(x: torch.Tensor, logits: torch.Tensor) -> Iterator[None]:
+def prefetched(x: torch.Tensor, logits: torch.Tensor, body: bytes | None = None, request: Any = None
+               ) -> Iterator[None]:
     """While the block runs (and in worker threads it starts), :class:`UpstreamModel` answers ``x`` with
-    ``logits`` instead of calling the upstream again."""
+    ``logits`` instead of calling the upstream again, and :func:`parsed` gives ``request`` for this very ``body``."""
     token = _PREFETCHED.set((x, logits))
+    ptoken = _PARSED.set((body, request)) if body is not None else None
     try:
         yield
     finally:
         _PREFETCHED.reset(token)
+        if ptoken is not None:
+            _PARSED.reset(ptoken)
+
+
+def parsed(body: bytes) -> Any:
+    """The request the HTTP layer parsed from this very ``body`` object (proxy mode), else None."""
+    got = _PARSED.get()
+    return got[1] if got is not None and got[0] is body else None
 
 
 def _ssl_context(cfg: UpstreamSection, base_dir: Path) -> ssl.SSLContext | None:
@@ -238,8 +262,8 @@ class UpstreamClient:
             head = _dumps(payload)
             return head + blob, (f"Content-Type: application/octet-stream\r\n"
                                  f"Inference-Header-Content-Length: {len(head)}\r\n")
-        tensor["data"] = arr.reshape(-1).tolist()
-        return _dumps(payload), "Content-Type: application/json\r\n"
+        tensor["data"] = arr.reshape(-1)
+        return _dumps_array(payload), "Content-Type: application/json\r\n"
 
     async def infer(self, x: torch.Tensor) -> np.ndarray:
         """The upstream's output for the batch ``x`` (``[rows, K]`` float32), checked (:func:`read_output`)."""
@@ -445,4 +469,5 @@ def wait_ready(model: UpstreamModel, timeout: float) -> list[str]:
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
 
-__all__ = ["PROB_SUM_TOL", "UpstreamClient", "UpstreamModel", "check_metadata", "prefetched", "wait_ready"]
+__all__ = ["PROB_SUM_TOL", "UpstreamClient", "UpstreamModel", "check_metadata", "parsed", "prefetched",
+           "wait_ready"]

@@ -39,6 +39,7 @@ from modelward.extraction.guard.config import (
 from modelward.extraction.guard.errors import GuardError, WouldBlock
 from modelward.extraction.guard.oip import InferRequest, encode_response, model_metadata
 from modelward.extraction.guard.ownership import ExtractionSuspected, GuardOwnership
+from modelward.extraction.guard.proxy import parsed
 from modelward.extraction.guard.querylog import QueryLog, key_digest
 
 T = TypeVar("T")
@@ -224,7 +225,9 @@ class GuardService:
 
     def parse_request(self, body: bytes, header_length: str | None = None) -> InferRequest:
         """Parse one request body for this model (:meth:`InferRequest.parse`)."""
-        return InferRequest.parse(body, header_length, self.input_shape, self.cfg.server.max_batch)
+        req = parsed(body)  # proxy mode: the HTTP layer parsed this very body already
+        return req if req is not None else InferRequest.parse(body, header_length, self.input_shape,
+                                                              self.cfg.server.max_batch)
 
     def answer(self, key: KeySection, x: torch.Tensor, request_id: str | None = None,
                t0: float | None = None) -> tuple[torch.Tensor, float]:
