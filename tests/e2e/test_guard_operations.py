@@ -184,7 +184,7 @@ def test_sigterm_with_a_slow_request_open_exits_in_bounded_time_and_writes_the_s
     # "Exception in ASGI application" tracebacks and no row)
     text = srv.log_path.read_text(errors="replace")
     assert "cancelled by the shutdown" in text and "nothing was charged" in text and "Traceback" not in text, text
-    assert _db(tmp_path, "SELECT status FROM queries WHERE code='cancelled'") == [(503,)]
+    assert _db(tmp_path, "SELECT status FROM queries WHERE code='cancelled'") == [(499,)]
 
 
 # ---------------------------------------------------------------------------------------------- item 5

@@ -268,7 +268,7 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
             log.warning("guard: request %s (key %s) cancelled by the shutdown after %.1f s while %s; nothing was "
                         "charged", rid, key_name, took, stage)
             try:  # on the loop, on purpose: the server stops right after, a worker thread might never run
-                service.log.log(key_name, 0, 503, "cancelled", None, took * 1e3, rid)
+                service.log.log(key_name, 0, 499, "cancelled", None, took * 1e3, rid)
             except Exception as e:  # noqa: BLE001 - the store may already be closed
                 log.warning("guard: request %s: no log row for the cancellation (%s)", rid, e)
         return error(503, "shutting_down", "the server is shutting down; nothing was charged unless answered; retry "
