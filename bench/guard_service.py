@@ -11,6 +11,8 @@ One run measures servers serving the same weights (the digits CNN), each in its 
 * ``direct``: ``modelward guard serve`` with ModelGuard-S (ε = 1) loading the weights itself;
 * ``proxy``: ``modelward guard serve`` with ModelGuard-S in proxy mode in front of the ``kserve`` server (the weights
   stay in KServe): its latency over KServe's alone is the proxy's overhead;
+* ``proxy-none`` (on request): the same with defense "none": the proxy's own machinery (key, HTTP hop, charge,
+  log), without the defense's cost;
 * ``bare`` (on request): the model behind a plain FastAPI handler (no defense, no key, no log).
 
 ``--ownership`` turns the answer watermark and the extraction detector on in the guards (the shipped GUARD.toml);
@@ -140,7 +142,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=25, help="requests per client per round")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (the CPU is shared: medians)")
-    ap.add_argument("--servers", default="kserve,direct,proxy", help="comma-separated: kserve, direct, proxy, bare")
+    ap.add_argument("--servers", default="kserve,direct,proxy",
+                    help="comma-separated: kserve, direct, proxy, proxy-none, bare")
     ap.add_argument("--ownership", action="store_true", help="watermark and detector on in the guards (shipped)")
     ap.add_argument("--bare-server", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -149,7 +152,7 @@ def main() -> None:
         bare_server(args.bare_server, args.port)
         return
     servers = tuple(args.servers.split(","))
-    if ("kserve" in servers or "proxy" in servers) and not KSERVE_PYTHON.is_file():
+    if any(s in servers for s in ("kserve", "proxy", "proxy-none")) and not KSERVE_PYTHON.is_file():
         raise SystemExit(f"no KServe environment at {KSERVE_PYTHON}: see examples/deploy/README.md (make kserve-env)")
     cfg = ModelConfig(arch="cnn", channels=[16, 32], fc=64)
     torch.manual_seed(0)
@@ -175,9 +178,12 @@ def main() -> None:
                     proc, urls[server] = start_bare(path)
                     stops.append(proc.kill)
                 else:
-                    upstream = {"url": kserve_url, "model": "digits", "output": "logits"} if server == "proxy" else None
+                    proxied = server.startswith("proxy")
+                    upstream = {"url": kserve_url, "model": "digits", "output": "logits"} if proxied else None
+                    none = server == "proxy-none"
                     path = write_guard_config(d, None if upstream else model, cfg, (1, 8, 8), 10,
-                                              defense="modelguard_s", defense_params={"epsilon": 1.0},
+                                              defense="none" if none else "modelguard_s",
+                                              defense_params={} if none else {"epsilon": 1.0},
                                               keys={KEY: None}, name="digits", ownership=own, upstream=upstream)
                     srv = start_guard_server(path, timeout=180)
                     urls[server] = srv.url
@@ -206,9 +212,11 @@ def main() -> None:
             ratios = [g["rows_per_s"] / b["rows_per_s"] for g, b in zip(runs[(d, c)], runs[(base, c)], strict=True)]
             print(f"{c} client(s): {d} / {base} throughput, median of per-round ratios {np.median(ratios):.2f} "
                   f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
-    if "proxy" in servers and "kserve" in servers:
-        over = [p["p50_ms"] - k["p50_ms"] for p, k in zip(runs[("proxy", 1)], runs[("kserve", 1)], strict=True)]
-        print(f"1 client: proxy p50 - kserve p50, median of per-round differences {np.median(over):.2f} ms "
+    for proxy in (s for s in servers if s.startswith("proxy")):
+        if "kserve" not in servers:
+            break
+        over = [p["p50_ms"] - k["p50_ms"] for p, k in zip(runs[(proxy, 1)], runs[("kserve", 1)], strict=True)]
+        print(f"1 client: {proxy} p50 - kserve p50, median of per-round differences {np.median(over):.2f} ms "
               f"(rounds: {', '.join(f'{x:.2f}' for x in over)})")
     assert all(r["errors"] == 0 for v in runs.values() for r in v)
 

@@ -180,27 +180,36 @@ def test_guard_check_is_a_dry_run_that_never_runs_an_entrypoint(hostile):
     assert not (hostile / "imported.flag").exists() and not (hostile / "called.flag").exists()
 
 
-def test_guard_check_of_a_config_that_trusts_itself_runs_no_code(hostile):
+def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """The CLI in this process: (exit code, stdout + stderr with the line breaks of rich's wrapping removed)."""
+    from modelward.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out = capsys.readouterr()
+    return int(e.value.code or 0), " ".join((out.out + out.err).split())
+
+
+def test_guard_check_of_a_config_that_trusts_itself_runs_no_code(hostile, capsys):
     """Issue 37 item 3, "done when": a received config setting ``trust_code = true`` itself makes ``guard check``
     run nothing, and the message says how the operator trusts it instead; after ``modelward trust allow`` (by the
     operator, on the edited file) the same check runs the factory."""
     text = (Path(__file__).resolve().parents[2] / "examples" / "guard_modelguard_s.toml").read_text()
     net = '[model.net]\narch = "entrypoint"\nentrypoint = "hostile_mod:build"\n'
-    assert "[model.net]" in text
     start = text.index("\n[model.net]") + 1
     end = text.index("\n[", start + 1)
-    (hostile / "g.toml").write_text(text[:start] + net + "trust_code = true\n" + text[end:])
-    r = _cli(["guard", "check", "g.toml"], hostile)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    err = " ".join(r.stderr.split())
-    assert "model.net.trust_code" in err and "modelward trust allow g.toml" in err and "--trust-code" in err, err
+    g = hostile / "g.toml"
+    g.write_text(text[:start] + net + "trust_code = true\n" + text[end:])
+    code, err = _main(["guard", "check", str(g)], capsys)
+    assert code == 2 and "Traceback" not in err, err
+    assert "model.net.trust_code" in err and f"modelward trust allow {g}" in err and "--trust-code" in err, err
     assert not (hostile / "imported.flag").exists() and not (hostile / "called.flag").exists()
-    (hostile / "g.toml").write_text(text[:start] + net + text[end:])
-    r = _cli(["guard", "check", "g.toml"], hostile)
-    assert r.returncode == 2 and "modelward trust allow g.toml" in " ".join(r.stderr.split()), r.stderr
+    g.write_text(text[:start] + net + text[end:])
+    code, err = _main(["guard", "check", str(g)], capsys)
+    assert code == 2 and f"modelward trust allow {g}" in err, err
     assert not (hostile / "imported.flag").exists() and not (hostile / "called.flag").exists()
-    r = _cli(["trust", "allow", "g.toml"], hostile)
-    assert r.returncode == 0 and "trusted g.toml" in r.stdout, r.stderr
-    _cli(["guard", "check", "g.toml"], hostile)  # the factory runs (the example's weights then do not fit it)
+    code, out = _main(["trust", "allow", str(g)], capsys)
+    assert code == 0 and f"trusted {g}" in out, out
+    _main(["guard", "check", str(g)], capsys)  # the factory runs (the example's weights then do not fit it)
     assert (hostile / "called.flag").exists()
-    assert "trusted" in _cli(["trust", "list"], hostile).stdout
+    assert _main(["trust", "list"], capsys)[1].startswith("trusted")

@@ -127,6 +127,8 @@ def test_service_end_to_end(setup):
         # still serving after all of that, and deterministic for repeated queries
         with HttpVictim(url, "tiny", KEY) as victim:
             assert torch.equal(victim.query(x), ans)
+        if not (d / "model.safetensors").exists():  # proxy modes: what follows (kill -9, restart, persistence) is
+            return  # the service's own state, the same in both modes: tested in direct mode (test-time budget)
         server.proc.kill()  # kill -9: no shutdown snapshot
         server.proc.wait(10)
     # every centroid was persisted as it appeared (SQLite), so a crash loses none
