@@ -1,7 +1,7 @@
-"""Proxy mode over HTTP (issue 40 item 1), a real `guard serve` subprocess in front of a model server in this
-process: the upstream's failures are 502/503/504 answers that charge nothing and are logged, readiness follows the
-upstream, and a config with both weights and an upstream, or an upstream serving another shape, is refused.
-(The extraction-defense checks run in both modes in tests/e2e/test_guard_service.py.)"""
+"""Proxy mode over HTTP (issue 40 item 1), a real `guard serve` in front of a second `guard serve`: the upstream's
+failures are 502/503 answers that charge nothing and are logged, readiness follows the upstream; a config with both
+weights and an upstream, or an upstream serving another shape, is refused. (Each failure of the upstream client:
+tests/extraction/test_guard_proxy.py; the extraction-defense checks in both modes: tests/e2e/test_guard_service.py.)"""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import sqlite3
 
 import httpx
 import pytest
+import torch
 
-from modelward.core.zoo import ModelConfig
+from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError
 from modelward.extraction.guard.config import load_guard_config
 from modelward.extraction.guard.process import start_guard_server, write_guard_config
@@ -48,34 +49,40 @@ def _infer(url: str) -> httpx.Response:
                       headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
 
 
-def test_upstream_failures_charge_nothing_and_readiness_follows_the_upstream(tmp_path):
-    up = Upstream()
-    try:
-        with start_guard_server(_config(tmp_path, up.port)) as srv:
-            ok = _infer(srv.url)
-            assert ok.status_code == 200 and ok.json()["outputs"][0]["shape"] == [2, 4]
-            for behaviour, status, code in (("error", 502, "upstream_error"), ("nan", 502, "upstream_bad_output"),
-                                            ("slow", 504, "upstream_timeout")):
-                up.behaviour = behaviour
-                r = _infer(srv.url)
-                assert (r.status_code, r.json()["code"]) == (status, code), r.text
-            up.behaviour = "logits"
+def test_in_front_of_a_second_guard_failures_charge_nothing_and_readiness_follows_the_upstream(tmp_path):
+    """The upstream is a real `guard serve` (no defense, probabilities, its own key from the environment); when it
+    answers an error, and when it is gone, the proxy answers 502 / 503, charges nothing, logs the refusal, and says
+    not ready (while alive)."""
+    up_dir = tmp_path / "upstream"
+    cfg = ModelConfig(arch="mlp", hidden=[4])
+    torch.manual_seed(0)
+    up_cfg = write_guard_config(up_dir, build_model(cfg, (2,), 4), cfg, (2,), 4, defense="none",
+                                keys={"upstream-key-of-the-proxy": 5}, name="m")  # room for 2 requests of 2 rows
+    env = {"UPSTREAM_TOKEN_E2E": "upstream-key-of-the-proxy"}
+    with start_guard_server(up_cfg) as upstream:
+        path = _config(tmp_path / "proxy", 0, output="probs", token_env="UPSTREAM_TOKEN_E2E")
+        path.write_text(path.read_text().replace("http://127.0.0.1:0", upstream.url))
+        with start_guard_server(path, env=env) as srv:
+            for _ in range(2):
+                ok = _infer(srv.url)
+                assert ok.status_code == 200 and ok.json()["outputs"][0]["shape"] == [2, 4], ok.text
+            r = _infer(srv.url)  # the upstream's own budget for the proxy is spent: its 429 is the proxy's 502
+            assert (r.status_code, r.json()["code"]) == (502, "upstream_error"), r.text
             assert httpx.get(f"{srv.url}/v2/health/ready", timeout=20).status_code == 200
-            up.close()
+            upstream.stop()
             r = _infer(srv.url)
             assert (r.status_code, r.json()["code"]) == (503, "upstream_unavailable"), r.text
             assert httpx.get(f"{srv.url}/v2/health/ready", timeout=20).status_code == 503
             assert httpx.get(f"{srv.url}/v2/health/live", timeout=20).status_code == 200
-    finally:
-        up.close()
-    db = sqlite3.connect(str(tmp_path / "guard_state" / "queries.sqlite"))
+    db = sqlite3.connect(str(tmp_path / "proxy" / "guard_state" / "queries.sqlite"))
     try:
         used = db.execute("SELECT used FROM usage WHERE key_name='key0'").fetchone()[0]
         codes = dict(db.execute("SELECT code, status FROM queries").fetchall())
     finally:
         db.close()
-    assert used == 2  # the one answered request; the failed ones were not charged
-    assert codes["upstream_timeout"] == 504 and codes["upstream_unavailable"] == 503
+    assert used == 4  # the two answered requests; the failed ones were not charged
+    assert codes["upstream_error"] == 502 and codes["upstream_unavailable"] == 503
+    assert "upstream-key-of-the-proxy" not in path.read_text()  # the upstream's key stays in the environment
 
 
 def test_a_config_names_weights_or_an_upstream_and_the_upstream_must_fit(tmp_path, capsys):
