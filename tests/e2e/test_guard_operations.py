@@ -368,4 +368,6 @@ def test_prometheus_metrics_count_requests_refusals_rows_budgets_and_need_an_ope
     assert delta("modelward_guard_request_seconds_count") == 2
     assert after[("modelward_guard_budget_remaining_rows", (("key", "key1"),))] == 100 - _used(d, "key1")
     assert after[("modelward_guard_connections_open", ())] >= 1
+    # the scrape's own connection presented an operator key: the connection layer counts it as authenticated
+    assert after[("modelward_guard_connections_authenticated", ())] >= 1
     assert ("modelward_guard_detector_flagged_keys", ()) not in after  # the detector is off in this config

@@ -295,6 +295,7 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
                 if not key.operator:
                     raise GuardError("forbidden", f"key {key.name!r} is not an operator key (operator = true); "
                                      "or set server.metrics_public = true where only the cluster reaches the port")
+                mark_authenticated(request.scope)
             except GuardError as e:
                 return await refused(e)
         body = await run_in_threadpool(metrics.render)  # reads the store: off the loop
