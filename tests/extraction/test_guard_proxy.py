@@ -29,6 +29,7 @@ class Upstream:
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.behaviour, self.connections, self.requests = "logits", 0, []
+        self.hosts: list[str | None] = []
         self.open: list = []  # the connections' sockets: a stopped server closes them, as a dead one would
         up = self
 
@@ -60,6 +61,7 @@ class Upstream:
             def do_POST(self) -> None:  # noqa: N802
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 up.requests.append((self.headers.get("Authorization"), req))
+                up.hosts.append(self.headers.get("Host"))
                 x = np.asarray(req["inputs"][0]["data"], dtype=np.float32).reshape(req["inputs"][0]["shape"])
                 logits = np.stack([x.sum(1), -x.sum(1), x[:, 0], np.zeros(len(x))], 1).astype(np.float32)
                 b = up.behaviour
@@ -132,6 +134,9 @@ def test_logits_and_probabilities_come_back_as_the_services_softmax_expects(upst
     assert all(np.array_equal(o, _want_logits()) for o in outs)  # FP32 through JSON: exact
     assert upstream.connections == 1  # one kept-alive connection for the three requests
     assert upstream.requests[0][0] == "Bearer s3cret-token"
+    hosted = _client(upstream.port, host_header="digits.models.example.org")  # an ingress that routes by host
+    asyncio.run(hosted.infer(X))
+    assert upstream.hosts[-1] == "digits.models.example.org"
     assert upstream.requests[0][1]["inputs"][0]["shape"] == [3, 2]
     upstream.behaviour = "probs"
     probs_client = _client(upstream.port, output="probs")

@@ -104,6 +104,7 @@ class UpstreamSection(StrictModel):
     connect_timeout_s: float = Field(2.0, gt=0)
     max_connections: int = Field(64, ge=1)  # kept-alive connections to the upstream
     token_env: str | None = None  # environment variable with a bearer token for the upstream
+    host_header: str | None = None  # Host sent to the upstream (an ingress routing by host, e.g. KServe serverless)
     ca: str | None = None  # PEM bundle to verify an https:// upstream (default: the system's)
     cert: str | None = None  # client certificate (PEM) for mutual TLS, with key
     key: str | None = None

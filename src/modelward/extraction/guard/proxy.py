@@ -178,6 +178,9 @@ class UpstreamClient:
                                   "bearer token) is not set")
         self._auth = f"Authorization: Bearer {token}\r\n" if token else ""
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._host_header = cfg.host_header or f"{self.host}:{self.port}"
+        if cfg.host_header:
+            self._headers["Host"] = cfg.host_header
         self._idle: list[_Connection] = []
         self._sem: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -208,7 +211,7 @@ class UpstreamClient:
         return _Connection(reader, writer)
 
     def _request_bytes(self, method: str, path: str, body: bytes = b"", extra: str = "") -> bytes:
-        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{self._auth}{extra}"
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self._host_header}\r\n{self._auth}{extra}"
                 f"Content-Length: {len(body)}\r\n\r\n")
         return head.encode("latin-1") + body
 
