@@ -106,6 +106,7 @@ def test_a_config_file_cannot_trust_itself_but_the_operators_list_can(hostile):
     build_model(loaded.model, (4,), 2)
     assert (hostile / "called.flag").exists()
     assert not loaded.model.model_validate(loaded.model.model_dump()).code_trusted  # a dump carries no trust
+    assert loaded.model == ModelConfig(arch="entrypoint", entrypoint="hostile_mod:build")  # trust is not its value
     cfg.write_text(body + "kwargs = {}\n")  # edited after it was allowed: another hash
     assert not load_config(cfg, _ModelFile).model.code_trusted
     allow_config(cfg)

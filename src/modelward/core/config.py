@@ -35,6 +35,16 @@ class StrictModel(BaseModel):
             raise ValueError(retired_trust_key("trust_code").removeprefix("field 'trust_code': "))
         return data
 
+    def __eq__(self, other: object) -> bool:
+        # as pydantic's, without the private attributes: where a config came from and whether its operator trusts
+        # its code are not part of its value (a policy loaded from a trusted file equals the same policy built here)
+        if not isinstance(other, BaseModel):
+            return NotImplemented
+        return (type(self) is type(other) and self.__dict__ == other.__dict__
+                and self.__pydantic_extra__ == other.__pydantic_extra__)
+
+    __hash__ = None  # type: ignore[assignment] - mutable, as pydantic's default
+
     @property
     def code_trusted(self) -> bool:
         """Whether the operator trusts the entry points this config names (see :func:`allow_code`)."""
