@@ -16,7 +16,7 @@ from torch import nn
 from modelward.assess.config import AssessConfig
 from modelward.core.checkpoint import Checkpoint, checkpoint_kind, load_checkpoint, read_checkpoint
 from modelward.core.data import DataConfig, DataSplit, load_data
-from modelward.core.io import check_state
+from modelward.core.io import load_into
 from modelward.core.zoo import ModelConfig, build_model, model_config_from_metadata
 from modelward.errors import ConfigError, DataError
 from modelward.scan.scanner import load_checked_torch_file
@@ -114,12 +114,7 @@ def load_target(cfg: AssessConfig) -> Target:
 
     model = factory()
     if tensors:
-        check_state(model, tensors, str(cfg.checkpoint))
-        try:
-            model.load_state_dict(tensors)
-        except RuntimeError as e:
-            raise DataError(f"{cfg.checkpoint}: weights do not match [model] {model_cfg.arch} for "
-                            f"{data.describe()} ({str(e).splitlines()[0]})") from None
+        load_into(model, tensors, f"{cfg.checkpoint} ([model] {model_cfg.arch} for {data.describe()})")
     model.eval()
     kind = "entrypoint" if model_cfg.arch == "entrypoint" else "zoo"
     n_params = sum(p.numel() for p in model.parameters())

@@ -30,6 +30,10 @@ from modelward.extraction.ownership.verify import (
 
 
 def _owner(cfg: GuardConfig, base: Path) -> nn.Module:
+    if cfg.model.checkpoint is None:  # proxy mode: the weights stay with the model server
+        raise ConfigError("model.checkpoint: the fingerprint is made from the served model's weights, and this guard "
+                          "is in proxy mode ([upstream]): run `guard fingerprint` on a config naming the checkpoint "
+                          "the model server serves (the answer watermark and the detector work in proxy mode)")
     model = build_model(cfg.model.net, tuple(cfg.model.input_shape), cfg.model.num_classes)
     load_weights(model, base / cfg.model.checkpoint, "model.checkpoint")
     return model.eval()

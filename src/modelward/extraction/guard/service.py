@@ -21,14 +21,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from modelward.core.device import resolve_device
-from modelward.core.io import load_state_dict, load_tensors, save_tensors
+from modelward.core.io import load_tensors, save_tensors
 from modelward.core.lock import FolderLock
 from modelward.core.records import atomic_write_text
 from modelward.core.seed import seeded
 from modelward.core.zoo import build_model
 from modelward.errors import ConfigError, DataError
 from modelward.extraction.defenses import IncrementalState, PredictionDefense, build_defense
+from modelward.extraction.guard.backend import load_weights, open_model
 from modelward.extraction.guard.config import (
     GuardConfig,
     KeySection,
@@ -39,6 +39,7 @@ from modelward.extraction.guard.config import (
 from modelward.extraction.guard.errors import GuardError, WouldBlock
 from modelward.extraction.guard.oip import InferRequest, encode_response, model_metadata
 from modelward.extraction.guard.ownership import ExtractionSuspected, GuardOwnership
+from modelward.extraction.guard.proxy import parsed
 from modelward.extraction.guard.querylog import QueryLog, key_digest
 
 T = TypeVar("T")
@@ -53,23 +54,6 @@ class InferAnswer:
     header_length: int | None  # Inference-Header-Content-Length when the binary extension is used
     rows: int
     max_l1: float
-
-
-def load_weights(model: nn.Module, path: Path, field: str) -> None:
-    """Load a safetensors state dict into ``model`` (eval mode); ConfigError naming ``field`` on a mismatch or on
-    non-finite weights (a model with NaN/inf weights answers NaN, which every request would see as its own fault)."""
-    state, _ = load_state_dict(path)
-    bad = [f"{name} ({int(torch.isnan(t).sum())} NaN, {int(torch.isinf(t).sum())} inf)"
-           for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
-        raise ConfigError(f"{field}: {path} has non-finite weights in {len(bad)} tensor(s): {', '.join(bad[:5])}"
-                          f"{' ...' if len(bad) > 5 else ''}; the model cannot answer — retrain it or restore a good "
-                          "checkpoint")
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise ConfigError(f"{field}: {path} does not match the configured architecture: {e}") from None
-    model.eval()
 
 
 def service_defense(cfg: GuardConfig, base_dir: Path) -> PredictionDefense:
@@ -115,10 +99,8 @@ class GuardService:
         self.name = cfg.model.name
         self.input_shape = tuple(cfg.model.input_shape)
         self.num_classes = cfg.model.num_classes
-        self.model = build_model(cfg.model.net, self.input_shape, self.num_classes)
-        load_weights(self.model, base_dir / cfg.model.checkpoint, "model.checkpoint")
-        self.device = resolve_device(cfg.model.device)  # an unusable device is refused before serving
-        self.model.to(self.device)
+        # local weights, or the model server of proxy mode ([upstream]): the same nn.Module interface
+        self.model, self.device = open_model(cfg, base_dir)
         self.defense = service_defense(cfg, base_dir)
         self.base_dir = base_dir
         self.state_dir = base_dir / cfg.server.state_dir
@@ -243,7 +225,9 @@ class GuardService:
 
     def parse_request(self, body: bytes, header_length: str | None = None) -> InferRequest:
         """Parse one request body for this model (:meth:`InferRequest.parse`)."""
-        return InferRequest.parse(body, header_length, self.input_shape, self.cfg.server.max_batch)
+        req = parsed(body)  # proxy mode: the HTTP layer parsed this very body already
+        return req if req is not None else InferRequest.parse(body, header_length, self.input_shape,
+                                                              self.cfg.server.max_batch)
 
     def answer(self, key: KeySection, x: torch.Tensor, request_id: str | None = None,
                t0: float | None = None) -> tuple[torch.Tensor, float]:

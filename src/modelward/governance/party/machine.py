@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from modelward.core.config import validate
-from modelward.core.io import optimizer_from_tensors, optimizer_to_tensors, save_tensors
+from modelward.core.io import load_into, optimizer_from_tensors, optimizer_to_tensors, save_tensors
 from modelward.core.train import TrainConfig, make_optimizer
 from modelward.errors import ModelwardError
 from modelward.governance.audit import ANCHOR_OP, AnchorLoop, AuditLog
@@ -295,7 +295,8 @@ class Party:
             raise PartyError(f"party {self.cfg.name} has no checkpoint at step {step} (has {self.checkpoints()})")
         tensors, meta = got
         t = self.tentative
-        self.segment.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        load_into(self.segment, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")},
+                  f"party {self.cfg.name} checkpoint at step {step}")
         self.step = int(meta["step"])
         t.prepared = None
         t.rolled_back = None
