@@ -36,10 +36,10 @@ from modelward.extraction.guard.config import (
     load_guard_config,
     state_fingerprint,
 )
-from modelward.extraction.guard.errors import GuardError, WouldBlock
+from modelward.extraction.guard.errors import BudgetExceeded, GuardError, WouldBlock
 from modelward.extraction.guard.oip import InferRequest, encode_response, model_metadata
 from modelward.extraction.guard.ownership import ExtractionSuspected, GuardOwnership
-from modelward.extraction.guard.querylog import QueryLog, key_digest
+from modelward.extraction.guard.store import SQLStore, key_digest, open_store
 
 T = TypeVar("T")
 log = logging.getLogger("modelward.guard")
@@ -127,6 +127,7 @@ class GuardService:
         self._stored: dict[str, KeySection] = {}  # sha256 of an operator-added key -> its section
         self._revoked: set[str] = set()  # names of revoked keys (config or operator)
         self._stop = threading.Event()
+        self._spent: dict[str, int] = {}  # usage of keys a request found spent (forgotten at each key refresh)
         self._lock = threading.Lock()  # model and defense state change together
         self._closed = check_only  # check_only: no lock, no state, no log (``guard check`` beside a running server)
         self.ownership: GuardOwnership | None = None  # watermark + detector, opened with the state
@@ -144,16 +145,24 @@ class GuardService:
         try:
             self.changes = self.fingerprint_changes()  # again: another server may have changed it meanwhile
             self._check_fingerprint(reset)
-            self._load_snapshot()
             s = cfg.server
-            self.log = QueryLog(self.state_dir / s.query_log, busy_timeout=s.busy_timeout_s,
-                                retention_days=s.log_retention_days, max_rows=s.log_max_rows)
-            if self._incremental is not None:
-                if reset:
-                    self.log.clear_centroids(self._centroid_table)
-                self._replay_centroids(self._incremental)
-            self.refresh_keys()
-            self.ownership = GuardOwnership(cfg.ownership, self.state_dir, self.num_classes, self.log.db)
+            self.log: SQLStore = open_store(s.store_url, self.state_dir / s.query_log, busy_timeout=s.busy_timeout_s,
+                                            retention_days=s.log_retention_days, max_rows=s.log_max_rows,
+                                            detector_window=cfg.ownership.detector.window)
+            try:
+                if self.log.shared:  # replicas: the settings are pinned in the store, the state is its rows
+                    reset = self._check_shared_fingerprint(reset)
+                else:
+                    self._load_snapshot()
+                if self._incremental is not None:
+                    if reset:
+                        self.log.clear_centroids(self._centroid_table)
+                    self._replay_centroids(self._incremental)
+                self.refresh_keys()
+                self.ownership = GuardOwnership(cfg.ownership, self.state_dir, self.num_classes, self.log)
+            except BaseException:
+                self.log.close()
+                raise
         except BaseException:
             self._folder_lock.__exit__(None, None, None)
             raise
@@ -169,6 +178,23 @@ class GuardService:
         except ValueError:
             old = {}
         return fingerprint_diff(old, state_fingerprint(self.cfg))
+
+    def _check_shared_fingerprint(self, reset: bool) -> bool:
+        """A shared store (replicas) records the state settings itself: a replica with other settings is refused
+        (it would answer from another defense state), unless ``reset`` (stop every replica first). Returns whether
+        the defense state must be reset."""
+        mine = json.dumps(state_fingerprint(self.cfg), sort_keys=True)
+        pinned = self.log.pin("state_fingerprint", mine)
+        if pinned is None or pinned == mine:
+            return False
+        changes = fingerprint_diff(json.loads(pinned), state_fingerprint(self.cfg))
+        if not reset:
+            raise ConfigError(
+                f"server.store_url {self.log.where}: its state was built with different settings "
+                f"({'; '.join(changes)}). Replicas of one store must serve the same settings; restore them, or stop "
+                "every replica and start one with --reset (discards the defense state, keeps the log and budgets)")
+        self.log.set_meta("state_fingerprint", mine)
+        return True
 
     def _check_fingerprint(self, reset: bool) -> None:
         path = self.state_dir / "service.json"
@@ -229,6 +255,7 @@ class GuardService:
             if k.key_sha256 is not None:
                 stored[k.key_sha256] = KeySection(name=k.name, key="(stored as sha256)", budget=k.budget)
         self._stored, self._revoked = stored, revoked  # swapped whole: readers see the old or the new sets
+        self._spent = {}  # an operator may have reset a budget: the next request asks the store again
 
     def start_key_refresh(self, every: float = 2.0) -> None:
         """Refresh the operator keys every ``every`` seconds in a daemon thread until :meth:`close`."""
@@ -236,6 +263,7 @@ class GuardService:
             while not self._stop.wait(every):
                 try:
                     self.refresh_keys()
+                    self.log.maintain()  # retention, off the request path
                 except Exception:  # noqa: BLE001 - a locked store: keep the last keys, try again
                     log.warning("guard: could not refresh the API keys from the store", exc_info=True)
 
@@ -306,42 +334,62 @@ class GuardService:
         n = int(x.shape[0])
         inc = self._incremental
         own = self.ownership
-        if own is not None:
-            try:
-                own.before(key.name)  # a key the detector flagged under action = "refuse": nothing is charged
-            except ExtractionSuspected as e:
-                raise GuardError("extraction_suspected", str(e)) from None
-        if not self._lock.acquire(blocking=wait):
-            raise WouldBlock
+        spent = self._spent.get(key.name)
+        if key.budget is not None and spent is not None and spent + n > key.budget:
+            # known spent (refreshed with the keys): refused without the model lock or a write (a client retrying
+            # a spent key costs O(1) and never queues behind the others)
+            raise BudgetExceeded(key.name, spent, key.budget, n)
         try:
-            before = inc.num_centroids if inc is not None else 0
-            snapshot = self.defense.state_dict() if inc is None and self.defense.stateful else None
+            if own is not None:
+                own.before(key.name)  # a key the detector flagged under action = "refuse": nothing is charged
+            if not self._lock.acquire(blocking=wait):
+                raise WouldBlock
             try:
-                with self.log.transaction(wait) as txn:  # COMMIT when the block ends; ROLLBACK if anything raises
-                    txn.charge(key.name, n, key.budget)  # BudgetExceeded before any work when the budget is spent
-                    # the model runs on its device; the defense (its post-process) works on CPU probabilities
-                    probs = torch.softmax(self.model(x.to(self.device)).float(), dim=1).cpu()
-                    y_hat = self.defense.defend(probs, x) if self.defense.needs_inputs else self.defense.defend(probs)
-                    if own is not None:  # watermark + detector rows join this transaction
-                        y_hat = own.after(key.name, x, probs, y_hat)
-                    max_l1 = float(np.abs(y_hat.numpy().astype(np.float64) - probs.numpy()).sum(1).max())
-                    if inc is not None and inc.num_centroids != before:
-                        labels, vecs = inc.centroids_since(before)
-                        txn.append_centroids(self._centroid_table, before, labels, vecs)
+                before = inc.num_centroids if inc is not None else 0
+                snapshot = self.defense.state_dict() if inc is None and self.defense.stateful else None
+                pending = None
+                try:
+                    with self.log.transaction(wait) as txn:  # COMMIT when the block ends; ROLLBACK if anything raises
+                        try:
+                            txn.charge(key.name, n, key.budget)  # BudgetExceeded before any work when spent
+                        except BudgetExceeded as e:
+                            self._spent[key.name] = e.used
+                            raise
+                        if inc is not None:  # a shared store: the centroids other replicas added, in order
+                            tail = txn.sync_centroids(self._centroid_table, inc.num_centroids, self.num_classes)
+                            if len(tail[0]):
+                                inc.extend_centroids(*tail)
+                            before = inc.num_centroids
+                        if own is not None:
+                            own.begin(txn, key.name)  # the key's detector state; a refused key stops here
+                        # the model runs on its device; the defense (its post-process) works on CPU probabilities
+                        probs = torch.softmax(self.model(x.to(self.device)).float(), dim=1).cpu()
+                        y_hat = (self.defense.defend(probs, x) if self.defense.needs_inputs
+                                 else self.defense.defend(probs))
+                        if own is not None:  # watermark + detector rows join this transaction
+                            y_hat, pending = own.after(txn, key.name, x, probs, y_hat)
+                        max_l1 = float(np.abs(y_hat.numpy().astype(np.float64) - probs.numpy()).sum(1).max())
+                        if inc is not None and inc.num_centroids != before:
+                            labels, vecs = inc.centroids_since(before)
+                            txn.append_centroids(self._centroid_table, before, labels, vecs)
+                        elif snapshot is not None:
+                            self.save_state()
+                        out = finish(y_hat.float(), max_l1)
+                        txn.log(key.name, n, 200, "ok", max_l1, (time.perf_counter() - t0) * 1e3, request_id)
+                except BaseException:
+                    # nothing was committed: memory goes back to what the store holds, in O(1) — the detector's
+                    # update of this request is simply dropped, the defense drops the centroids it added
+                    if inc is not None:
+                        inc.truncate_centroids(before)
                     elif snapshot is not None:
-                        self.save_state()
-                    out = finish(y_hat.float(), max_l1)
-                    txn.log(key.name, n, 200, "ok", max_l1, (time.perf_counter() - t0) * 1e3, request_id)
-            except BaseException:  # nothing was committed: memory goes back to what the store holds
+                        self.defense.load_state_dict(snapshot)
+                    raise
                 if own is not None:
-                    own.rollback()
-                if inc is not None:
-                    inc.truncate_centroids(before)
-                elif snapshot is not None:
-                    self.defense.load_state_dict(snapshot)
-                raise
-        finally:
-            self._lock.release()
+                    own.commit(pending)
+            finally:
+                self._lock.release()
+        except ExtractionSuspected as e:
+            raise GuardError("extraction_suspected", str(e)) from None
         return out
 
     # --------------------------------------------------------- state
@@ -387,8 +435,7 @@ class GuardService:
             return {"detector": None, "watermark": None}
         det = own.cfg.detector
         wm = own.cfg.watermark
-        with self.log._lock:  # the store's connection is shared with the request path
-            marked = own.marked_rows() if wm.enabled else 0
+        marked = own.marked_rows() if wm.enabled else 0
         return {
             "detector": {"enabled": det.enabled, "action": det.action, "delta": det.delta,
                          "keys": [vars(k) for k in own.status()]} if det.enabled else None,
