@@ -24,6 +24,8 @@ KEY, BUDGET_KEY = "ops-test-key-unlimited", "ops-test-key-budget-100"
 SHAPE, K = (1, 4, 4), 5
 LIMITS = {"header_timeout_s": 3.0, "body_timeout_s": 2.0, "idle_timeout_s": 1.0, "max_connections": 8,
           "max_connections_per_client": 4, "shutdown_timeout_s": 2.0, "busy_timeout_s": 1.0}
+#: the shipped configuration: the answer watermark and the detector on, with their defaults (issue #37 item 6)
+SHIPPED = {"watermark": {}, "detector": {}}
 
 
 def _config(d: Path, **server) -> Path:
@@ -31,7 +33,8 @@ def _config(d: Path, **server) -> Path:
     torch.manual_seed(0)
     model = build_model(cfg, SHAPE, K)
     return write_guard_config(d, model, cfg, SHAPE, K, defense="modelguard_s", defense_params={"epsilon": 0.5},
-                              keys={KEY: None, BUDGET_KEY: 100}, name="tiny", server={**LIMITS, **server})
+                              keys={KEY: None, BUDGET_KEY: 100}, name="tiny", server={**LIMITS, **server},
+                              ownership=SHIPPED)
 
 
 @pytest.fixture(scope="module")
@@ -288,7 +291,8 @@ def test_the_query_log_keeps_its_retention(tmp_path):
     for _ in range(1500):
         store.log("k", 1, 200, "ok", 0.0, 1.0)
     assert store.prune() == 500
-    store.db.execute("UPDATE queries SET ts = ts - 40 * 86400 WHERE id <= 800")  # rows 501..800 are 40 days old
+    # rows 501..800 were written 40 days of serving time ago (retention counts serving time, not the wall clock)
+    store.db.execute("UPDATE queries SET svc_time = svc_time - 40 * 86400 WHERE id <= 800")
     store.retention_days = 30
     assert store.prune() == 300
     assert store.db.execute("SELECT COUNT(*) FROM queries").fetchone()[0] == 700

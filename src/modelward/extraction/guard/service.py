@@ -127,7 +127,7 @@ class GuardService:
         self._stored: dict[str, KeySection] = {}  # sha256 of an operator-added key -> its section
         self._revoked: set[str] = set()  # names of revoked keys (config or operator)
         self._stop = threading.Event()
-        self._spent: dict[str, int] = {}  # usage of keys a request found spent (forgotten at each key refresh)
+        self._spent: dict[str, int] = {}  # keys a request found spent: their usage is read before the next
         self._lock = threading.Lock()  # model and defense state change together
         self._closed = check_only  # check_only: no lock, no state, no log (``guard check`` beside a running server)
         self.ownership: GuardOwnership | None = None  # watermark + detector, opened with the state
@@ -255,7 +255,6 @@ class GuardService:
             if k.key_sha256 is not None:
                 stored[k.key_sha256] = KeySection(name=k.name, key="(stored as sha256)", budget=k.budget)
         self._stored, self._revoked = stored, revoked  # swapped whole: readers see the old or the new sets
-        self._spent = {}  # an operator may have reset a budget: the next request asks the store again
 
     def start_key_refresh(self, every: float = 2.0) -> None:
         """Refresh the operator keys every ``every`` seconds in a daemon thread until :meth:`close`."""
@@ -334,11 +333,16 @@ class GuardService:
         n = int(x.shape[0])
         inc = self._incremental
         own = self.ownership
-        spent = self._spent.get(key.name)
-        if key.budget is not None and spent is not None and spent + n > key.budget:
-            # known spent (refreshed with the keys): refused without the model lock or a write (a client retrying
-            # a spent key costs O(1) and never queues behind the others)
-            raise BudgetExceeded(key.name, spent, key.budget, n)
+        if key.budget is not None and key.name in self._spent:
+            # a key found spent before: its usage is read again (one indexed read, no lock of the model or of the
+            # store's writer; an operator may have reset it) and, still spent, refused at once — a client retrying
+            # a spent key costs O(1) and never queues behind the others
+            used = self.log.used(key.name) if wait else self.log.used_nowait(key.name)
+            if used is None:
+                raise WouldBlock
+            if used + n > key.budget:
+                raise BudgetExceeded(key.name, used, key.budget, n)
+            self._spent.pop(key.name, None)
         try:
             if own is not None:
                 own.before(key.name)  # a key the detector flagged under action = "refuse": nothing is charged

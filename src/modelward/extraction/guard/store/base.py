@@ -267,6 +267,7 @@ class SQLStore:
         self._since_prune = 0
         self._deferred: list[tuple[Any, ...]] = []  # log rows of refused requests written while the store was busy
         self._dropped = 0
+        self._clock_base, self._clock_mono = time.time(), time.monotonic()  # provisional, for the migrations
         self._migrate()
         with self._lock:
             newest = self.db.execute(self.dialect.sql("SELECT MAX(svc_time) FROM queries")).fetchone()[0]
@@ -353,6 +354,10 @@ class SQLStore:
         with self._lock:
             row = self.db.execute(self.dialect.sql("SELECT used FROM usage WHERE key_name = ?"), (key_name,)).fetchone()
         return int(row[0]) if row else 0
+
+    def used_nowait(self, key_name: str) -> int | None:
+        """The key's usage now, without waiting for any lock (None: it cannot be read without waiting)."""
+        return None
 
     def reserve(self, key_name: str, rows: int, budget: int | None) -> None:
         """Charge ``rows`` to the key atomically, or raise BudgetExceeded (nothing charged) when it would overspend."""

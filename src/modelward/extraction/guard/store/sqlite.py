@@ -9,6 +9,7 @@ the last transactions can be lost on power failure). Another process holding the
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +83,22 @@ class SQLiteStore(SQLStore):
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self._setup(busy_timeout, retention_days, max_rows, detector_window)
+        # a second connection for reads that must never wait (WAL: readers do not block on the writer)
+        self._reader = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=0.05)
+        self._reader_lock = threading.Lock()
+
+    def used_nowait(self, key_name: str) -> int | None:
+        if not self._reader_lock.acquire(blocking=False):
+            return None
+        try:
+            row = self._reader.execute("SELECT used FROM usage WHERE key_name = ?", (key_name,)).fetchone()
+        except sqlite3.OperationalError:
+            return None
+        finally:
+            self._reader_lock.release()
+        return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        with self._reader_lock:
+            self._reader.close()
+        super().close()
