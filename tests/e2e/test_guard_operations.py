@@ -160,6 +160,9 @@ def test_sigterm_with_a_slow_request_open_exits_in_bounded_time_and_writes_the_s
     finally:
         srv.stop()
     snap = next((tmp_path / "guard_state").glob("*.state.safetensors"))
+    # the cancelled request has its log row and leaves no traceback (#37 item 7)
+    assert _db(tmp_path, "SELECT status FROM queries WHERE code = 'cancelled'") == [(499,)]
+    assert "Traceback" not in srv.log_path.read_text(errors="replace")
     from modelward.core.io import load_tensors
 
     assert load_tensors(snap)["centroids"].shape[0] > 0

@@ -11,6 +11,7 @@ the service raise :class:`~modelward.extraction.guard.errors.GuardError` with a 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -31,7 +32,7 @@ log = logging.getLogger("modelward.guard")
 #: HTTP status of each GuardError code (anything else a client sent wrong is a 400)
 STATUS = {"unauthenticated": 401, "unknown_model": 404, "unknown_version": 404, "body_too_large": 413,
           "batch_too_large": 413, "query_budget_exceeded": 429, "store_busy": 503, "extraction_suspected": 403,
-          "forbidden": 403}
+          "forbidden": 403, "shutting_down": 503}
 INLINE_BYTES = int(os.environ.get("MODELWARD_GUARD_INLINE_BYTES", 64 * 1024))
 
 
@@ -179,6 +180,17 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
                 ans = await run_in_threadpool(service.handle, key, body, hl, rid, t0)
         except GuardError as e:
             return await refused(e, key_name, t0, rid)
+        except asyncio.CancelledError:
+            # guard-state: cancelled at shutdown (past shutdown_timeout_s): the request still gets its log row (the
+            # store waits at most a moment, then keeps the row for its close)
+            log.info("guard: request %s (key %s) cancelled by the shutdown", rid, key_name)
+            try:
+                service.log.log(key_name, 0, 499, "cancelled", None, (time.perf_counter() - t0) * 1e3, rid)
+            except Exception:  # noqa: BLE001 - the store is already closed: the log line above says it
+                pass
+            # answered, not re-raised: uvicorn prints a traceback for an exception out of the app, and the
+            # server is stopping anyway (the answer goes out if the connection still can take it)
+            return error(503, "shutting_down", "the server is shutting down; retry", rid)
         except ClientDisconnect:
             log.info("guard: request %s: the client disconnected before sending its whole body", rid)
             await record(key_name, 0, 499, "client_disconnected", t0, rid)

@@ -349,6 +349,8 @@ class GuardService:
             if not self._lock.acquire(blocking=wait):
                 raise WouldBlock
             try:
+                if self._closed:  # shut down while this request waited (its thread outlived the cancelled task)
+                    raise GuardError("shutting_down", "the server is shutting down; nothing was charged; retry")
                 before = inc.num_centroids if inc is not None else 0
                 snapshot = self.defense.state_dict() if inc is None and self.defense.stateful else None
                 pending = None
@@ -466,7 +468,7 @@ class GuardService:
                     log.error("guard: could not write the defense snapshot %s (%s); %s", self.state_path, e,
                               "the centroid rows in the store hold every centroid: nothing is lost"
                               if self._incremental is not None else "the state since the last snapshot is lost")
-            self.log.close()
+                self.log.close()  # under the model lock: a request still waiting for it finds the service closed
         finally:
             self._folder_lock.__exit__(None, None, None)
 
