@@ -56,7 +56,7 @@ class DetectorSection(StrictModel):
     action: Literal["log", "alert", "refuse"] = "alert"
     max_stored_rows: int = Field(2000, ge=10)  # per key: PRADA's growing sets stop growing here
     window: int = Field(1000, ge=3)  # distances tested (the latest)
-    consecutive: int = Field(4, ge=1)  # successive tests below delta that flag (at or above it: that clear)
+    consecutive: int = Field(6, ge=1)  # successive tests below delta that flag (at or above it: that clear)
     test_every: int = Field(32, ge=1)  # new distances between two tests
     clear_after_minutes: float = Field(60.0, ge=0.0)  # a flag (and a refusal) ends after this; 0 = only by tests
     max_memory_mb: float = Field(256.0, gt=0.0)  # all keys' states in memory; the least recently used are evicted

@@ -211,7 +211,7 @@ class PradaDetector:
     """
 
     def __init__(self, delta: float = 0.92, min_queries: int = 100, max_growing: int = 2000, window: int = 1000,
-                 consecutive: int = 4, test_every: int = 32, clear_after_s: float | None = 3600.0,
+                 consecutive: int = 6, test_every: int = 32, clear_after_s: float | None = 3600.0,
                  max_memory_mb: float | None = None, loader: Loader | None = None) -> None:
         if not 0.0 < delta < 1.0:
             raise ConfigError(f"detector delta: must be in (0, 1), got {delta}")
