@@ -1,6 +1,7 @@
 """Two `guard serve` replicas on one real PostgreSQL (issue #40 item 2): 16 clients hammering one key across both
-charge it exactly its budget and are answered nothing beyond it; the watermark and the detector see one stream;
-after kill -9 a replica restarts on the shared state and answers exactly as the other one. Skipped, with the
+charge it exactly its budget and are answered nothing beyond it, also with one replica killed (-9) in the middle;
+the watermark and the detector see one stream; the killed replica restarts on the shared state and answers exactly
+as the other one. Skipped, with the
 reason on one line, where no PostgreSQL server can be started."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 
 import httpx
 import pytest
@@ -59,10 +61,16 @@ def test_two_replicas_charge_one_key_exactly_its_budget_and_share_their_state(tm
         def client(i: int) -> None:
             g = torch.Generator().manual_seed(100 + i)
             with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as http:
-                for j in range(200):
+                for j in range(400):
                     url = servers[(i + j) % 2].url  # alternate replicas, as a load balancer would
-                    r = http.post(f"{url}/v2/models/tiny/infer", content=_body(torch.rand(ROWS, *SHAPE, generator=g)),
-                                  headers={"Content-Type": "application/json"})
+                    try:
+                        r = http.post(f"{url}/v2/models/tiny/infer",
+                                      content=_body(torch.rand(ROWS, *SHAPE, generator=g)),
+                                      headers={"Content-Type": "application/json"})
+                    except httpx.HTTPError:  # the replica killed below: the balancer's next pick is the other
+                        with lock:
+                            statuses.append(-1)
+                        continue
                     with lock:
                         statuses.append(r.status_code)
                         if r.status_code == 200:
@@ -73,22 +81,26 @@ def test_two_replicas_charge_one_key_exactly_its_budget_and_share_their_state(tm
         threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
         for t in threads:
             t.start()
+        while sum(answered) < BUDGET // 3 and any(t.is_alive() for t in threads):
+            time.sleep(0.01)
+        servers[1].proc.send_signal(signal.SIGKILL)  # kill -9 of a replica in the middle of the hammering
         for t in threads:
             t.join(timeout=240)
-        assert set(statuses) <= {200, 429}, sorted(set(statuses))
-        assert sum(answered) == BUDGET and statuses.count(429) == 16  # every client ended on a 429
+        assert set(statuses) <= {200, 429, -1}, sorted(set(statuses))  # no 5xx
+        assert statuses.count(429) == 16  # every client ended on a 429: the budget ran out
         import psycopg  # here: the module is collected (and skipped) where psycopg is not installed
 
         with psycopg.connect(pg_url) as db:
             used = db.execute("SELECT used FROM usage WHERE key_name = 'key0'").fetchone()[0]
             ok = db.execute("SELECT COUNT(*), SUM(rows) FROM queries WHERE key_name = 'key0' AND status = 200"
                             ).fetchone()
-            det = db.execute("SELECT queries, version FROM prada_state WHERE key = 'key0'").fetchone()
-        assert used == BUDGET and tuple(ok) == (BUDGET // ROWS, BUDGET)  # charged once, answered once
-        assert tuple(det) == (BUDGET, BUDGET // ROWS)  # one detector state saw every batch of both replicas
+            det = db.execute("SELECT queries FROM prada_state WHERE key = 'key0'").fetchone()
+        # charged once, answered once: every charged row was logged as answered and seen by one shared detector;
+        # only requests in flight on the killed replica can have been charged without their answer arriving
+        assert used == BUDGET and tuple(ok) == (BUDGET // ROWS, BUDGET) and det[0] == BUDGET
+        assert BUDGET - 16 * ROWS <= sum(answered) <= BUDGET
 
-        # kill -9 of a replica loses nothing: it restarts on the shared state and answers as the other one
-        servers[1].proc.send_signal(signal.SIGKILL)
+        # the killed replica restarts on the shared state and answers exactly as the other one
         servers[1].proc.wait(timeout=10)
         servers[1] = start_guard_server(tmp_path / "r1" / "guard.toml")
         x = torch.rand(32, *SHAPE, generator=torch.Generator().manual_seed(7))
