@@ -331,12 +331,14 @@ class SQLStore:
                     raise StoreBusy(self.busy_timeout) from None
                 raise
             txn = Transaction(self)
+            flushed: list[tuple[Any, ...]] = []
             try:
-                self._flush_deferred(txn)
+                flushed = self._flush_deferred(txn)
                 yield txn
                 self.db.execute("COMMIT")
             except BaseException as e:
                 self._rollback()
+                self._deferred[:0] = flushed  # not written after all: kept for the next transaction
                 if self.dialect.is_busy(e):
                     raise StoreBusy(self.busy_timeout) from None
                 raise
@@ -524,11 +526,17 @@ class SQLStore:
                             self._dropped)
         self._deferred.append(row)
 
-    def _flush_deferred(self, txn: Transaction) -> None:
+    def _flush_deferred(self, txn: Transaction) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = []
         if self._deferred:
             rows, self._deferred = self._deferred, []
-            txn.executemany(_LOG_INSERT, rows)
+            try:
+                txn.executemany(_LOG_INSERT, rows)
+            except BaseException:
+                self._deferred[:0] = rows
+                raise
             self._since_prune += len(rows)
+        return rows
 
     def prune(self) -> int:
         """Apply the retention settings (log rows older than ``retention_days`` of serving time or beyond
