@@ -28,6 +28,7 @@ from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig
 from modelward.core.train import TrainConfig
 from modelward.errors import ConfigError, DataError
+from modelward.extraction.guard.errors import GuardError
 from modelward.extraction.guard.store import SQLStore, Transaction
 from modelward.extraction.ownership.detector import DetectorVerdict, KeyState, PradaDetector, PradaUpdate
 from modelward.extraction.ownership.verify import WatermarkRecords
@@ -84,12 +85,12 @@ class OwnershipSection(StrictModel):
     fingerprint: FingerprintSection = Field(default_factory=FingerprintSection)
 
 
-class ExtractionSuspected(Exception):
-    """A key the detector flagged, under ``action = "refuse"``."""
+class ExtractionSuspected(GuardError):
+    """A key the detector flagged, under ``action = "refuse"`` (code ``extraction_suspected``, HTTP 403)."""
 
     def __init__(self, key: str, at: int | None) -> None:
-        super().__init__(f"API key {key!r} is refused: its query stream looks like a model-extraction attack "
-                         f"(PRADA, flagged after {at} queries); ask the operator")
+        super().__init__("extraction_suspected", f"API key {key!r} is refused: its query stream looks like a "
+                         f"model-extraction attack (PRADA, flagged after {at} queries); ask the operator")
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ from modelward.extraction.guard.config import (
 )
 from modelward.extraction.guard.errors import BudgetExceeded, GuardError, WouldBlock
 from modelward.extraction.guard.oip import InferRequest, encode_response, model_metadata
-from modelward.extraction.guard.ownership import ExtractionSuspected, GuardOwnership
-from modelward.extraction.guard.store import SQLStore, key_digest, open_store
+from modelward.extraction.guard.ownership import GuardOwnership
+from modelward.extraction.guard.store import SQLStore, Transaction, key_digest, open_store
 
 T = TypeVar("T")
 log = logging.getLogger("modelward.guard")
@@ -333,70 +333,79 @@ class GuardService:
         n = int(x.shape[0])
         inc = self._incremental
         own = self.ownership
-        if key.budget is not None and key.name in self._spent:
-            # a key found spent before: its usage is read again (one indexed read, no lock of the model or of the
-            # store's writer; an operator may have reset it) and, still spent, refused at once — a client retrying
-            # a spent key costs O(1) and never queues behind the others
-            used = self.log.used(key.name) if wait else self.log.used_nowait(key.name)
-            if used is None:
-                raise WouldBlock
-            if used + n > key.budget:
-                raise BudgetExceeded(key.name, used, key.budget, n)
-            self._spent.pop(key.name, None)
+        self._refuse_if_spent(key, n, wait)  # O(1): a key known spent never waits for the model or the store
+        if own is not None:
+            own.before(key.name)  # a key the detector flagged under action = "refuse": nothing is charged
+        if not self._lock.acquire(blocking=wait):
+            raise WouldBlock
         try:
-            if own is not None:
-                own.before(key.name)  # a key the detector flagged under action = "refuse": nothing is charged
-            if not self._lock.acquire(blocking=wait):
-                raise WouldBlock
+            if self._closed:  # shut down while this request waited (its thread outlived the cancelled task)
+                raise GuardError("shutting_down", "the server is shutting down; nothing was charged; retry")
+            before = inc.num_centroids if inc is not None else 0
+            snapshot = self.defense.state_dict() if inc is None and self.defense.stateful else None
+            pending = None  # the detector's judgement of this batch, applied only once the transaction committed
             try:
-                if self._closed:  # shut down while this request waited (its thread outlived the cancelled task)
-                    raise GuardError("shutting_down", "the server is shutting down; nothing was charged; retry")
-                before = inc.num_centroids if inc is not None else 0
-                snapshot = self.defense.state_dict() if inc is None and self.defense.stateful else None
-                pending = None
-                try:
-                    with self.log.transaction(wait) as txn:  # COMMIT when the block ends; ROLLBACK if anything raises
-                        try:
-                            txn.charge(key.name, n, key.budget)  # BudgetExceeded before any work when spent
-                        except BudgetExceeded as e:
-                            self._spent[key.name] = e.used
-                            raise
-                        if inc is not None:  # a shared store: the centroids other replicas added, in order
-                            tail = txn.sync_centroids(self._centroid_table, inc.num_centroids, self.num_classes)
-                            if len(tail[0]):
-                                inc.extend_centroids(*tail)
-                            before = inc.num_centroids
-                        if own is not None:
-                            own.begin(txn, key.name)  # the key's detector state; a refused key stops here
-                        # the model runs on its device; the defense (its post-process) works on CPU probabilities
-                        probs = torch.softmax(self.model(x.to(self.device)).float(), dim=1).cpu()
-                        y_hat = (self.defense.defend(probs, x) if self.defense.needs_inputs
-                                 else self.defense.defend(probs))
-                        if own is not None:  # watermark + detector rows join this transaction
-                            y_hat, pending = own.after(txn, key.name, x, probs, y_hat)
-                        max_l1 = float(np.abs(y_hat.numpy().astype(np.float64) - probs.numpy()).sum(1).max())
-                        if inc is not None and inc.num_centroids != before:
-                            labels, vecs = inc.centroids_since(before)
-                            txn.append_centroids(self._centroid_table, before, labels, vecs)
-                        elif snapshot is not None:
-                            self.save_state()
-                        out = finish(y_hat.float(), max_l1)
-                        txn.log(key.name, n, 200, "ok", max_l1, (time.perf_counter() - t0) * 1e3, request_id)
-                except BaseException:
-                    # nothing was committed: memory goes back to what the store holds, in O(1) — the detector's
-                    # update of this request is simply dropped, the defense drops the centroids it added
-                    if inc is not None:
-                        inc.truncate_centroids(before)
+                with self.log.transaction(wait) as txn:  # COMMIT when the block ends; ROLLBACK if anything raises
+                    self._charge(txn, key, n)  # BudgetExceeded before any work when the budget is spent
+                    before = self._sync_shared_state(txn, key, before)
+                    # the model runs on its device; the defense (its post-process) works on CPU probabilities
+                    probs = torch.softmax(self.model(x.to(self.device)).float(), dim=1).cpu()
+                    y_hat = self.defense.defend(probs, x) if self.defense.needs_inputs else self.defense.defend(probs)
+                    if own is not None:  # watermark + detector rows join this transaction
+                        y_hat, pending = own.after(txn, key.name, x, probs, y_hat)
+                    max_l1 = float(np.abs(y_hat.numpy().astype(np.float64) - probs.numpy()).sum(1).max())
+                    if inc is not None and inc.num_centroids != before:
+                        labels, vecs = inc.centroids_since(before)
+                        txn.append_centroids(self._centroid_table, before, labels, vecs)
                     elif snapshot is not None:
-                        self.defense.load_state_dict(snapshot)
-                    raise
-                if own is not None:
-                    own.commit(pending)
-            finally:
-                self._lock.release()
-        except ExtractionSuspected as e:
-            raise GuardError("extraction_suspected", str(e)) from None
+                        self.save_state()
+                    out = finish(y_hat.float(), max_l1)
+                    txn.log(key.name, n, 200, "ok", max_l1, (time.perf_counter() - t0) * 1e3, request_id)
+            except BaseException:  # nothing was committed: memory goes back to what the store holds, in O(1):
+                # the detector's update is dropped (never applied), the defense drops the centroids it added
+                if inc is not None:
+                    inc.truncate_centroids(before)
+                elif snapshot is not None:
+                    self.defense.load_state_dict(snapshot)
+                raise
+            if own is not None:
+                own.commit(pending)
+        finally:
+            self._lock.release()
         return out
+
+    def _refuse_if_spent(self, key: KeySection, n: int, wait: bool) -> None:
+        """A key a request found spent: its usage is read again (one indexed read, no lock of the model or of the
+        store's writer; an operator may have reset it) and, still spent, refused at once — a client retrying a spent
+        key costs O(1) and never queues behind the others."""
+        if key.budget is None or key.name not in self._spent:
+            return
+        used = self.log.used(key.name) if wait else self.log.used_nowait(key.name)
+        if used is None:
+            raise WouldBlock
+        if used + n > key.budget:
+            raise BudgetExceeded(key.name, used, key.budget, n)
+        self._spent.pop(key.name, None)
+
+    def _charge(self, txn: Transaction, key: KeySection, n: int) -> None:
+        try:
+            txn.charge(key.name, n, key.budget)
+        except BudgetExceeded as e:
+            self._spent[key.name] = e.used
+            raise
+
+    def _sync_shared_state(self, txn: Transaction, key: KeySection, before: int) -> int:
+        """Inside the request's transaction, before the model: the centroids other replicas added (a shared store;
+        in order) and the key's detector state (a refused key stops here). Returns the centroid count to undo to."""
+        inc = self._incremental
+        if inc is not None:
+            labels, vecs = txn.sync_centroids(self._centroid_table, inc.num_centroids, self.num_classes)
+            if len(labels):
+                inc.extend_centroids(labels, vecs)
+            before = inc.num_centroids
+        if self.ownership is not None:
+            self.ownership.begin(txn, key.name)
+        return before
 
     # --------------------------------------------------------- state
     def _load_snapshot(self) -> None:
