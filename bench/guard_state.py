@@ -5,8 +5,8 @@ PostgreSQL (issue #40), in one run.
                                                      [--replica-seconds 60] [--no-replicas]
 
 1. A `guard serve` subprocess (the shipped configuration: ModelGuard-S ε = 1, watermark and detector on, SQLite
-   store) whose store is prefilled with ``--prefill`` detector rows (bounded states of 100 keys, the clients' own
-   keys among them: full windows and growing sets). **Baseline**: ``clients − 1`` clients, each with its own key,
+   store) whose store is prefilled with ``--prefill`` detector rows (bounded states: full windows and growing sets
+   of the clients' own keys, then of idle keys). **Baseline**: ``clients − 1`` clients, each with its own key,
    send 16-row requests in a closed loop (keep-alive, one process each) for a fifth of ``--minutes``, while a
    checker calls ``/v2/health/ready`` every 100 ms. **Under attack**: the same plus one client retrying a spent key
    as fast as it can, for ``--minutes``. Prints p50/p99 of the other keys' requests and of the health checks in
@@ -88,18 +88,19 @@ def _pct(v: list[float]) -> dict[str, float]:
 
 
 def _prefill(store_path: Path, rows: int, keys: list[str]) -> dict[str, int]:
-    """Bounded detector states (window 1,000 distances, up to 1,000 members) for 100 keys, ours among them."""
+    """Bounded detector states (full windows of 1,000 distances and their growing sets), the clients' keys first,
+    then idle keys until the store holds ``rows`` detector rows."""
     store = open_store(None, store_path)
     rng = np.random.default_rng(0)
-    names = keys + [f"idle{i}" for i in range(max(0, 100 - len(keys)))]
-    per_key = max(1, rows // (2 * len(names)))
-    for name in names:
-        det = PradaDetector(max_growing=per_key, window=per_key, min_queries=min(100, per_key))
-        x = torch.from_numpy(rng.random((2 * per_key, int(np.prod(SHAPE))), dtype=np.float32))
-        y = torch.from_numpy(rng.integers(0, K, 2 * per_key))
-        for i in range(0, len(x), 256):
+    names = iter(keys + [f"idle{i}" for i in range(10**6)])
+    while sum(store.detector_rows().values()) < rows:
+        name = next(names)
+        det = PradaDetector()
+        x = torch.from_numpy(rng.random((1200, int(np.prod(SHAPE))), dtype=np.float32))
+        y = torch.from_numpy(rng.integers(0, K, 1200))
+        for i in range(0, len(x), 300):
             with store.transaction() as txn:
-                up = det.prepare(name, x[i : i + 256], y[i : i + 256])
+                up = det.prepare(name, x[i : i + 300], y[i : i + 300])
                 txn.write_detector(up, det.window)
             det.apply(up)
     counts = store.detector_rows()
