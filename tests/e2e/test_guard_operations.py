@@ -24,6 +24,8 @@ KEY, BUDGET_KEY = "ops-test-key-unlimited", "ops-test-key-budget-100"
 SHAPE, K = (1, 4, 4), 5
 LIMITS = {"header_timeout_s": 3.0, "body_timeout_s": 2.0, "idle_timeout_s": 1.0, "max_connections": 8,
           "max_connections_per_client": 4, "shutdown_timeout_s": 2.0, "busy_timeout_s": 1.0}
+#: the shipped configuration: the answer watermark and the detector on, with their defaults (issue #37 item 6)
+SHIPPED = {"watermark": {}, "detector": {}}
 
 
 def _config(d: Path, **server) -> Path:
@@ -32,7 +34,7 @@ def _config(d: Path, **server) -> Path:
     model = build_model(cfg, SHAPE, K)
     return write_guard_config(d, model, cfg, SHAPE, K, defense="modelguard_s", defense_params={"epsilon": 0.5},
                               keys={KEY: None, BUDGET_KEY: 100}, name="tiny", server={**LIMITS, **server},
-                              operators={KEY})
+                              operators={KEY}, ownership=SHIPPED)
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +179,9 @@ def test_sigterm_with_a_slow_request_open_exits_in_bounded_time_and_writes_the_s
     finally:
         srv.stop()
     snap = next((tmp_path / "guard_state").glob("*.state.safetensors"))
+    # the cancelled request has its log row and leaves no traceback (#37 item 7)
+    assert _db(tmp_path, "SELECT status FROM queries WHERE code = 'cancelled'") == [(499,)]
+    assert "Traceback" not in srv.log_path.read_text(errors="replace")
     from modelward.core.io import load_tensors
 
     assert load_tensors(snap)["centroids"].shape[0] > 0
@@ -313,7 +318,8 @@ def test_the_query_log_keeps_its_retention(tmp_path):
     for _ in range(1500):
         store.log("k", 1, 200, "ok", 0.0, 1.0)
     assert store.prune() == 500
-    store.db.execute("UPDATE queries SET ts = ts - 40 * 86400 WHERE id <= 800")  # rows 501..800 are 40 days old
+    # rows 501..800 were written 40 days of serving time ago (retention counts serving time, not the wall clock)
+    store.db.execute("UPDATE queries SET svc_time = svc_time - 40 * 86400 WHERE id <= 800")
     store.retention_days = 30
     assert store.prune() == 300
     assert store.db.execute("SELECT COUNT(*) FROM queries").fetchone()[0] == 700
@@ -370,4 +376,5 @@ def test_prometheus_metrics_count_requests_refusals_rows_budgets_and_need_an_ope
     assert after[("modelward_guard_connections_open", ())] >= 1
     # the scrape's own connection presented an operator key: the connection layer counts it as authenticated
     assert after[("modelward_guard_connections_authenticated", ())] >= 1
-    assert ("modelward_guard_detector_flagged_keys", ()) not in after  # the detector is off in this config
+    # the shipped detector is on in this config and nothing here looks like an extraction stream
+    assert after.get(("modelward_guard_detector_flagged_keys", ()), 0) == 0

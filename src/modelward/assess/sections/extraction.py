@@ -140,7 +140,7 @@ def _ownership(victim, substitute, budget: int) -> dict:  # noqa: ANN001 - a Wat
     verdict = victim.verdict()
     return {"queries": budget, "marked_rows": len(records), "watermark_matches": ev.matches,
             "watermark_p": ev.p_value, "verification_queries": ev.queries, "identified_at_1e-6": ev.p_value < 1e-6,
-            "detector_flagged": bool(verdict and verdict.flagged),
+            "detector_flagged": bool(verdict and verdict.flagged_at is not None),  # ever: a flag can clear
             "detector_flagged_at": None if verdict is None else verdict.flagged_at,
             "detector_shapiro_w": None if verdict is None else verdict.shapiro_w}
 

@@ -33,8 +33,10 @@ class ServerSection(StrictModel):
     reserved_connections: int | None = Field(None, ge=0)
     shutdown_timeout_s: float = Field(10.0, gt=0)  # SIGTERM: requests still running after this are cancelled
     busy_timeout_s: float = Field(5.0, gt=0)  # how long a query-log write waits for another process's lock
-    log_retention_days: float | None = Field(None, gt=0)  # query-log rows older than this are deleted; None = keep
+    # retention (guard-state): days of *serving time* (clock jumps and downtime do not count); None = keep forever
+    log_retention_days: float | None = Field(90.0, gt=0)  # query-log rows and idle keys' detector states
     log_max_rows: int | None = Field(None, ge=1000)  # keep at most this many query-log rows; None = no cap
+    store_url: str | None = None  # postgresql://… : replicas share one store; None = SQLite query_log in state_dir
 
 
     @property
