@@ -40,7 +40,11 @@ def train(
     from modelward.governance.transport.server import hosted_party
     from modelward.governance.trust.manifest import check_kit_of, expected_key_from_env
 
-    check_kit_of(config, consortium_key, None, set_)
+    driver_kit = check_kit_of(config, consortium_key, None, set_)  # (an older kit than this host's is refused)
+    if driver_kit is not None:  # the driver's kit starts: its consortium version is this host's mark from now on
+        from modelward.governance.trust.versions import check_kit_version
+
+        check_kit_version(config if config.is_dir() else config.parent, driver_kit, record=True)
     if host is not None and check_kit_of(host, consortium_key) is not None:
         from modelward.governance.provisioning import open_party_kit
 
