@@ -53,7 +53,7 @@ from modelward.core.config import validate
 from modelward.core.io import optimizer_from_tensors, optimizer_to_tensors, save_tensors
 from modelward.core.train import TrainConfig, make_optimizer
 from modelward.errors import ModelwardError
-from modelward.governance.audit import ANCHOR_OP, AnchorLoop, AuditLog
+from modelward.governance.audit import ANCHOR_OP, Anchoring, AuditLog
 from modelward.governance.consent import ConsentChecker, purpose_of
 from modelward.governance.flow_policy import Release, keep_outputs, receiver_of, role_warnings
 from modelward.governance.integrity import StepIntegrity
@@ -140,7 +140,7 @@ class Party:
                          consent=self.consent, lock=self.lock, max_message_bytes=self.message_limit,
                          refusals_every_s=cfg.audit_refusals_every_s,
                          max_sessions_per_peer=cfg.max_sessions_per_peer,
-                         revoked=lambda caller: self.deny.reason(self.pins.get(caller)))
+                         revoked=lambda caller: self.deny.reason(self.pins.get(caller)), next_party=cfg.next)
         self.guard = self.gate.guard
         self.ckpt = Checkpoints(cfg.checkpoint_dir, cfg.keep_checkpoints)
         self.step = 0
@@ -172,11 +172,17 @@ class Party:
             self._restore(latest[-1])
         else:
             self._save_checkpoint()
-        # every audit record of this party and of the next is anchored in the other's log within anchor_every_s
-        self._anchor_client: PartyClient | None = None
-        self._anchor_address: str | None = None
-        self._anchors = AnchorLoop(cfg.anchor_every_s, self._anchor_exchange, name=f"anchor-{cfg.name}") \
-            if cfg.next is not None else None
+        # every audit record of this party and of its neighbours is anchored in the other's log within
+        # anchor_every_s, across restarts and moves (audit.Anchoring: the exchange both ways, addresses proven)
+        self.listen_address: str | None = None  # where this party's server listens (set by the transport)
+        self._anchor_clients: dict[str, tuple[str, PartyClient]] = {}
+        neighbours = {n: (self.next_address if n == cfg.next else cfg.peers[n].address)
+                      for n in (cfg.prev, cfg.next) if n is not None}
+        self.anchoring = Anchoring(self.audit, neighbours if connect is not None else {}, self._anchor_call,
+                                   lambda: self.listen_address, cfg.anchor_every_s,
+                                   store=Path(cfg.checkpoint_dir) / "neighbours.json", on_switch=self._moved,
+                                   name=f"anchor-{cfg.name}")
+        self.audit.on_record = self._on_record
 
     @property
     def name(self) -> str:
@@ -202,25 +208,33 @@ class Party:
             raise NumericError(f"party {self.cfg.name}: step {step}: {e}; the step is rolled back and refused") \
                 from None
 
-    def _anchor_exchange(self) -> None:
-        """One anchor exchange with the next party (audit.AnchorLoop): our head for theirs, each recorded only
-        when it covers a decision the other log has not anchored yet."""
-        if self.next_address is None or self._connect is None:
-            return
-        # a link of its own: an exchange that fails while the next party restarts must not leave the data link's
-        # channel backing off (the next step would then fail fast instead of reconnecting)
-        address = self.next_address
-        if self._anchor_client is None or self._anchor_address != address:
-            if self._anchor_client is not None:
-                self._anchor_client.close()
-            self._anchor_client, self._anchor_address = self._connect(self.cfg.next, address), address
+    def _anchor_call(self, name: str, address: str, meta: dict, timeout: float | None) -> dict:
+        """One anchor exchange with neighbour `name` at `address` (audit.Anchoring), over a link of its own: an
+        exchange that fails while the neighbour restarts must not leave the data link's channel backing off."""
+        held = self._anchor_clients.get(name)
+        if held is None or held[0] != address:
+            if held is not None:
+                held[1].close()
+            held = self._anchor_clients[name] = (address, self._connect(name, address))
         try:
-            r = self._anchor_client.call(Message(ANCHOR_OP, meta={"offer": self.audit.anchor_offer()}))
+            return held[1].call(Message(ANCHOR_OP, meta=meta), timeout=timeout).meta
         except ModelwardError:
-            self._anchor_client.close()
-            self._anchor_client = None
+            self._anchor_clients.pop(name)[1].close()
             raise
-        self.audit.anchor_settle(self.cfg.next, r.meta.get("offer"))
+
+    def _moved(self, name: str, address: str) -> None:
+        """The next party answered at a new address (proven by its pin): the data link goes there too."""
+        if name == self.cfg.next:
+            with self.lock:
+                if address != self.next_address:
+                    self.next_address = address
+                    self.reconnect()
+
+    def _on_record(self, op: str, decision: str) -> None:
+        """A record whose head no answer carries (a refusal, a failure: the caller gets an error, not a head) is
+        anchored by an exchange soon; an allowed request's head travels with its answer."""
+        if decision != "allow":
+            self.anchoring.poke()
 
     # ----------------------------------------------------------------- requests (the gate's Handler)
     def handle(self, caller: str, data: bytes) -> bytes:
@@ -422,6 +436,7 @@ class Party:
                 self.next_client.close()
                 self.next_client = None
             self.next_address = addr
+            self.anchoring.told(self.cfg.next, addr)
         return Message("open", step=self.step,
                        meta={**self._status(), "last_seq": self.guard.last_seq(caller, msg.session)})
 
@@ -648,9 +663,9 @@ class Party:
         return Message("fetch", meta={"form": self.cfg.policy.predict.form}, tensors=self.release.release(out))
 
     def op_anchor(self, msg: Message, caller: str) -> Message:
-        """The previous party's anchor exchange (audit.AuditLog.anchor_accept): its head recorded here if it
-        covers a decision not anchored yet; ours goes back."""
-        return Message(ANCHOR_OP, meta={"offer": self.audit.anchor_accept(caller, msg.meta.get("offer"))})
+        """A neighbour's anchor exchange (audit.Anchoring.accept): its head recorded here if it covers a decision
+        not anchored yet, the address it gives for itself noted; our head and address go back."""
+        return Message(ANCHOR_OP, meta=self.anchoring.accept(caller, msg.meta))
 
     def op_restore(self, msg: Message, caller: str) -> Message:
         """Back to the checkpoint of step ``meta.to_step`` (an uncommitted step is rolled back first)."""
@@ -687,10 +702,9 @@ class Party:
                 self._save_checkpoint()
 
     def close(self) -> None:
-        if self._anchors is not None:
-            self._anchors.close()
-            if self._anchor_client is not None:
-                self._anchor_client.close()
+        self.anchoring.close()  # after one last exchange: what this party wrote since the last one is anchored
+        for _, client in self._anchor_clients.values():
+            client.close()
         with self.lock:
             self.tentative.close()  # a late update in flight finishes (its step stays prepared)
             self.window.close()
