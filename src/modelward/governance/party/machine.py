@@ -61,6 +61,7 @@ from modelward.governance.party.backward import input_gradient
 from modelward.governance.party.checkpoints import Checkpoints, state_digest
 from modelward.governance.party.config import PartyConfig, pins, revoked_path
 from modelward.governance.party.gate import Gate
+from modelward.governance.party.input_protection import input_protection
 from modelward.governance.party.label_protection import reply_protection
 from modelward.governance.party.pipeline import MAX_PREPARED, StalenessWindow, prepared_state
 from modelward.governance.party.segment import Holding
@@ -120,6 +121,8 @@ class Party:
         self._protect = reply_protection(cfg.label_protection, "label_protection" in cfg.model_fields_set,
                                          h.y_train, self.in_shape, cfg.name, self.is_last)
         self.send_codecs = send_codecs(cfg.compression, cfg.name, self.is_first, self.is_last)  # {"h":, "g":}
+        # the first party's noise / NoPeek on what it sends (input_protection; None: exact activations)
+        self._inputs = input_protection(cfg.input_protection, cfg.name, self.is_first)
         # the largest legitimate message (rows x the widest per-row tensor): the transport drops anything larger
         # before it is buffered, whoever sent it (issue 26); replies from the next party too
         self.message_limit = min(int(cfg.max_message_mb * 2**20) + 65536, message_limit(
@@ -158,6 +161,7 @@ class Party:
                                       link=functools.partial(self._open_link, evict=False), link_seq=self.link_seq,
                                       committed=lambda: self.step, carried_commit=self._carried_commit,
                                       commit=self._commit)
+        self.window.inputs = self._inputs  # (the pipelined path protects what it sends the same way)
         # the dispatch table (Flower's _registered_funcs): operation -> bound method, nothing built from strings
         self.ops: dict[str, Operation] = {
             "open": self.op_open, "status": self.op_status, "step": self.op_step, "vote": self.op_vote,
@@ -491,12 +495,14 @@ class Party:
                 self._step_loss = loss  # checked against its running statistics with the update (integrity)
             else:
                 r = self._next_call(msg, {} if carried is None else {"commit": carried},
-                                    {"h": out.detach(), "idx": idx})
+                                    {"h": self._sent(out, x, msg.step), "idx": idx})
                 if held is not None:  # every party after this one has committed it
                     self._commit(held, buffers=snapshot().model)
                     self.note += f"; committed step {held} (carried by this {msg.op})"
                     held = None
                 g = h.bounded(expect(r, "g", torch.float32, tuple(out.shape)), "gradient g")
+                if self._inputs is not None:  # (its NoPeek term joins the gradient it back-propagates)
+                    g = self._inputs.incoming(g, msg.step)
                 root, root_grad = out, g.contiguous(memory_format=format_of(out))
                 loss, down = float(r.meta["loss"]), anchors_of(r, self.cfg.name)
             grad = None
@@ -517,6 +523,10 @@ class Party:
         return Message("step", step=msg.step, meta={"loss": loss, "_anchors": down},
                        tensors={"g": grad} if grad is not None else {},
                        codecs={"g": self.send_codecs["g"]} if grad is not None and "g" in self.send_codecs else {})
+
+    def _sent(self, out: torch.Tensor, x: torch.Tensor, step: int | None = None) -> torch.Tensor:
+        """The activation that leaves for the next party: through the first party's input protection, if any."""
+        return out.detach() if self._inputs is None else self._inputs.outgoing(out, x, step)
 
     def _carried_commit(self, msg: Message) -> tuple[int | None, int | None]:
         """The commit of the last step carried by a data operation (``meta.commit``; a step or an evaluation):
@@ -604,7 +614,8 @@ class Party:
         out = h.forward_eval(x)
         if not self.is_last:
             meta = {"split": split, "metric": msg.meta.get("metric", "error")}
-            r = self._next_call(msg, meta if carried is None else {**meta, "commit": carried}, {"h": out, "idx": idx})
+            r = self._next_call(msg, meta if carried is None else {**meta, "commit": carried},
+                                {"h": self._sent(out, x), "idx": idx})
             if held is not None:  # every party after this one has committed it
                 self._commit(held)
                 self.note += f"; committed step {held} (carried by this eval)"
@@ -633,7 +644,7 @@ class Party:
             idx, x = h.input(msg, h.split_of(msg), limit)
         out = h.forward_eval(x)
         if not self.is_last:
-            r = self._next_call(msg, {"split": msg.meta.get("split", "test")}, {"h": out, "idx": idx})
+            r = self._next_call(msg, {"split": msg.meta.get("split", "test")}, {"h": self._sent(out, x), "idx": idx})
             meta = {"token": r.meta["token"], "n": int(r.meta["n"]), "_anchors": anchors_of(r, self.cfg.name)}
             if r.meta.get("kept"):
                 meta["kept"] = str(r.meta["kept"])[:512]
