@@ -590,7 +590,7 @@ class Anchoring:
     def close(self, final_timeout: float = 5.0) -> None:
         """Stop the loop after one last round (each call bounded by `final_timeout`): what the party wrote since
         the previous round is anchored before it stops, wherever a neighbour answers."""
-        if self.loop is None:
+        if self.loop is None or self.timeout is not None:  # (none to run, or closed already)
             return
         self.loop.close()
         self.timeout = final_timeout
