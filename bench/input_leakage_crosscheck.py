@@ -9,7 +9,7 @@ fc 64, Alice holds conv1, 200 steps of 64; 30 % public rows as Bob's auxiliary d
 protection) — on the same 256 private rows' last activations, at the audit's budgets (1500 + 1500 steps; the joint
 one 2100), per seed; printed: SSIM and MSE of both, their difference, and the no-leak references.
 
-    python bench/input_leakage_crosscheck.py [--seeds 0,1] [--steps 200]
+    python bench/input_leakage_crosscheck.py [--seeds 0,1] [--steps 200] [--independent-steps 2100]
 
 Bounded: one short training and two attacks per seed (≈ 1-2 minutes per seed on a quiet 2-core host).
 """
@@ -47,6 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--independent-steps", type=int, default=2100, help="joint steps of the independent attack")
     args = ap.parse_args()
     torch.set_num_threads(1)
     independent = _independent()
@@ -70,7 +71,8 @@ def main() -> None:
         t0 = time.perf_counter()
         ours_hat = decoder_attack(alice_like, run.bob, aux_x, aux_y, received, True, seed=ATTACK_SEED + seed)
         t1 = time.perf_counter()
-        theirs_hat = independent(alice_like, run.bob, aux_x, aux_y, received, 2100, ATTACK_SEED + seed + 1)
+        theirs_hat = independent(alice_like, run.bob, aux_x, aux_y, received, args.independent_steps,
+                                 ATTACK_SEED + seed + 1)
         t2 = time.perf_counter()
         ours, theirs = reconstruction_scores(x, ours_hat, True), reconstruction_scores(x, theirs_hat, True)
         ref = baselines(x, aux_x, ours_hat, True, seed=seed)

@@ -287,7 +287,8 @@ def reconstructions_plot(path: Path, examples: dict[str, list], title: str) -> P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = {k: torch.tensor(v) for k, v in examples.items() if len(v)}
+    first = [k for k in ("input", "aux mean") if k in examples]  # (the run's record may come back key-sorted)
+    rows = {k: torch.tensor(examples[k]) for k in [*first, *sorted(set(examples) - set(first))] if len(examples[k])}
     if not rows or next(iter(rows.values())).dim() != 4:
         return None
     n = next(iter(rows.values())).shape[0]
