@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 # the extras the test suite exercises (each optional backend's tests skip, saying so, when it is missing)
-EXTRAS := test,cluster,report,privacy,cost,scan,bom
+EXTRAS := test,cluster,report,privacy,cost,scan,bom,postgres
 # pytest-xdist workers of `make test` (0: one process, in file order, about 16 min on the 2-core reference machine).
 # `make test PYTEST_WORKERS=2` (--dist loadgroup as tests/conftest.py refines it: a module's tests stay on one worker,
 # the Ray clusters' tests run on one worker one after another) takes about 9 min. Two causes of layout-dependent
@@ -60,6 +60,11 @@ bench: install
 
 clean:
 	rm -rf $(VENV) demo-out .pytest_cache .ruff_cache
+
+# guard-state: Debian's PostgreSQL server for the guard store tests (tests start their own throwaway cluster)
+.PHONY: postgres
+postgres:
+	bash .ci/postgres.sh
 
 # ---- issue 39 (byom): models from torchvision and timm, in their own venv ---------------------------------------
 # PyPI's torchvision wheel is linked against the CUDA build of torch: beside the CPU torch its C++ operators cannot

@@ -122,9 +122,11 @@ class AssessStudy(Study[AssessConfig, RunOutcome]):
     @contextmanager
     def session(self, cfg: AssessConfig, ctx: StudyContext) -> Iterator[None]:
         # the user trusted this config's entry point; its sections load the model again, possibly in worker
-        # processes that see the config as JSON, where trust_code is never written: they inherit the switch, for
-        # this run only
-        lend = cfg.model is not None and cfg.model.trust_code and not code_trusted()
+        # processes that see the config as JSON, where the operator's trust mark is never written: they inherit the
+        # switch, for this run only
+        # (a model entry point, or a data entry point: issue 39)
+        lend = (cfg.model is not None and cfg.model.code_trusted or cfg.data is not None and cfg.data.code_trusted) \
+            and not code_trusted()
         if lend:
             trust_code()
         if ctx.progress is not None:

@@ -17,7 +17,7 @@ from torch import nn
 from modelward.assess.config import AssessConfig
 from modelward.core.checkpoint import Checkpoint, checkpoint_kind, load_checkpoint, read_checkpoint
 from modelward.core.data import DataConfig, DataSplit, load_data
-from modelward.core.io import check_state
+from modelward.core.io import load_into
 from modelward.core.sources import adapt_state_dict, hf_weight_files
 from modelward.core.text import token_embedding
 from modelward.core.zoo import ModelConfig, build_model, model_config_from_metadata
@@ -125,12 +125,7 @@ def load_target(cfg: AssessConfig) -> Target:
         tensors, weights_from = _hf_folder_weights(Path(model_cfg.path))
     tensors = adapt_state_dict(model, tensors)
     if tensors:
-        check_state(model, tensors, weights_from)
-        try:
-            model.load_state_dict(tensors)
-        except RuntimeError as e:
-            raise DataError(f"{weights_from}: weights do not match [model] {_model_name(model_cfg, model)} for "
-                            f"{data.describe()} ({str(e).splitlines()[0]})") from None
+        load_into(model, tensors, f"{weights_from} ([model] {_model_name(model_cfg, model)} for {data.describe()})")
     model.eval()
     _check_modality(model, data, weights_from)
     data = _named_classes(model, data)

@@ -730,10 +730,10 @@ def _entrypoint_data(cfg: DataConfig) -> DataSplit:
     """Data from your own code: ``factory(**kwargs)`` returns ``(train, test)`` (or ``{"train": …, "test": …}``) of
     Datasets/DataLoaders — members and non-members exactly as you split them — or one of them, split here."""
     where = f"data.entrypoint {cfg.entrypoint!r}"
-    # the operator's trust, never the file's: the config object's mark when the config loader sets one, else
+    # the operator's trust, never the file's: the config's mark (the operator's trust list, allow_code), or
     # --trust-code / MODELWARD_TRUST_CODE (core/entrypoints.py)
-    factory = load_entrypoint(str(cfg.entrypoint), field="data.entrypoint",
-                              trusted=bool(getattr(cfg, "code_trusted", False)))
+    factory = load_entrypoint(str(cfg.entrypoint), field="data.entrypoint", trusted=cfg.code_trusted,
+                              source=cfg.config_source)
     out = factory(**cfg.kwargs)
     if isinstance(out, dict):
         if "train" not in out:

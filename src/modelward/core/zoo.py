@@ -4,8 +4,8 @@ Every model exposes ``part_names``: its natural parts from lower to higher layer
 ``modelward parts`` use by default. Models size themselves to the input (8×8 digits up to 224×224 images):
 large-input stems (11×11/4 for AlexNet, 7×7/2 + max-pool for ResNet) are used only when the input is ≥ 64 px, and
 a max-pool is skipped where the feature map is already 1 px wide. Any user ``nn.Module`` can be used through an
-entry point ``package.module:factory``: that is code, run only with ``trust_code = true`` or ``--trust-code``
-(:mod:`modelward.core.entrypoints`).
+entry point ``package.module:factory``: that is code, run only when the operator trusts it (``--trust-code``,
+``MODELWARD_TRUST_CODE=1`` or ``modelward trust allow CONFIG``: :mod:`modelward.core.entrypoints`).
 """
 
 from __future__ import annotations
@@ -88,25 +88,23 @@ class ModelConfig(StrictModel):
     num_classes: int | None = Field(None, ge=2)  # logits of the model (default: the data's classes)
     entrypoint: str | None = None  # "package.module:factory" for arch="entrypoint"
     kwargs: dict[str, Any] = Field(default_factory=dict)  # passed to the entry-point factory
-    # the entry point is code: it runs only with trust_code = true or --trust-code (core/entrypoints.py). Never
-    # written out (exclude): a config dumped to a file or into a checkpoint's metadata carries no trust, and study
-    # fingerprints do not change with it; pickled copies (worker processes) keep it.
-    trust_code: bool = Field(False, exclude=True)
+    # the entry point is code: it runs only when the operator trusts it (``code_trusted``, set by the config loader
+    # from the operator's trust list, never by the file; or --trust-code: core/entrypoints.py)
 
 
 def model_config_from_metadata(data: Any, source: str) -> ModelConfig:
     """The ``[model]`` a checkpoint's metadata records, validated, with no trust in code: a file is data, so an
-    entry point it names runs only if the user trusts it (``--trust-code``), whatever the file claims.
+    entry point it names runs only if the operator trusts it (``--trust-code``), whatever the file claims.
 
     Args:
         data: the metadata's ``model`` entry (a dict, or its JSON text).
         source: the file, quoted in errors.
 
     Returns:
-        The model config with ``trust_code = False``.
+        The model config, not trusted (``code_trusted`` False; a retired ``trust_code`` key is dropped).
 
     Example:
-        >>> model_config_from_metadata({"arch": "mlp", "trust_code": True}, "m.safetensors").trust_code
+        >>> model_config_from_metadata({"arch": "mlp", "trust_code": True}, "m.safetensors").code_trusted
         False
     """
     import json
@@ -349,8 +347,8 @@ def _build_entrypoint(cfg: ModelConfig, input_shape: tuple[int, ...], num_classe
     if not cfg.entrypoint:
         raise ConfigError("model.entrypoint: required when model.arch='entrypoint' (e.g. 'mypkg.nets:build')")
     # (the [model] table may sit elsewhere, e.g. [model.net] in a guard config: the message says "the same table")
-    factory = load_entrypoint(cfg.entrypoint, field="model entrypoint", trusted=cfg.trust_code,
-                              switch="trust_code = true in the table that names it")
+    factory = load_entrypoint(cfg.entrypoint, field="model entrypoint", trusted=cfg.code_trusted,
+                              source=cfg.config_source)
     kwargs = dict(cfg.kwargs)
     params = inspect.signature(factory).parameters
     if "input_shape" in params:

@@ -36,7 +36,7 @@ from pydantic import Field
 
 from modelward.core.config import StrictModel, load_config
 from modelward.core.data import DataConfig, load_data
-from modelward.core.io import load_tensors
+from modelward.core.io import load_into, load_tensors
 from modelward.core.progress import ProgressSink
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig, build_model
@@ -193,7 +193,7 @@ def run_extraction_audit(cfg: ExtractionAuditConfig, out_dir: str | Path,
         accuracy = 1.0 - float(res.curve[-1][1])
         state = {k: v for m in exports.values() for k, v in load_tensors(m["export"]).items()}
         full = build_model(cfg.model, data.input_shape, data.num_classes)
-        full.load_state_dict(state)
+        load_into(full, state, "the parties' exported checkpoints")
         full.eval()
         bob_layers = split.owners["bob"]
         alice_part, bob_part = segment_of(full, split.owners["alice"]), segment_of(full, bob_layers)

@@ -20,6 +20,9 @@ from modelward.core.records import write_table
 from modelward.errors import ModelwardError
 
 Verdict = Literal["green", "amber", "red", "info", "none"]
+#: a finding's severity as a section verdict (the card's colour)
+SEVERITY_VERDICT: dict[str, Verdict] = {"critical": "red", "high": "red", "medium": "amber", "low": "green",
+                                        "info": "info"}
 
 
 class NotAssessed(ModelwardError):

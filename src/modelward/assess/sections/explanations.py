@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from modelward.assess.config import AssessConfig
-from modelward.assess.findings import clopper_pearson
+from modelward.assess.findings import rate_metric
 from modelward.assess.profiles import BUDGET_FLOORS, ProfileSizes
 from modelward.assess.sections.common import (
+    SEVERITY_VERDICT,
     Headline,
     SectionResult,
     Work,
@@ -30,18 +31,9 @@ from modelward.bias.amplification import bias_amplification
 from modelward.core.data import DataSplit
 from modelward.core.plots import grouped_bars
 from modelward.explain.interpret import attribute, top_units
+from modelward.explain.layers import feature_layer
 from modelward.explain.plots import attribution_grid
 from modelward.explain.text import token_attributions
-
-
-def _unit_layer(model: torch.nn.Module) -> str:
-    """The module whose output feeds the final linear layer (the penultimate representation)."""
-    named = [(n, m) for n, m in model.named_modules() if n and any(True for _ in m.parameters(recurse=False))]
-    linear = [i for i, (_, m) in enumerate(named) if isinstance(m, torch.nn.Linear)]
-    if not linear or linear[-1] == 0:
-        return named[-1][0]
-    return named[linear[-1] - 1][0]
-
 
 TEXT_IG_STEPS = 32
 
@@ -99,11 +91,11 @@ def _token_tables(res: SectionResult, out: Path, model: torch.nn.Module, d: Data
 def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root: Path) -> SectionResult:
     res = SectionResult("explanations", "Explanations and bias amplification")
     d, model = target.data, target.model
-    layer = _unit_layer(model)
     n_img = min(10, d.num_classes) if d.is_image else 0
     sizes, works, note = fit_budget("explanations", sizes, cfg.sizes, lambda sz: plan(target, sz),
                                     3 * forward_flops(model, d.x_test), BUDGET_FLOORS["explanations"])
     x, y = d.x_test[: sizes.explain_points], d.y_test[: sizes.explain_points]
+    layer = feature_layer(model, x[:2])  # what the classifier reads, by data flow (a ResNet: its pooled features)
     progress = section_progress("explanations")
     res.plan = progress.announce(works, seconds_per_point_gradient(model, x, y), note)
     if note:
@@ -160,11 +152,31 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     if np.isnan(value):
         res.verdict = "info"
     else:
-        n = len(truth)
-        k = int((pred == d.class_names.index(worst["class"])).sum())
-        lo, hi = (c - worst["prior"] for c in clopper_pearson(k, n))
+        c = d.class_names.index(worst["class"])
+        lo, hi = paired_difference_interval(pred == c, truth == c)
         ci = [0.0, max(abs(lo), abs(hi))] if lo <= 0 <= hi else sorted([abs(lo), abs(hi)])
+        rule = res.rule + "; a B_c whose 95 % interval contains 0 is not distinguishable from no amplification"
         res.add_metric("bias_amplification.max", f"bias amplification: largest |B_c| (class {worst['class']})",
-                       value, n=n, risk_up=True, headline=True,
-                       context={"thresholds": [0.02, 0.05], "ci": ci, "rule": res.rule})
+                       value, n=len(truth), risk_up=True, headline=True,
+                       context={"thresholds": [0.02, 0.05], "ci": ci, "chance": 0.0, "rule": rule,
+                                "ci_method": "Agresti–Min adjusted Wald interval of a paired difference"})
+        res.verdict = SEVERITY_VERDICT[rate_metric(res.metrics[-1])]
+        res.rule = rule
     return res
+
+
+def paired_difference_interval(a: np.ndarray, b: np.ndarray, z: float = 1.959963984540054) -> tuple[float, float]:
+    """95 % interval of mean(a) − mean(b) for two yes/no properties of the *same* points (B_c = predicted rate −
+    prior on one test set): the Agresti–Min (2005) adjusted Wald interval, ½ added to each cell of the 2×2 table.
+
+    Example:
+        >>> lo, hi = paired_difference_interval(np.array([1, 1, 0, 0]), np.array([1, 0, 0, 0]))
+        >>> lo < 0.25 < hi
+        True
+    """
+    a, b = np.asarray(a, bool), np.asarray(b, bool)
+    n10, n01 = float((a & ~b).sum()) + 0.5, float((~a & b).sum()) + 0.5
+    n = len(a) + 2.0
+    d = (n10 - n01) / n
+    se = np.sqrt((n10 + n01) / n - d * d) / np.sqrt(n)
+    return float(d - z * se), float(d + z * se)

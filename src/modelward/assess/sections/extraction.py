@@ -114,7 +114,9 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
 
     n_test = len(data.y_test)
     k_sub = round(rows[0]["substitute_accuracy"] * n_test)
-    lo, hi = clopper_pearson(k_sub, n_test)
+    # the ratio has two measured terms: both intervals at 97.5 % (Bonferroni), the ratio's range from their ends
+    lo, hi = clopper_pearson(k_sub, n_test, 0.975)
+    v_lo, v_hi = clopper_pearson(round(victim_acc * n_test), n_test, 0.975)
     measured = [f"{'ModelGuard-S' if r['defense'] == 'modelguard_s' else 'ModelGuard-W'} at ε = {r['epsilon']:g} "
                 f"(measured here, {budget} queries): substitute accuracy {pct(rows[0]['substitute_accuracy'])} → "
                 f"{pct(r['substitute_accuracy'])}; utility cost: honest users' top-1 accuracy {pct(victim_acc)} → "
@@ -123,7 +125,8 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                 f"examples/guard_{r['defense']}.toml`)" for r in sorted(rows[1:], key=lambda r: r["substitute_accuracy"])]
     res.add_metric("substitute_ratio.unguarded", f"extraction: KnockoffNets substitute accuracy ÷ model accuracy, "
                    f"unguarded, {budget} queries", unguarded, n=n_test, risk_up=True, headline=True,
-                   context={"thresholds": [0.7, 0.9], "ci": [lo / max(victim_acc, 1e-9), hi / max(victim_acc, 1e-9)],
+                   context={"thresholds": [0.7, 0.9], "ci": [lo / max(v_hi, 1e-9), min(hi / max(v_lo, 1e-9), 2.0)],
+                            "ci_method": "substitute and model accuracy, Clopper–Pearson at 97.5 % each (Bonferroni)",
                             "rule": "green ≤ 70 %, amber ≤ 90 %, red above", "actions": measured})
     for r in rows[1:]:
         k = round(r["substitute_accuracy"] * n_test)
@@ -163,7 +166,7 @@ def _ownership(victim, substitute, budget: int) -> dict:  # noqa: ANN001 - a Wat
     verdict = victim.verdict()
     return {"queries": budget, "marked_rows": len(records), "watermark_matches": ev.matches,
             "watermark_p": ev.p_value, "verification_queries": ev.queries, "identified_at_1e-6": ev.p_value < 1e-6,
-            "detector_flagged": bool(verdict and verdict.flagged),
+            "detector_flagged": bool(verdict and verdict.flagged_at is not None),  # ever: a flag can clear
             "detector_flagged_at": None if verdict is None else verdict.flagged_at,
             "detector_shapiro_w": None if verdict is None else verdict.shapiro_w}
 

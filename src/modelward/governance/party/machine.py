@@ -50,10 +50,10 @@ import torch
 import torch.nn.functional as F
 
 from modelward.core.config import validate
-from modelward.core.io import optimizer_from_tensors, optimizer_to_tensors, save_tensors
+from modelward.core.io import load_into, optimizer_from_tensors, optimizer_to_tensors, save_tensors
 from modelward.core.train import TrainConfig, make_optimizer
 from modelward.errors import ModelwardError
-from modelward.governance.audit import ANCHOR_OP, AnchorLoop, AuditLog
+from modelward.governance.audit import ANCHOR_OP, Anchoring, AuditLog
 from modelward.governance.consent import ConsentChecker, purpose_of
 from modelward.governance.flow_policy import Release, keep_outputs, receiver_of, role_warnings
 from modelward.governance.integrity import StepIntegrity
@@ -61,6 +61,7 @@ from modelward.governance.party.backward import input_gradient
 from modelward.governance.party.checkpoints import Checkpoints, state_digest
 from modelward.governance.party.config import PartyConfig, pins, revoked_path
 from modelward.governance.party.gate import Gate
+from modelward.governance.party.input_protection import input_protection
 from modelward.governance.party.label_protection import reply_protection
 from modelward.governance.party.pipeline import MAX_PREPARED, StalenessWindow, prepared_state
 from modelward.governance.party.segment import Holding
@@ -120,6 +121,8 @@ class Party:
         self._protect = reply_protection(cfg.label_protection, "label_protection" in cfg.model_fields_set,
                                          h.y_train, self.in_shape, cfg.name, self.is_last)
         self.send_codecs = send_codecs(cfg.compression, cfg.name, self.is_first, self.is_last)  # {"h":, "g":}
+        # the first party's noise / NoPeek on what it sends (input_protection; None: exact activations)
+        self._inputs = input_protection(cfg.input_protection, cfg.name, self.is_first)
         # the largest legitimate message (rows x the widest per-row tensor): the transport drops anything larger
         # before it is buffered, whoever sent it (issue 26); replies from the next party too
         self.message_limit = min(int(cfg.max_message_mb * 2**20) + 65536, message_limit(
@@ -140,7 +143,7 @@ class Party:
                          consent=self.consent, lock=self.lock, max_message_bytes=self.message_limit,
                          refusals_every_s=cfg.audit_refusals_every_s,
                          max_sessions_per_peer=cfg.max_sessions_per_peer,
-                         revoked=lambda caller: self.deny.reason(self.pins.get(caller)))
+                         revoked=lambda caller: self.deny.reason(self.pins.get(caller)), next_party=cfg.next)
         self.guard = self.gate.guard
         self.ckpt = Checkpoints(cfg.checkpoint_dir, cfg.keep_checkpoints)
         self.step = 0
@@ -158,6 +161,7 @@ class Party:
                                       link=functools.partial(self._open_link, evict=False), link_seq=self.link_seq,
                                       committed=lambda: self.step, carried_commit=self._carried_commit,
                                       commit=self._commit)
+        self.window.inputs = self._inputs  # (the pipelined path protects what it sends the same way)
         # the dispatch table (Flower's _registered_funcs): operation -> bound method, nothing built from strings
         self.ops: dict[str, Operation] = {
             "open": self.op_open, "status": self.op_status, "step": self.op_step, "vote": self.op_vote,
@@ -172,11 +176,17 @@ class Party:
             self._restore(latest[-1])
         else:
             self._save_checkpoint()
-        # every audit record of this party and of the next is anchored in the other's log within anchor_every_s
-        self._anchor_client: PartyClient | None = None
-        self._anchor_address: str | None = None
-        self._anchors = AnchorLoop(cfg.anchor_every_s, self._anchor_exchange, name=f"anchor-{cfg.name}") \
-            if cfg.next is not None else None
+        # every audit record of this party and of its neighbours is anchored in the other's log within
+        # anchor_every_s, across restarts and moves (audit.Anchoring: the exchange both ways, addresses proven)
+        self.listen_address: str | None = None  # where this party's server listens (set by the transport)
+        self._anchor_clients: dict[str, tuple[str, PartyClient]] = {}
+        neighbours = {n: (self.next_address if n == cfg.next else cfg.peers[n].address)
+                      for n in (cfg.prev, cfg.next) if n is not None}
+        self.anchoring = Anchoring(self.audit, neighbours if connect is not None else {}, self._anchor_call,
+                                   lambda: self.listen_address, cfg.anchor_every_s,
+                                   store=Path(cfg.checkpoint_dir) / "neighbours.json", on_switch=self._moved,
+                                   name=f"anchor-{cfg.name}")
+        self.audit.on_record = self._on_record
 
     @property
     def name(self) -> str:
@@ -202,25 +212,33 @@ class Party:
             raise NumericError(f"party {self.cfg.name}: step {step}: {e}; the step is rolled back and refused") \
                 from None
 
-    def _anchor_exchange(self) -> None:
-        """One anchor exchange with the next party (audit.AnchorLoop): our head for theirs, each recorded only
-        when it covers a decision the other log has not anchored yet."""
-        if self.next_address is None or self._connect is None:
-            return
-        # a link of its own: an exchange that fails while the next party restarts must not leave the data link's
-        # channel backing off (the next step would then fail fast instead of reconnecting)
-        address = self.next_address
-        if self._anchor_client is None or self._anchor_address != address:
-            if self._anchor_client is not None:
-                self._anchor_client.close()
-            self._anchor_client, self._anchor_address = self._connect(self.cfg.next, address), address
+    def _anchor_call(self, name: str, address: str, meta: dict, timeout: float | None) -> dict:
+        """One anchor exchange with neighbour `name` at `address` (audit.Anchoring), over a link of its own: an
+        exchange that fails while the neighbour restarts must not leave the data link's channel backing off."""
+        held = self._anchor_clients.get(name)
+        if held is None or held[0] != address:
+            if held is not None:
+                held[1].close()
+            held = self._anchor_clients[name] = (address, self._connect(name, address))
         try:
-            r = self._anchor_client.call(Message(ANCHOR_OP, meta={"offer": self.audit.anchor_offer()}))
+            return held[1].call(Message(ANCHOR_OP, meta=meta), timeout=timeout).meta
         except ModelwardError:
-            self._anchor_client.close()
-            self._anchor_client = None
+            self._anchor_clients.pop(name)[1].close()
             raise
-        self.audit.anchor_settle(self.cfg.next, r.meta.get("offer"))
+
+    def _moved(self, name: str, address: str) -> None:
+        """The next party answered at a new address (proven by its pin): the data link goes there too."""
+        if name == self.cfg.next:
+            with self.lock:
+                if address != self.next_address:
+                    self.next_address = address
+                    self.reconnect()
+
+    def _on_record(self, op: str, decision: str) -> None:
+        """A record whose head no answer carries (a refusal, a failure: the caller gets an error, not a head) is
+        anchored by an exchange soon; an allowed request's head travels with its answer."""
+        if decision != "allow":
+            self.anchoring.poke()
 
     # ----------------------------------------------------------------- requests (the gate's Handler)
     def handle(self, caller: str, data: bytes) -> bytes:
@@ -295,7 +313,8 @@ class Party:
             raise PartyError(f"party {self.cfg.name} has no checkpoint at step {step} (has {self.checkpoints()})")
         tensors, meta = got
         t = self.tentative
-        self.segment.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        load_into(self.segment, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")},
+                  f"party {self.cfg.name} checkpoint at step {step}")
         self.step = int(meta["step"])
         t.prepared = None
         t.rolled_back = None
@@ -422,6 +441,7 @@ class Party:
                 self.next_client.close()
                 self.next_client = None
             self.next_address = addr
+            self.anchoring.told(self.cfg.next, addr)
         return Message("open", step=self.step,
                        meta={**self._status(), "last_seq": self.guard.last_seq(caller, msg.session)})
 
@@ -476,12 +496,14 @@ class Party:
                 self._step_loss = loss  # checked against its running statistics with the update (integrity)
             else:
                 r = self._next_call(msg, {} if carried is None else {"commit": carried},
-                                    {"h": out.detach(), "idx": idx})
+                                    {"h": self._sent(out, x, msg.step), "idx": idx})
                 if held is not None:  # every party after this one has committed it
                     self._commit(held, buffers=snapshot().model)
                     self.note += f"; committed step {held} (carried by this {msg.op})"
                     held = None
                 g = h.bounded(expect(r, "g", torch.float32, tuple(out.shape)), "gradient g")
+                if self._inputs is not None:  # (its NoPeek term joins the gradient it back-propagates)
+                    g = self._inputs.incoming(g, msg.step)
                 root, root_grad = out, g.contiguous(memory_format=format_of(out))
                 loss, down = float(r.meta["loss"]), anchors_of(r, self.cfg.name)
             grad = None
@@ -502,6 +524,10 @@ class Party:
         return Message("step", step=msg.step, meta={"loss": loss, "_anchors": down},
                        tensors={"g": grad} if grad is not None else {},
                        codecs={"g": self.send_codecs["g"]} if grad is not None and "g" in self.send_codecs else {})
+
+    def _sent(self, out: torch.Tensor, x: torch.Tensor, step: int | None = None) -> torch.Tensor:
+        """The activation that leaves for the next party: through the first party's input protection, if any."""
+        return out.detach() if self._inputs is None else self._inputs.outgoing(out, x, step)
 
     def _carried_commit(self, msg: Message) -> tuple[int | None, int | None]:
         """The commit of the last step carried by a data operation (``meta.commit``; a step or an evaluation):
@@ -589,7 +615,8 @@ class Party:
         out = h.forward_eval(x)
         if not self.is_last:
             meta = {"split": split, "metric": msg.meta.get("metric", "error")}
-            r = self._next_call(msg, meta if carried is None else {**meta, "commit": carried}, {"h": out, "idx": idx})
+            r = self._next_call(msg, meta if carried is None else {**meta, "commit": carried},
+                                {"h": self._sent(out, x), "idx": idx})
             if held is not None:  # every party after this one has committed it
                 self._commit(held)
                 self.note += f"; committed step {held} (carried by this eval)"
@@ -618,7 +645,7 @@ class Party:
             idx, x = h.input(msg, h.split_of(msg), limit)
         out = h.forward_eval(x)
         if not self.is_last:
-            r = self._next_call(msg, {"split": msg.meta.get("split", "test")}, {"h": out, "idx": idx})
+            r = self._next_call(msg, {"split": msg.meta.get("split", "test")}, {"h": self._sent(out, x), "idx": idx})
             meta = {"token": r.meta["token"], "n": int(r.meta["n"]), "_anchors": anchors_of(r, self.cfg.name)}
             if r.meta.get("kept"):
                 meta["kept"] = str(r.meta["kept"])[:512]
@@ -648,9 +675,9 @@ class Party:
         return Message("fetch", meta={"form": self.cfg.policy.predict.form}, tensors=self.release.release(out))
 
     def op_anchor(self, msg: Message, caller: str) -> Message:
-        """The previous party's anchor exchange (audit.AuditLog.anchor_accept): its head recorded here if it
-        covers a decision not anchored yet; ours goes back."""
-        return Message(ANCHOR_OP, meta={"offer": self.audit.anchor_accept(caller, msg.meta.get("offer"))})
+        """A neighbour's anchor exchange (audit.Anchoring.accept): its head recorded here if it covers a decision
+        not anchored yet, the address it gives for itself noted; our head and address go back."""
+        return Message(ANCHOR_OP, meta=self.anchoring.accept(caller, msg.meta))
 
     def op_restore(self, msg: Message, caller: str) -> Message:
         """Back to the checkpoint of step ``meta.to_step`` (an uncommitted step is rolled back first)."""
@@ -687,10 +714,9 @@ class Party:
                 self._save_checkpoint()
 
     def close(self) -> None:
-        if self._anchors is not None:
-            self._anchors.close()
-            if self._anchor_client is not None:
-                self._anchor_client.close()
+        self.anchoring.close()  # after one last exchange: what this party wrote since the last one is anchored
+        for _, client in self._anchor_clients.values():
+            client.close()
         with self.lock:
             self.tentative.close()  # a late update in flight finishes (its step stays prepared)
             self.window.close()

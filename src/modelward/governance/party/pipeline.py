@@ -136,6 +136,7 @@ class StalenessWindow:
         self.flight: deque[Flight] = deque()  # the steps in flight, oldest first
         self._sender: ThreadPoolExecutor | None = None
         self._link_through: set[str] = set()  # sessions whose link to the next party answered a pipelined step
+        self.inputs: Any = None  # the first party's input protection (party.input_protection), set by the party
         self.active = False  # a pipelined (bounded-staleness) request was accepted since the last restore
 
     def in_flight(self) -> list[int]:
@@ -272,7 +273,8 @@ class StalenessWindow:
             try:
                 out = torch.func.functional_call(h.segment, stash, (layout(x),))
                 meta: dict[str, Any] = {"stale": stale} if carried is None else {"stale": stale, "commit": carried}
-                reply = self._send(msg, meta, {"h": out.detach(), "idx": idx})
+                sent = out.detach() if self.inputs is None else self.inputs.outgoing(out, x, msg.step)
+                reply = self._send(msg, meta, {"h": sent, "idx": idx})
             except BaseException:
                 with torch.no_grad():
                     for k, v in buffers.items():
@@ -297,6 +299,8 @@ class StalenessWindow:
         try:
             r = f.reply.result()
             g = h.bounded(expect(r, "g", torch.float32, tuple(f.out.shape)), "gradient g")
+            if self.inputs is not None:  # the first party's NoPeek term (input_protection)
+                g = self.inputs.incoming(g, f.step)
             loss = float(r.meta["loss"])
         except BaseException:
             self.reset(f.step)
