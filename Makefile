@@ -94,3 +94,19 @@ test: vision
 
 test-vision: vision
 	$(VISION_PY) -m pytest -q -p no:cacheprovider tests/core/test_sources_vision.py tests/e2e/test_assess_vision_example.py
+
+# ---- issue 40 (guard-front): KServe in its own environment, so its pins never touch the project's (the proxy-mode
+# tests stand in front of a real KServe ModelServer started from it; bench/guard_service.py measures it beside the
+# guard). `make test` makes it so CI runs the KServe case; without it those tests use a second `guard serve`.
+KSERVE_VENV := .venv-kserve
+KSERVE_STAMP := $(KSERVE_VENV)/.installed-kserve-0.21.0
+$(KSERVE_STAMP):
+	test -x $(KSERVE_VENV)/bin/python || $(PYTHON) -m venv $(KSERVE_VENV)
+	$(KSERVE_VENV)/bin/python -m pip install -q "$(TORCH_PIN)"
+	$(KSERVE_VENV)/bin/python -m pip install -q "kserve==0.21.0" safetensors
+	touch $(KSERVE_STAMP)
+
+.PHONY: kserve-env
+kserve-env: $(KSERVE_STAMP)
+
+test: kserve-env
