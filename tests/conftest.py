@@ -26,8 +26,25 @@ settings.register_profile("ci", derandomize=True, deadline=None, suppress_health
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+ONEDNN_ENV = "MODELWARD_TEST_ONEDNN"
+
+
+THREADS_ENV = "MODELWARD_TEST_THREADS"
+
+
+def _test_threads() -> int:
+    raw = os.environ.get(THREADS_ENV, "1").strip()
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise pytest.UsageError(f"{THREADS_ENV}={raw!r}: expected a thread count >= 1")
+    return n
+
 
 def _seed_everything() -> None:
+    """The state every test and every module's fixtures start from, whatever ran (or was imported) before."""
     import random
 
     import numpy as np
@@ -36,10 +53,18 @@ def _seed_everything() -> None:
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
-    # torch.set_num_threads from a side thread changes the count new threads start with but not this thread's
-    # (OpenMP keeps one per thread): the same op then rounds differently here and on a party's threads. Align
-    # them with this thread's count, whatever an earlier test set where
-    torch.set_num_threads(torch.get_num_threads())
+    # One torch thread count for every test (MODELWARD_TEST_THREADS, default 1: the box is shared, and one thread
+    # is what a test module's import-time torch.set_num_threads(1) left for the whole run anyway). A reduction
+    # split over 1 or 2 threads rounds differently, so without this a test's numbers depended on which modules
+    # were collected and which test ran before it: tests/governance/test_integrity.py's honest run passed alone
+    # (2 threads) and was refused in the suite (1 thread). Calling it from this (the main) thread also aligns the
+    # count new threads start with: torch.set_num_threads from a side thread changes only that count (OpenMP keeps
+    # one per thread), and the same op then rounded differently here and on a party's threads
+    torch.set_num_threads(_test_threads())
+    torch.set_default_dtype(torch.float32)
+    torch.set_grad_enabled(True)
+    if os.environ.get(ONEDNN_ENV, "1").strip() == "0":
+        torch.backends.mkldnn.enabled = False
 
 
 @pytest.fixture(autouse=True)
@@ -78,11 +103,28 @@ def pytest_configure(config: pytest.Config) -> None:
     # draw a 'random' seed once, here, before pytest-xdist starts its workers: they inherit the environment, so
     # every worker collects the same shuffled order (xdist refuses to run when the workers' collections differ)
     _shuffle_seed()
+    _test_threads()  # a bad MODELWARD_TEST_THREADS is a usage error before anything runs
+    if os.environ.get(ONEDNN_ENV, "1").strip() == "0":
+        # the second kernel path of `make test` (see the Makefile): convolutions and the like through ATen's own
+        # kernels instead of oneDNN's. Torch reads no environment variable for this, so the switch is set here, in
+        # the test process, and again before every test (processes a test starts keep oneDNN on)
+        import torch
+
+        torch.backends.mkldnn.enabled = False
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
     seed = _shuffle_seed()
-    return None if seed is None else f"shuffled test order: {SHUFFLE_ENV}={seed} (rerun with it to repeat the order)"
+    if seed is not None:
+        lines.append(f"shuffled test order: {SHUFFLE_ENV}={seed} (rerun with it to repeat the order)")
+    kernel_env = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", ONEDNN_ENV) if k in os.environ}
+    if kernel_env:
+        import torch
+
+        lines.append(f"kernel path: {' '.join(f'{k}={v}' for k, v in kernel_env.items())} (torch CPU capability "
+                     f"{torch.backends.cpu.get_cpu_capability()}, oneDNN {'on' if torch.backends.mkldnn.enabled else 'off'})")
+    return lines
 
 
 def _shuffle(items: list[pytest.Item], seed: int) -> None:
