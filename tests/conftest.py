@@ -13,11 +13,23 @@ module go to one worker (its module-scoped fixtures start once, as in a serial r
 ``@pytest.mark.xdist_group(NAME)`` go to one worker together, across modules (the Ray clusters, which would thrash
 two at a time on a small machine); the end-to-end modules and the groups are handed out first, the short modules
 after them, so that the workers finish together. A shuffled run under xdist shuffles the same way on every worker:
-the controller draws the seed before the workers start, and they inherit it through the environment."""
+the controller draws the seed before the workers start, and they inherit it through the environment.
+
+Every test starts on the same torch thread count (``MODELWARD_TEST_THREADS``, default 1): a reduction split over
+other thread counts rounds differently, and a test's numbers must not depend on what ran or was imported before it.
+
+The numeric tests (``tests/numeric_tests.txt``, marked ``numeric`` here: tolerances, bit-exactness the design
+promises, bounds on learned outcomes) run a second time in ``make test`` through another kernel path:
+``ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE MODELWARD_TEST_ONEDNN=0`` (ATen's scalar kernels, MKL's
+compatible code path, oneDNN off: torch reads no environment variable for oneDNN, so this conftest sets
+``torch.backends.mkldnn.enabled``). Exactness is asserted only where the design promises it (the same process and
+kernels: resume, rollback, split vs monolithic, pipelined vs sequential); elsewhere a tolerance derived from the
+dtype and the computation, with a comment saying which."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -99,7 +111,16 @@ def _shuffle_seed() -> int | None:
         raise pytest.UsageError(f"{SHUFFLE_ENV}={raw!r}: expected an integer seed or 'random'") from None
 
 
+NUMERIC_TESTS = Path(__file__).with_name("numeric_tests.txt")
+
+
+def _numeric_ids() -> tuple[str, ...]:
+    return tuple(line.strip() for line in NUMERIC_TESTS.read_text().splitlines() if line.strip())
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "numeric: a numeric test (tests/numeric_tests.txt), run again through a "
+                                       "second kernel path by make test")
     # draw a 'random' seed once, here, before pytest-xdist starts its workers: they inherit the environment, so
     # every worker collects the same shuffled order (xdist refuses to run when the workers' collections differ)
     _shuffle_seed()
@@ -146,11 +167,15 @@ def _shuffle(items: list[pytest.Item], seed: int) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Shuffle the order when asked (``MODELWARD_TEST_SHUFFLE``); tests marked ``gpu`` run the main paths on CUDA,
-    and without a CUDA device they are skipped, saying so."""
+    """Shuffle the order when asked (``MODELWARD_TEST_SHUFFLE``); mark the numeric tests; tests marked ``gpu`` run
+    the main paths on CUDA, and without a CUDA device they are skipped, saying so."""
     seed = _shuffle_seed()
     if seed is not None:
         _shuffle(items, seed)
+    numeric = _numeric_ids()
+    for item in items:
+        if any(item.nodeid == n or item.nodeid.startswith((f"{n}::", f"{n}[")) for n in numeric):
+            item.add_marker(pytest.mark.numeric)
     import torch
 
     if torch.cuda.is_available():
