@@ -29,6 +29,7 @@ dtype and the computation, with a comment saying which."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -80,8 +81,18 @@ def _seed_everything() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _same_global_random_state() -> None:
+def _same_global_random_state() -> Iterator[None]:
     _seed_everything()
+    # the environment and the working folder as the test found them (after its module's fixtures): a switch one
+    # test sets in os.environ (an in-process CLI run's --trust-code, COLUMNS) or a chdir must not reach the next
+    environ, cwd = dict(os.environ), os.getcwd()
+    yield
+    if dict(os.environ) != environ:
+        for k in [k for k in os.environ if k not in environ]:
+            del os.environ[k]
+        os.environ.update({k: v for k, v in environ.items() if os.environ.get(k) != v})
+    if os.getcwd() != cwd:
+        os.chdir(cwd)
 
 
 @pytest.fixture(autouse=True, scope="module")
