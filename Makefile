@@ -6,17 +6,18 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 # the extras the test suite exercises (each optional backend's tests skip, saying so, when it is missing)
 EXTRAS := test,cluster,report,privacy,cost,scan,bom,postgres
-# pytest-xdist workers of `make test` (0: one process, in file order, about 16 min on the 2-core reference machine).
-# `make test PYTEST_WORKERS=2` (--dist loadgroup as tests/conftest.py refines it: a module's tests stay on one worker,
-# the Ray clusters' tests run on one worker one after another) takes about 9 min. Two causes of layout-dependent
-# results are fixed (a module fixture's unseeded init; thread counts split between threads, modelward.core.threads),
-# but in one of four two-worker runs the legitimate split run of the neighbour-attack e2e still ended at 0.78 against
-# 0.886-0.03 (0.92-0.96 in every other run): a load dependence of split training under the shipped defaults, not yet
-# found. Until it is, one process stays the default.
+# pytest-xdist workers of `make test` (0: one process, in file order). With 2 (--dist loadgroup as tests/conftest.py
+# refines it: a module's tests stay on one worker, the Ray clusters' tests run on one worker one after another) the
+# suite takes about half the time of one process on the 2-core reference machine; see README for the figures.
 PYTEST_WORKERS ?= 0
+# The second kernel path of `make test`: the numeric tests (tests/numeric_tests.txt: tolerances, bit-exactness that
+# the design promises, learned-outcome bounds) run again with ATen's scalar kernels, MKL's compatible code path and
+# oneDNN off (tests/conftest.py reads MODELWARD_TEST_ONEDNN), so that a result which holds only on this CPU's kernels
+# (AVX-512, AVX2, AMX round differently) fails in CI rather than on a user's machine
+NUMERIC_KERNELS := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE MODELWARD_TEST_ONEDNN=0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
-.PHONY: install browser demo test lint bench clean
+.PHONY: install browser demo test test-kernels lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +47,11 @@ test: install browser
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup
+	$(MAKE) --no-print-directory test-kernels
+
+# the numeric tests through the second kernel path alone (part of `make test`; one process: they take seconds)
+test-kernels: install
+	$(NUMERIC_KERNELS) $(PY) -m pytest -q -p no:cacheprovider @tests/numeric_tests.txt
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench
@@ -59,7 +65,7 @@ bench: install
 	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-vision .venv-kserve demo-out .pytest_cache .ruff_cache
 
 # guard-state: Debian's PostgreSQL server for the guard store tests (tests start their own throwaway cluster)
 .PHONY: postgres

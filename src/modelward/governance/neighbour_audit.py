@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from modelward.core.records import atomic_write_json, write_csv
+from modelward.core.seed import seeded
 from modelward.errors import ModelwardError
 from modelward.governance.flow_policy import as_labels
 
@@ -124,18 +125,19 @@ def _targets(answer: dict[str, Tensor], k: int) -> Tensor:
 def fit_surrogate(victim: Victim, h: Tensor, targets: Tensor, steps: int = 300, seed: int = 0,
                   lr: float = 3e-3, batch: int = 128) -> nn.Module:
     """Fit a fresh copy of the victim's architecture to (h, soft targets) with Adam and soft cross-entropy."""
-    torch.manual_seed(seed)
-    model = victim.make_surrogate()
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(seed)
-    n = len(h)
-    for _ in range(steps):
-        idx = torch.randint(n, (min(batch, n),), generator=g)
-        loss = -(targets[idx] * F.log_softmax(model(h[idx]), 1)).sum(1).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    # the surrogate's init (and any dropout) drawn from `seed`; the caller's global RNG is left as it was
+    with seeded(seed, numpy=False, python=False):
+        model = victim.make_surrogate()
+        model.train()
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        g = torch.Generator().manual_seed(seed)
+        n = len(h)
+        for _ in range(steps):
+            idx = torch.randint(n, (min(batch, n),), generator=g)
+            loss = -(targets[idx] * F.log_softmax(model(h[idx]), 1)).sum(1).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
     return model
 
 
@@ -299,19 +301,19 @@ def completion_rows(victim: Victim, h_train: Tensor, y_train: Tensor, h_test: Te
     """Labelled rows a neighbour holding the whole training set needs to retrain the part from scratch (SGD with
     momentum, as the demo trains) to `target` agreement with it: completion's cost in rows (seed 000 §3.2 counts
     steps; a step here is `batch` rows). None if `max_steps` do not reach it."""
-    torch.manual_seed(seed)
-    model = victim.make_surrogate()
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    g = torch.Generator().manual_seed(seed)
-    for step in range(1, max_steps + 1):
-        model.train()
-        idx = torch.randint(len(h_train), (batch,), generator=g)
-        loss = F.cross_entropy(model(h_train[idx]), y_train[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % every == 0 and agreement(model, victim, h_test) >= target:
-            return step * batch
+    with seeded(seed, numpy=False, python=False):  # as in fit_surrogate: no trace on the caller's global RNG
+        model = victim.make_surrogate()
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        g = torch.Generator().manual_seed(seed)
+        for step in range(1, max_steps + 1):
+            model.train()
+            idx = torch.randint(len(h_train), (batch,), generator=g)
+            loss = F.cross_entropy(model(h_train[idx]), y_train[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % every == 0 and agreement(model, victim, h_test) >= target:
+                return step * batch
     return None
 
 
