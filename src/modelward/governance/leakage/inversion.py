@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modelward.core.seed import seeded
 from modelward.core.similarity import ssim
 
 Builder = Callable[[], nn.Module]  # a fresh, randomly initialised module of Alice's architecture
@@ -138,8 +139,8 @@ def decoder_attack(builder: Builder, bob: nn.Module, aux_x: torch.Tensor, aux_y:
         The reconstructions ``[n, *input shape]``.
     """
     gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)  # (module initialisation below)
-    sur = builder()
+    with seeded(seed):  # the modules' initialisation (global RNG), restored afterwards
+        sur = builder()
     bob = bob.eval()
     for p in bob.parameters():
         p.requires_grad_(False)
@@ -161,7 +162,8 @@ def decoder_attack(builder: Builder, bob: nn.Module, aux_x: torch.Tensor, aux_y:
         opt.step()
     for p in sur.parameters():
         p.requires_grad_(False)
-    dec = Decoder(flat.shape[1], tuple(aux_x.shape[1:]), images=images)
+    with seeded(seed + 1):
+        dec = Decoder(flat.shape[1], tuple(aux_x.shape[1:]), images=images)
     opt = torch.optim.Adam(dec.parameters(), lr=1e-3)
     for _ in range(decoder_steps):
         i = next(it)
@@ -200,8 +202,8 @@ def unsplit_attack(builder: Builder, received: torch.Tensor, start: torch.Tensor
     Returns:
         The reconstructions ``x̂`` ``[n, *input shape]``.
     """
-    torch.manual_seed(seed)
-    sur = builder().train()
+    with seeded(seed):  # the surrogate's initialisation (global RNG), restored afterwards
+        sur = builder().train()
     target = received.detach().float()
     x_hat = start.detach().float().expand(target.shape[0], *start.shape[1:]).clone().requires_grad_(True)
     opt_x = torch.optim.Adam([x_hat], lr=lr_x)
@@ -261,14 +263,14 @@ class FSHAServer:
                  settings: FSHASettings | None = None, seed: int = 0, batch: int = 64) -> None:
         s = settings or FSHASettings()
         self.settings = s
-        torch.manual_seed(seed)
         self.gen = torch.Generator().manual_seed(seed)
-        self.pilot = builder().train()
         h_dim = int(torch.tensor(h_shape).prod())
-        self.decoder = Decoder(h_dim, tuple(aux_x.shape[1:]), images=images)
-        self.critic = nn.Sequential(nn.Flatten(), nn.Linear(h_dim, s.critic_hidden), nn.LeakyReLU(0.2),
-                                    nn.Linear(s.critic_hidden, s.critic_hidden), nn.LeakyReLU(0.2),
-                                    nn.Linear(s.critic_hidden, 1))
+        with seeded(seed):  # the three modules' initialisation (global RNG), restored afterwards
+            self.pilot = builder().train()
+            self.decoder = Decoder(h_dim, tuple(aux_x.shape[1:]), images=images)
+            self.critic = nn.Sequential(nn.Flatten(), nn.Linear(h_dim, s.critic_hidden), nn.LeakyReLU(0.2),
+                                        nn.Linear(s.critic_hidden, s.critic_hidden), nn.LeakyReLU(0.2),
+                                        nn.Linear(s.critic_hidden, 1))
         self.opt_ae = torch.optim.Adam([*self.pilot.parameters(), *self.decoder.parameters()], lr=s.lr_autoencoder)
         self.opt_d = torch.optim.Adam(self.critic.parameters(), lr=s.lr_critic, betas=(0.5, 0.9))
         self.aux_x = aux_x
