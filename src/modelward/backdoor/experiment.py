@@ -406,7 +406,8 @@ def run_scan(cfg: BackdoorConfig, model_path: str | Path, out: str | Path, train
             r[f"{s.method}_suspected"] = bool(s.suspected[i])
         rows.append(r)
     write_csv(out / "scan.csv", rows)
-    res: dict[str, Any] = {"model": str(model_path), "rows": len(y), "methods": [s.summary() for s in scans]}
+    res: dict[str, Any] = {"model": str(model_path), "rows": len(y),
+                           "methods": [{**s.summary(), "top": s.top(50).tolist()} for s in scans]}
     if truth is not None:
         mask = np.load(truth, allow_pickle=False).astype(bool)
         if len(mask) != len(y):

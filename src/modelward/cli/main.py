@@ -27,6 +27,8 @@ GROUPS: dict[str, tuple[str, str]] = {
     "robust": ("modelward.cli.robust", "Evasion attacks, adversarial training and GloRo certification."),
     "study": ("modelward.cli.study", "Research studies (plasticity)."),
     "privacy": ("modelward.cli.privacy", "Membership inference, model inversion and property inference audits."),
+    # issue 41 (backdoor)
+    "backdoor": ("modelward.cli.backdoor", "Backdoors and poisoning: attack (self-test), detect, scan, mitigate."),
 }
 # single commands: name -> (module with register(app), help shown in `modelward --help`)
 SINGLE: dict[str, tuple[str, str]] = {

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from modelward.backdoor.detect.input.strip import StripSection
 from modelward.core.config import StrictModel, load_config
 from modelward.core.device import DeviceSetting
 from modelward.core.zoo import ModelConfig
@@ -78,6 +79,7 @@ class GuardConfig(StrictModel):
     defense: DefenseSection = Field(default_factory=DefenseSection)
     keys: list[KeySection] = Field(min_length=1)
     ownership: OwnershipSection = Field(default_factory=OwnershipSection)
+    strip: StripSection = Field(default_factory=StripSection)  # issue 41: STRIP backdoor-trigger monitor
 
 
 def load_guard_config(path: str | Path, overrides: list[str] | None = None) -> GuardConfig:
