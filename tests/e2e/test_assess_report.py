@@ -43,7 +43,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_report_json_has_every_section_with_a_reason_or_a_verdict(report: Path) -> None:
     data = json.loads((report / "report.json").read_text())
     names = [s["section"] for s in data["sections"]]
-    assert names == ["robustness", "privacy", "extraction", "completion", "explanations"]
+    assert names == ["robustness", "privacy", "extraction", "completion", "explanations", "backdoor"]
     for s in data["sections"]:
         assert s["status"] in ("assessed", "not_assessed", "failed")
         if s["status"] == "assessed":
