@@ -17,7 +17,10 @@ null), and the p-value of the largest under the null for the maximum of K draws 
 
 Where this implementation differs from the authors' code: the classes run side by side in one batch, the images are
 projected back into the box after every step (the code clamps inside the forward pass, which gives the same
-margins), and the optimiser is the code's plain SGD by default (``lr`` 0.01, 300 steps).
+margins), and the default optimiser is Adam (``lr`` 0.05, 300 steps) where the code uses SGD (``lr`` 0.01,
+momentum 0.2, tuned for a CIFAR-10 ResNet-18): on the project's small CNNs SGD's margins had not converged after
+300 steps and a clean model's p-value fell to 0.027 (a false positive) where Adam's was 0.30
+(``optimizer="sgd", lr=0.01`` gives the authors' setting).
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ class MMBD:
 
     Args:
         starts: random initial images per class (30).
-        steps: gradient-ascent steps (300); lr: the step size (0.01, SGD as the authors' code).
-        optimizer: ``"sgd"`` (the code's) or ``"adam"`` (converges in fewer steps on small nets).
+        steps: gradient-ascent steps (300); lr: the step size (0.05; the authors' SGD used 0.01).
+        optimizer: ``"adam"`` (default; converges in 300 steps on small nets) or ``"sgd"`` (the authors' code).
         alpha: the p-value under which the model is flagged (0.05).
         seed: seeds the initial images; clip: the input box.
 
@@ -71,7 +74,7 @@ class MMBD:
 
     name = "mmbd"
 
-    def __init__(self, starts: int = 30, steps: int = 300, lr: float = 0.01, optimizer: str = "sgd",
+    def __init__(self, starts: int = 30, steps: int = 300, lr: float = 0.05, optimizer: str = "adam",
                  alpha: float = 0.05, seed: int = 0, clip: tuple[float, float] = (0.0, 1.0)) -> None:
         if optimizer not in ("sgd", "adam"):
             raise ConfigError(f"mmbd: optimizer must be 'sgd' or 'adam', got {optimizer!r}")
