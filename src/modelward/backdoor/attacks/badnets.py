@@ -17,6 +17,10 @@ class BadNets(BackdoorAttack):
         size, location, pattern: the patch (:class:`~modelward.backdoor.triggers.PatchTrigger`).
         clip: the input box.
 
+    Returns:
+        An attack: ``poison(x, y)`` → :class:`~modelward.backdoor.attacks.base.PoisonedSet`, ``apply(x)`` the
+        test-time trigger.
+
     Example:
         >>> import torch
         >>> ps = BadNets(target=0, rate=0.1).poison(torch.rand(100, 1, 8, 8), torch.arange(100) % 10)

@@ -16,6 +16,9 @@ class Blend(BackdoorAttack):
             noise pattern).
         alpha: the blend ratio of the pattern; clip: the input box.
 
+    Returns:
+        An attack: ``poison(x, y)`` → ``PoisonedSet``, ``apply(x)`` the test-time trigger.
+
     Example:
         >>> import torch
         >>> ps = Blend(alpha=0.2, rate=0.05).poison(torch.rand(100, 3, 8, 8), torch.arange(100) % 10)

@@ -51,6 +51,9 @@ class CleanLabel(BackdoorAttack):
         size, amplitude: the corner patches; corners: four corners (True) or one bottom-right patch.
         clip: the input box.
 
+    Returns:
+        An attack: ``poison(x, y)`` → ``PoisonedSet`` (labels unchanged), ``apply(x)`` the test-time trigger.
+
     Example:
         >>> import torch
         >>> ps = CleanLabel(target=1, rate=0.05).poison(torch.rand(100, 1, 8, 8), torch.arange(100) % 10)

@@ -21,6 +21,9 @@ class WaNet(BackdoorAttack):
         cross_ratio: noise-mode rows per poisoned row (ρ_n / ρ_a; 2 in the paper).
         clip: the input box.
 
+    Returns:
+        An attack: ``poison(x, y)`` → ``PoisonedSet`` (noise-mode rows in ``cover``), ``apply(x)`` the warp.
+
     Example:
         >>> import torch
         >>> ps = WaNet(rate=0.1, cross_ratio=2).poison(torch.rand(100, 1, 8, 8), torch.arange(100) % 10)

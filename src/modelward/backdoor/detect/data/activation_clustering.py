@@ -35,6 +35,9 @@ class ActivationClustering:
         silhouette_threshold: the silhouette score above which a class is poisoned.
         seed: seeds k-means.
 
+    Returns:
+        A detector: ``scan(model, x, y)`` → :class:`~modelward.backdoor.detect.data.base.DataScan`.
+
     Example:
         >>> scan = ActivationClustering().scan(model, x_train, y_train)  # doctest: +SKIP
         >>> scan.top(20)  # the 20 most suspicious rows  # doctest: +SKIP

@@ -29,6 +29,9 @@ class SpectralSignature:
         epsilon: the expected share of poisoned rows in a class (the paper's ε).
         removal_factor: rows removed per class = ``removal_factor · epsilon · n`` (1.5).
 
+    Returns:
+        A detector: ``scan(model, x, y)`` → :class:`~modelward.backdoor.detect.data.base.DataScan`.
+
     Example:
         >>> scan = SpectralSignature(epsilon=0.1).scan(model, x_train, y_train)  # doctest: +SKIP
     """

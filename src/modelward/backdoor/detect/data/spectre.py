@@ -35,6 +35,9 @@ class Spectre:
         epsilon, removal_factor: as :class:`~modelward.backdoor.detect.data.spectral.SpectralSignature`.
         seed: seeds the MCD's random subsets.
 
+    Returns:
+        A detector: ``scan(model, x, y)`` → :class:`~modelward.backdoor.detect.data.base.DataScan`.
+
     Example:
         >>> scan = Spectre().scan(model, x_train, y_train)  # doctest: +SKIP
     """

@@ -52,6 +52,9 @@ class STRIP:
         seed: seeds the choice of clean images (None: a fresh random seed, so a client cannot predict them).
         clip: the input box.
 
+    Returns:
+        A test: ``fit(model, x_clean)`` sets the threshold, ``detect(model, x)`` → ``(flags, entropies)``.
+
     Example:
         >>> strip = STRIP(n=20).fit(model, x_clean)  # doctest: +SKIP
         >>> flags, h = strip.detect(model, x)  # flags[i]: row i looks triggered  # doctest: +SKIP

@@ -67,6 +67,10 @@ class MMBD:
         alpha: the p-value under which the model is flagged (0.05).
         seed: seeds the initial images; clip: the input box.
 
+    Returns:
+        A detector: ``detect(model, input_shape, num_classes)`` → :class:`ModelVerdict` (−log10 p, p-value,
+        per-class maximum margins).
+
     Example:
         >>> verdict = MMBD().detect(model, (1, 8, 8), num_classes=10)  # doctest: +SKIP
         >>> verdict.p_value < 0.05  # doctest: +SKIP

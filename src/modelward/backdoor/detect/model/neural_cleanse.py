@@ -91,6 +91,10 @@ class NeuralCleanse:
         seed: seeds the initial masks and the batches.
         clip: the input box.
 
+    Returns:
+        A detector: ``detect(model, x_clean, num_classes)`` → :class:`ModelVerdict` (anomaly index), ``reverse``
+        → the per-class triggers (also kept as ``last`` after ``detect``).
+
     Example:
         >>> verdict = NeuralCleanse(epochs=20).detect(model, x_clean, num_classes=10)  # doctest: +SKIP
         >>> verdict.backdoored, verdict.suspect_class, verdict.statistic  # doctest: +SKIP
