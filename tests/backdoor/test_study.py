@@ -19,6 +19,7 @@ from modelward.backdoor.study import (
     BackdoorStudyConfig,
     DatasetSpec,
     StripOptions,
+    calibrated_tables,
     execute_run,
     plan_runs,
     run_backdoor_study,
@@ -84,3 +85,14 @@ def test_summary_rates_and_auc() -> None:
     assert blend["mmbd_target_found"] == 0.0 and blend["either_tpr"] == 0.5
     auc = {a["detector"]: a["auc"] for a in t["auc"]}
     assert auc["neural_cleanse"] == 0.75 and auc["mmbd"] == 0.25  # NC: 3.0 beats both clean, 0.8 one; MM-BD: 0.3 > 0.2 only
+
+
+def test_calibrated_thresholds_come_from_other_clean_models() -> None:
+    calibration = [_r("clean", (False, False), (1.0, 0.5)), _r("clean", (False, False), (2.5, 0.9), 1)]
+    results = [_r("clean", (True, False), (2.4, 0.4)), _r("clean", (True, False), (2.6, 1.2), 1),
+               _r("blend", (True, True), (3.0, 0.8)), _r("blend", (False, False), (1.5, 2.0), 1)]
+    rows = {r["models"]: r for r in calibrated_tables(results, calibration)}
+    assert rows["clean"]["neural_cleanse_threshold"] == 2.5 and rows["clean"]["mmbd_threshold"] == 0.9
+    assert rows["clean"]["neural_cleanse_rate"] == 0.5 and rows["clean"]["either_rate"] == 0.5  # 2.6 > 2.5
+    assert rows["blend"]["neural_cleanse_rate"] == 0.5 and rows["blend"]["mmbd_rate"] == 0.5
+    assert rows["blend"]["either_rate"] == 1.0 and rows["clean"]["calibration_models"] == 2

@@ -100,7 +100,7 @@ class BackdoorStudyConfig(StrictModel):
     name: str = "backdoor-detection"
     datasets: list[DatasetSpec] = Field(min_length=1)
     clean_seeds: list[int] = Field(default_factory=lambda: list(range(10)), min_length=1)
-    attack_seeds: list[int] = Field(default_factory=lambda: list(range(10)), min_length=1)
+    attack_seeds: list[int] = Field(default_factory=lambda: list(range(10)))  # empty: clean models only
     detect: DetectOptions = Field(default_factory=DetectOptions)
     scan: ScanOptions = Field(default_factory=ScanOptions)
     strip: StripOptions = Field(default_factory=StripOptions)
@@ -295,6 +295,38 @@ def summary_tables(results: list[dict[str, Any]]) -> dict[str, list[dict[str, An
     return {"attacks": attacks, "clean": clean, "auc": aucs, "mitigation": mitig}
 
 
+def calibrated_tables(results: list[dict[str, Any]], calibration: list[dict[str, Any]]
+                      ) -> list[dict[str, Any]]:
+    """Detection rates at thresholds calibrated on *other* clean models of the same data set and architecture.
+
+    Each detector's threshold is the largest statistic it gave on the ``calibration`` clean models (n of them): a
+    new clean model exceeds the largest of n exchangeable clean statistics with probability 1/(n + 1), so the
+    expected false-positive rate is 1/(n + 1) (9 % for n = 10), whatever the statistic's distribution. The rates
+    are then counted on ``results`` (models the thresholds never saw).
+
+    Returns:
+        Rows per data set × (clean | attack): the threshold of each detector, its rate (FPR on clean, TPR on
+        backdoored) and the rate of "either detector".
+    """
+    detectors = ("neural_cleanse", "mmbd")
+    rows = []
+    for ds in sorted({r["dataset"] for r in results}):
+        cal = [r for r in calibration if r["dataset"] == ds and not r["backdoored"]]
+        if not cal:
+            continue
+        thr = {d: max(r[d]["statistic"] for r in cal) for d in detectors}
+        rs = [r for r in results if r["dataset"] == ds]
+        for a in ["clean", *sorted({r["attack"] for r in rs if r["backdoored"]})]:
+            group = [r for r in rs if r["attack"] == a]
+            row: dict[str, Any] = {"dataset": ds, "models": a, "n": len(group), "calibration_models": len(cal)}
+            for d in detectors:
+                row[f"{d}_threshold"] = thr[d]
+                row[f"{d}_rate"] = _rate([r[d]["statistic"] > thr[d] for r in group])
+            row["either_rate"] = _rate([any(r[d]["statistic"] > thr[d] for d in detectors) for r in group])
+            rows.append(row)
+    return rows
+
+
 class BackdoorStudy(Study[BackdoorStudyConfig, dict[str, list[dict[str, Any]]]]):
     """The detection study in the core frame (one run per model)."""
 
@@ -354,5 +386,5 @@ def run_backdoor_study(cfg: BackdoorStudyConfig, out: str | Path, progress: Prog
                      progress=progress)
 
 
-__all__ = ["BackdoorStudyConfig", "DatasetSpec", "RunContext", "evaluate_run", "execute_run", "plan_runs",
+__all__ = ["BackdoorStudyConfig", "DatasetSpec", "calibrated_tables", "RunContext", "evaluate_run", "execute_run", "plan_runs",
            "run_backdoor_study", "summary_tables"]
