@@ -20,8 +20,8 @@ from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig
 
 Profile = Literal["quick", "standard", "thorough"]
-SectionName = Literal["robustness", "privacy", "extraction", "completion", "explanations"]
-SECTIONS: tuple[SectionName, ...] = ("robustness", "privacy", "extraction", "completion", "explanations")
+SectionName = Literal["robustness", "privacy", "extraction", "completion", "explanations", "backdoor"]
+SECTIONS: tuple[SectionName, ...] = ("robustness", "privacy", "extraction", "completion", "explanations", "backdoor")
 
 
 class SplitConfig(StrictModel):

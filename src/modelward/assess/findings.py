@@ -60,9 +60,18 @@ MAPPINGS: dict[str, dict[str, list[str]]] = {
                      "atlas": ["AML.T0010.003 ML Supply Chain Compromise: Model",
                                "AML.T0011.000 User Execution: Unsafe ML Artifacts"],
                      "nist": ["GOVERN 6.1 (third-party risks)", "MEASURE 2.7 (security and resilience evaluated)"]},
+    # issue 41 (backdoor): a backdoor found in the model, suspicious rows found in its training data
+    "model_poisoning": {"owasp": ["ML10:2023 Model Poisoning"],
+                        "atlas": ["AML.T0018 Manipulate AI Model (Backdoor ML Model)",
+                                  "AML.T0018.000 Manipulate AI Model: Poison AI Model"],
+                        "nist": ["MEASURE 2.7 (security and resilience evaluated)"]},
+    "data_poisoning": {"owasp": ["ML02:2023 Data Poisoning Attack"],
+                       "atlas": ["AML.T0020 Poison Training Data"],
+                       "nist": ["MEASURE 2.7 (security and resilience evaluated)"]},
 }
 SECTION_MAPPING = {"robustness": "evasion", "privacy": "membership", "extraction": "extraction",
-                   "completion": "completion", "explanations": "bias", "supply_chain": "supply_chain"}
+                   "completion": "completion", "explanations": "bias", "supply_chain": "supply_chain",
+                   "backdoor": "model_poisoning"}
 
 
 def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -262,6 +271,10 @@ DEFAULT_ACTIONS: dict[str, list[str]] = {
                    "in the table), or keep the first layers with the data owner."],
     "explanations": ["Re-balance or re-weight the over-predicted class in training and check the most influential "
                      "units listed in the section (`modelward bias`, `modelward explain`)."],
+    "backdoor": ["Retrain from data of trusted origin after removing the rows `modelward backdoor scan` suspects, or "
+                 "repair the model by unlearning the reversed trigger (`modelward backdoor mitigate`).",
+                 "Serve the model with the STRIP monitor ([strip] in the guard config) to flag or refuse inputs that "
+                 "carry a trigger."],
 }
 
 

@@ -28,6 +28,8 @@ GROUPS: dict[str, tuple[str, str]] = {
     "study": ("modelward.cli.study", "Research studies (plasticity)."),
     "privacy": ("modelward.cli.privacy", "Membership inference, model inversion and property inference audits."),
     "trust": ("modelward.cli.trust", "Trust the code (entry points) config files name: your own list."),
+    # issue 41 (backdoor)
+    "backdoor": ("modelward.cli.backdoor", "Backdoors and poisoning: attack (self-test), detect, scan, mitigate."),
 }
 # single commands: name -> (module with register(app), help shown in `modelward --help`)
 SINGLE: dict[str, tuple[str, str]] = {

@@ -100,6 +100,7 @@ TITLES = {
     "extraction": "Model extraction (KnockoffNets) and its defenses",
     "completion": "Model completion (MC-hardness of a split)",
     "explanations": "Explanations and bias amplification",
+    "backdoor": "Backdoors and poisoning (model, training data)",
 }
 
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from modelward.backdoor.detect.input.strip import StripSection
 from modelward.core.config import StrictModel, load_config
 from modelward.core.device import DeviceSetting
 from modelward.core.zoo import ModelConfig
@@ -157,6 +158,7 @@ class GuardConfig(StrictModel):
     defense: DefenseSection = Field(default_factory=DefenseSection)
     keys: list[KeySection] = Field(min_length=1)
     ownership: OwnershipSection = Field(default_factory=OwnershipSection)
+    strip: StripSection = Field(default_factory=StripSection)  # issue 41: STRIP backdoor-trigger monitor
     upstream: UpstreamSection | None = None  # proxy mode: answer from this model server instead of local weights
 
     @model_validator(mode="after")
@@ -167,6 +169,10 @@ class GuardConfig(StrictModel):
         if self.upstream is not None and self.model.checkpoint is not None:
             raise ValueError("model.checkpoint and [upstream] exclude each other: in proxy mode the upstream "
                              "answers and no weights are loaded here; remove one of them")
+        if self.upstream is not None and self.strip.enabled:
+            raise ValueError("strip.enabled: STRIP queries the model on blended copies of every row, which needs the "
+                             "weights here; it is not available in proxy mode ([upstream]) — run it on the upstream's "
+                             "side or serve the weights directly")
         return self
 
 

@@ -36,6 +36,7 @@ log = logging.getLogger("modelward.guard")
 #: HTTP status of each GuardError code (anything else a client sent wrong is a 400)
 STATUS = {"unauthenticated": 401, "unknown_model": 404, "unknown_version": 404, "body_too_large": 413,
           "batch_too_large": 413, "query_budget_exceeded": 429, "store_busy": 503, "extraction_suspected": 403,
+          "backdoor_trigger_suspected": 403,  # issue 41: STRIP under action = "refuse"
           "forbidden": 403, "shutting_down": 503,
           # proxy mode: the model server failed (nothing is charged)
           "upstream_unavailable": 503, "upstream_timeout": 504, "upstream_error": 502, "upstream_bad_output": 502}

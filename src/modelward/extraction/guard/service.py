@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from modelward.backdoor.detect.input.strip import StripMonitor
 from modelward.core.io import load_tensors, save_tensors
 from modelward.core.lock import FolderLock
 from modelward.core.records import atomic_write_text
@@ -131,6 +132,8 @@ class GuardService:
         self.model, self.device = open_model(cfg, base_dir)
         self.text = text_input(cfg, base_dir, self.model)  # INT64 / BYTES inputs of a text model, else None
         self.defense = service_defense(cfg, base_dir)
+        # issue 41: STRIP on every request's rows (None unless [strip] enabled); fitted on the operator's clean data
+        self.strip = StripMonitor.from_section(cfg.strip, self.model, base_dir, self.input_shape)
         self.base_dir = base_dir
         self.state_dir = base_dir / cfg.server.state_dir
         self.state_path = self.state_dir / f"{self.name}.{self.defense.name}.state.safetensors"
@@ -354,6 +357,10 @@ class GuardService:
         try:
             if self._closed:  # shut down while this request waited (its thread outlived the cancelled task)
                 raise GuardError("shutting_down", "the server is shutting down; nothing was charged; retry")
+            if self.strip is not None and bool(self.strip.check(key.name, self.model, x).any()) \
+                    and self.strip.action == "refuse":  # issue 41: refused before any charge
+                raise GuardError("backdoor_trigger_suspected", "an input of this request looks like it carries a "
+                                 "backdoor trigger (STRIP); it was not answered and nothing was charged")
             before = inc.num_centroids if inc is not None else 0
             snapshot = self.defense.state_dict() if inc is None and self.defense.stateful else None
             pending = None  # the detector's judgement of this batch, applied only once the transaction committed
@@ -459,8 +466,9 @@ class GuardService:
     def status(self) -> dict[str, Any]:
         """The operator's view: the detector's verdict per key and the watermark's state (no secrets)."""
         own = self.ownership
+        strip = {"strip": self.strip.status()} if self.strip is not None else {}  # issue 41
         if own is None:
-            return {"detector": None, "watermark": None}
+            return {"detector": None, "watermark": None, **strip}
         det = own.cfg.detector
         wm = own.cfg.watermark
         marked = own.marked_rows() if wm.enabled else 0
@@ -469,6 +477,7 @@ class GuardService:
                          "keys": [vars(k) for k in own.status()]} if det.enabled else None,
             "watermark": {"enabled": wm.enabled, "fraction": wm.fraction,
                           "marked_rows": marked} if wm.enabled else None,
+            **strip,
         }
 
     def close(self) -> None:
