@@ -35,7 +35,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -156,11 +156,11 @@ def _top1(targets: Tensor) -> Tensor:
 
 
 def _curve(part: str, attack: str, victim: Victim, h_test: Tensor, checkpoints: Sequence[int],
-           ask: Callable[[int, int], tuple[Tensor, Tensor]], fit_steps: int, seed: int,
+           ask: Callable[[int, int], Iterator[tuple[Tensor, Tensor]]], fit_steps: int, seed: int,
            rows_per_item: int = 1) -> list[Point]:
-    """Query items in order (``ask(lo, hi) -> (h, targets)``), fit at each checkpoint (in rows), stop at refusal.
-    Soft answers are also read as their top class (attack ``<attack>_top1``, no extra queries): the attacker
-    keeps the better of the two."""
+    """Query items in order (``ask(lo, hi)`` yields ``(h, targets)`` for the items answered, as they come), fit at
+    each checkpoint (in rows), stop at refusal (what was answered before it counts). Soft answers are also read as
+    their top class (attack ``<attack>_top1``, no extra queries): the attacker keeps the better of the two."""
     chance = chance_agreement(victim, h_test)
     hs: list[Tensor] = []
     ts: list[Tensor] = []
@@ -171,11 +171,10 @@ def _curve(part: str, attack: str, victim: Victim, h_test: Tensor, checkpoints: 
         want = max(1, cp // rows_per_item)
         refused, note = False, ""
         try:
-            if want > done:
-                h, t = ask(done, want)
+            for h, t in ask(done, want) if want > done else ():
                 hs.append(h)
                 ts.append(t)
-                done = want
+                done += len(h)
         except ModelwardError as e:
             refused, note = True, str(e)[:200]
         if done == 0:
@@ -223,13 +222,10 @@ def surrogate_curve(oracle: Oracle, victim: Victim, queries: Tensor, h_test: Ten
     """Agreement of a surrogate fitted to ``predict`` answers on `queries`, at each checkpoint (rows), until the
     party refuses. Queries go out in passes of at most `chunk` rows."""
 
-    def ask(lo: int, hi: int) -> tuple[Tensor, Tensor]:
-        hs, ts = [], []
+    def ask(lo: int, hi: int) -> Iterator[tuple[Tensor, Tensor]]:
         for a in range(lo, min(hi, len(queries)), chunk):
             h = queries[a:min(hi, a + chunk)]
-            ts.append(_targets(oracle.predict(h, "test"), victim.num_classes))
-            hs.append(h)
-        return torch.cat(hs), torch.cat(ts)
+            yield h, _targets(oracle.predict(h, "test"), victim.num_classes)
 
     return _curve(victim.part, attack, victim, h_test, [c for c in checkpoints if c <= len(queries)], ask,
                   fit_steps, seed)
@@ -243,8 +239,7 @@ def eval_oracle_curve(oracle: Oracle, victim: Victim, queries: Tensor, h_test: T
     if sorted(known) != list(range(k)):
         raise ModelwardError(f"eval oracle: need one known sample per class 0..{k - 1}, got classes {sorted(known)}")
 
-    def ask(lo: int, hi: int) -> tuple[Tensor, Tensor]:
-        hs, ts = [], []
+    def ask(lo: int, hi: int) -> Iterator[tuple[Tensor, Tensor]]:
         for i in range(lo, min(hi, len(queries))):
             h = queries[i:i + 1]
             ce = torch.empty(k)
@@ -252,9 +247,7 @@ def eval_oracle_curve(oracle: Oracle, victim: Victim, queries: Tensor, h_test: T
                 s = oracle.eval_sum(h.expand(dup, *h.shape[1:]).contiguous(), torch.full((dup,), known[c]), "test",
                                     "cross_entropy")
                 ce[c] = s / dup  # = logsumexp z(h) - z_c(h)
-            hs.append(h)
-            ts.append(torch.softmax(-ce, 0).unsqueeze(0))
-        return torch.cat(hs), torch.cat(ts)
+            yield h, torch.softmax(-ce, 0).unsqueeze(0)
 
     return _curve(victim.part, "eval_oracle", victim, h_test, checkpoints, ask, fit_steps, seed,
                   rows_per_item=dup * k)
@@ -280,17 +273,14 @@ def eval_differencing_curve(oracle: Oracle, victim: Victim, queries: Tensor, h_t
                              "the fixed rows")
     rows = len(fixed_idx) + 1
 
-    def ask(lo: int, hi: int) -> tuple[Tensor, Tensor]:
-        hs, ts = [], []
+    def ask(lo: int, hi: int) -> Iterator[tuple[Tensor, Tensor]]:
         for i in range(lo, min(hi, len(queries))):
             h = _probe(fixed_h, queries[i])
             ce = torch.empty(k, dtype=torch.float64)
             for c in range(k):
                 idx = torch.cat([fixed_idx, torch.tensor([known[c]])])
                 ce[c] = sum(oracle.eval_sum(h, idx, "test", "cross_entropy") for _ in range(repeats)) / repeats
-            hs.append(queries[i:i + 1])
-            ts.append(torch.softmax(-ce, 0).float().unsqueeze(0))
-        return torch.cat(hs), torch.cat(ts)
+            yield queries[i:i + 1], torch.softmax(-ce, 0).float().unsqueeze(0)
 
     return _curve(victim.part, "eval_differencing" if repeats == 1 else f"eval_differencing_x{repeats}", victim,
                   h_test, checkpoints, ask, fit_steps, seed, rows_per_item=rows * k * repeats)
