@@ -40,7 +40,7 @@ from modelward.core.config import StrictModel, load_config
 from modelward.core.data import DataConfig, load_data
 from modelward.core.io import load_tensors
 from modelward.core.progress import ProgressSink
-from modelward.core.train import TrainConfig
+from modelward.core.train import TrainConfig, evaluate
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ModelwardError
 from modelward.governance.consent import Policy
@@ -386,11 +386,12 @@ def run_extraction_audit(cfg: ExtractionAuditConfig, out_dir: str | Path,
         with SplitDriver(split.split_config(tc, cfg.seed, retry_s=0.0, timeout_s=120.0)) as drv:
             res = drv.train()
             exports = drv.checkpoint_all(export=True)
-        accuracy = 1.0 - float(res.curve[-1][1])
+        reported = 1.0 - float(res.curve[-1][1])  # what bob released to the driver (noisy, under the defaults)
         state = {k: v for m in exports.values() for k, v in load_tensors(m["export"]).items()}
         full = build_model(cfg.model, data.input_shape, data.num_classes)
         full.load_state_dict(state)
         full.eval()
+        accuracy = 1.0 - evaluate(full, data.x_test, data.y_test)  # the auditor scores the exported parts
         bob_layers = split.owners["bob"]
         alice_part, bob_part = segment_of(full, split.owners["alice"]), segment_of(full, bob_layers)
         with torch.no_grad():
@@ -430,7 +431,7 @@ def run_extraction_audit(cfg: ExtractionAuditConfig, out_dir: str | Path,
     note(f"completion from scratch with labels to agreement {target:.3f}")
     comp = completion_rows(victim, h_train, data.y_train, h_test, target, batch=cfg.train.batch_size,
                            seed=cfg.seed)
-    summary = {"test_accuracy": accuracy, "completion_rows": {victim.part: comp}, "completion_target": target,
+    summary = {"test_accuracy": accuracy, "reported_accuracy": reported, "completion_rows": {victim.part: comp}, "completion_target": target,
                "gradient_labels": grad_labels, "seconds": time.perf_counter() - t0,
                "policy": policy, "party": cfg.party}
     if progress is not None and phase:
