@@ -19,7 +19,7 @@ for the audit's implementation and for this one, and chance.
 - ``loss_oracle``: a step over 7 fixed training rows and training index i with a fixed probe activation, the loss
   read from the answer, the step aborted (400 indices); ``loss_oracle_committed``: the step committed and the loss
   read from the committed window of the next evaluation (40 indices; the attacker's control key opened Bob's
-  session with learning rate 0, so her probe steps do not move his part). A probe with no loss is guessed (class 0).
+  session with learning rate 1e-9, so her probe steps do not move his part). A probe with no loss is guessed (class 0).
 """
 
 from __future__ import annotations
@@ -239,8 +239,8 @@ def main() -> None:
     opt_out = {**shipped, "eval": {**shipped.get("eval", {}), "noise": 0.0, "max_answers_per_day": None,
                                    "max_rows_per_day": None}, "train_loss": {"noise": 0.0}}
     # the attacker's control key opens Bob's session (he has not trained through the protocol here): learning rate
-    # 0, so that her committed probe steps leave his part as it is (her loss levels stay calibrated)
-    tc_attack = tc.model_copy(update={"lr": 0.0, "momentum": 0.0, "weight_decay": 0.0})
+    # 1e-9, so that her committed probe steps leave his part as it is (her loss levels stay calibrated)
+    tc_attack = tc.model_copy(update={"lr": 1e-9, "momentum": 0.0, "weight_decay": 0.0})
     for mode, policy in (("shipped defaults", shipped), ("opt-out (noise 0)", opt_out)):
         split = prepare_local_split(root / mode.split()[0], model, data, ["alice", "bob"], ["conv1"], threads=1,
                                     exact=False, driver="operator", policies={

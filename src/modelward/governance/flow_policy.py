@@ -25,6 +25,10 @@ bottom:
        per-sample oracle: 8 copies of ``(h, i)`` return 8·(logsumexp z − z_c));
     7. the rows fit the caller's eval row budgets (``eval.max_rows_per_day``, ``eval.max_rows_total``).
 
+What an admitted request's answer may carry, with what noise and at what cost to its receiver (answers, privacy),
+is the party's release path (:mod:`~modelward.governance.party.release`), configured by ``[eval]`` (``noise``,
+``clip``, ``max_answers_per_day``), ``[train_loss]`` and ``[privacy]`` here.
+
 Everything else (step limits, time window, approval hooks) stays in :class:`~.consent.ConsentChecker`, which
 calls :func:`admit` last.
 
@@ -68,6 +72,7 @@ class PredictFlow(StrictModel):
         epsilon: the ModelGuard ℓ1 budget ε (``modelguard_w`` / ``modelguard_s``).
         splits: the data splits predictions may run on (``"inputs"``: inputs the first party's driver supplies).
         max_rows_per_day / max_rows_total: rows per peer and UTC day / ever (None: no limit).
+        max_answers_per_day: fetched results per peer and UTC day (None: no limit).
 
     Returns:
         A strict config (``policy.predict``).
@@ -88,7 +93,9 @@ class PredictFlow(StrictModel):
 
 
 class EvalFlow(StrictModel):
-    """``[eval]`` of a policy: which metrics an evaluation may return, and its own row budgets.
+    """``[eval]`` of a policy: which metrics an evaluation may return, its own row and answer budgets, and the noise
+    its answer leaves with (``noise`` σ, ``clip`` C: each row's metric clipped to [0, C], Gaussian noise of sd
+    σ·C·m on the sum, m the most times one index occurs; ``noise = 0``: exact).
 
     (The splits are ``policy.eval_splits`` and the smallest number of distinct indices ``policy.min_batch``.)
 

@@ -110,7 +110,7 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 
     Example:
         >>> round(gdp_epsilon(math.sqrt(20) / 4, 1e-6), 2)  # 20 answers at noise multiplier 4
-        5.56
+        5.55
     """
     if mu <= 0:
         return 0.0
@@ -305,7 +305,7 @@ class ReleasePath:
         self.ledger = Ledger(ledger, clock)
         self._protect, self._predict = protect, predict
         self._gen = torch.Generator().manual_seed(secrets.randbits(63) if seed is None else seed)
-        self.note = ""  # the charges of the current request (the party adds it to the request's audit record)
+        self.note = ""  # the charges of the current request (the party's note: the gate writes it into its record)
         self._held: dict[int, tuple[float, float, torch.Tensor]] = {}  # step -> (mean loss, clipped sum, idx)
         self._window = _Sum()  # committed steps whose loss has not left yet
         self._evals: dict[tuple[str, str], tuple[int, int, _Sum]] = {}  # (receiver, session) -> (next, parts, sum)
@@ -345,11 +345,6 @@ class ReleasePath:
             out_meta["_anchors"] = anchors
         return Message(op, step=step, meta=out_meta, tensors=out_tensors,
                        codecs={k: c for k, c in (codecs or {}).items() if k in out_tensors})
-
-    def take_note(self) -> str:
-        """The charges of the current request, for its audit record (and reset)."""
-        note, self.note = self.note, ""
-        return note
 
     # ------------------------------------------------------------------------------------------ the kinds
     def _gradient(self, receiver: str, value: torch.Tensor, *, step: int = 0, idx: torch.Tensor | None = None,
