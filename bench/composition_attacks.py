@@ -4,6 +4,7 @@ defaults and under the owner's opt-out (``eval.noise = 0``, ``train_loss.noise =
 few points, and the opt-out shows that the attacks work where the release path does not stop them.
 
     python bench/composition_attacks.py [--steps 200] [--loss-probes 400] [--committed-probes 40]
+                                        [--modes defaults,opt-out]
 
 Bob starts from the demo's split CNN trained here (200 steps of 64, monolithic: the same part a split run trains)
 and runs alone (the attacks need Alice's data key and the operator's control key only); every attack gets a Bob
@@ -209,6 +210,7 @@ def main() -> None:
     ap.add_argument("--loss-probes", type=int, default=400)
     ap.add_argument("--committed-probes", type=int, default=40)
     ap.add_argument("--out", default=None, help="folder for the parties (default: a temporary one)")
+    ap.add_argument("--modes", default="defaults,opt-out", help="which of defaults, opt-out to run")
     args = ap.parse_args()
     torch.set_num_threads(1)
     import tempfile
@@ -236,12 +238,14 @@ def main() -> None:
     committed = torch.arange(len(h_train) - args.committed_probes, len(h_train))
     shipped = tomllib.loads((EX / "policy_bob.toml").read_text())
     # the owner's opt-out: no noise, and no answer budget (what the attacks get where nothing stops them)
-    opt_out = {**shipped, "eval": {**shipped.get("eval", {}), "noise": 0.0, "max_answers_per_day": None,
-                                   "max_rows_per_day": None}, "train_loss": {"noise": 0.0}}
+    opt_out = {**shipped, "eval": {**shipped.get("eval", {}), "noise": 0.0, "max_answers_per_day": 10**9,
+                                   "max_rows_per_day": 10**9}, "train_loss": {"noise": 0.0}}
     # the attacker's control key opens Bob's session (he has not trained through the protocol here): learning rate
     # 1e-9, so that her committed probe steps leave his part as it is (her loss levels stay calibrated)
     tc_attack = tc.model_copy(update={"lr": 1e-9, "momentum": 0.0, "weight_decay": 0.0})
-    for mode, policy in (("shipped defaults", shipped), ("opt-out (noise 0)", opt_out)):
+    modes = [m for m in (("shipped defaults", shipped), ("opt-out (noise 0)", opt_out))
+             if m[0].split()[0].replace("shipped", "defaults") in args.modes.split(",")]
+    for mode, policy in modes:
         split = prepare_local_split(root / mode.split()[0], model, data, ["alice", "bob"], ["conv1"], threads=1,
                                     exact=False, driver="operator", policies={
                                         "bob": policy, "alice": {"allow_peers": ["operator"], "training": True}})
