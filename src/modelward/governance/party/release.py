@@ -341,6 +341,7 @@ class ReleasePath:
                     store[k] = r.value
         if withheld:
             out_meta["withheld"] = "; ".join(withheld)[:512]
+            self.note += "; withheld " + out_meta["withheld"]  # (in the request's audit record too)
         if anchors:
             out_meta["_anchors"] = anchors
         return Message(op, step=step, meta=out_meta, tensors=out_tensors,
