@@ -8,9 +8,12 @@ The run, all on 127.0.0.1 with mutual TLS:
    (label protection, integrity). Alice's server records every gradient she receives
    (:class:`~modelward.governance.leakage.parties.RecordingParty`: what an honest-but-curious Alice keeps).
 2. The driver — a control identity of its own, ``operator`` — trains the split as ``split train`` does.
-3. Alice turns hostile. With her *data* key she sends Bob ``predict`` and ``eval`` passes on activations of her
-   choosing; with the *control* key of her organisation she tries to fetch the answers. Every attack of
-   :mod:`~modelward.governance.neighbour_audit` runs until Bob refuses.
+3. Alice turns hostile. With her *data* key she sends Bob ``predict``, ``eval`` and ``step`` passes on activations
+   of her choosing; with the *control* key of her organisation she tries to fetch the answers, and commits or aborts
+   her steps. Every attack of :data:`ATTACKS` (one entry each, ``run(AuditContext) -> [Point]``: surrogates from
+   ``predict``, the duplicate-index ``eval`` oracle, issue 36's eval differencing, label-only active learning and
+   training-loss oracle, labels from answers and from gradients) runs until Bob refuses or withholds; one that
+   spends a day's budget runs against Bob restarted from his trained checkpoint on a fresh audit log.
 4. The auditor, who stands in for both organisations, scores: agreement of each surrogate with Bob's real part on
    held-out activations, labels recovered from answers and from the recorded gradients, and the labelled rows a
    completion from scratch needs to reach the best agreement seen (the MC-hardness threat model, in rows).
