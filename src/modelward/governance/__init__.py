@@ -8,7 +8,8 @@ runs the driver's own party inside its process: ``run_training(cfg, host=party)`
 consent; ``make_certs`` / ``keygen`` create the mutual-TLS identities; ``run_split_demo`` does it all on one
 machine; ``protect_gradient`` is label protection, ``run_leakage_audit`` measures label leakage (and, with
 ``[inputs]``, input reconstruction by the next party; ``InputProtectionConfig`` is the first party's defence).
-What may leave a party is its flow policy (``FlowPolicy``, ``admit``, ``Release``); ``IntegrityMonitor`` refuses
+What may leave a party is its flow policy (``FlowPolicy``, ``admit``, ``Release``), and every value that leaves passes
+its release path (``ReleasePath``: noise, answer and privacy budgets, ``gdp_epsilon``); ``IntegrityMonitor`` refuses
 outlier steps; ``run_extraction_audit`` measures what a neighbour gets for its budget (``neighbour_audit``).
 
 The package in layers, bottom up: ``wire``, ``plan``, ``audit`` and ``trust/`` (certificates, identities);
@@ -40,6 +41,7 @@ _EXPORTS = {
     "run_leakage_audit": f"{_G}.leakage.study:run_audit",
     "FlowPolicy": f"{_G}.flow_policy:FlowPolicy", "admit": f"{_G}.flow_policy:admit",
     "Release": f"{_G}.flow_policy:Release", "IntegrityMonitor": f"{_G}.integrity:IntegrityMonitor",
+    "ReleasePath": f"{_G}.party.release:ReleasePath", "gdp_epsilon": f"{_G}.party.release:gdp_epsilon",
     "ExtractionAuditConfig": f"{_G}.extraction_audit:ExtractionAuditConfig",
     "load_extraction_config": f"{_G}.extraction_audit:load_extraction_config",
     "run_extraction_audit": f"{_G}.extraction_audit:run_extraction_audit",
