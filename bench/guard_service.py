@@ -1,18 +1,26 @@
-"""The guarded prediction service against a bare model server, on loopback: throughput, p50/p99 latency, errors.
+"""The guarded prediction service against KServe's ModelServer, on loopback: throughput, p50/p99 latency, errors.
 
-    .venv/bin/python bench/guard_service.py [--clients 8] [--requests 40] [--batch 16]
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python bench/guard_service.py [--clients 8] [--requests 25] [--batch 16]
+        [--rounds 5] [--servers kserve,direct,proxy] [--ownership]
 
-One run measures three servers serving the same model, each in its own subprocess:
+One run measures servers serving the same weights (the digits CNN), each in its own subprocess, side by side:
 
-* ``bare``: the model behind a plain FastAPI handler on uvicorn (``await request.json()`` → model → softmax →
-  JSON), no defense, no API key, no query log — what a user would write without modelward;
-* ``none``: ``modelward guard serve`` with defense "none" (auth, validation, budgets and the SQLite log only);
-* ``modelguard_s``: ``modelward guard serve`` with ModelGuard-S (ε = 1).
+* ``kserve``: KServe's Python ``ModelServer`` (examples/deploy/kserve_model.py) from the bench-only environment
+  ``.venv-kserve`` (KServe pins protobuf, pandas and python-dateutil versions of its own, so it never touches
+  modelward's; ``MODELWARD_KSERVE_PYTHON`` names another interpreter), answering logits — what a team runs today;
+* ``direct``: ``modelward guard serve`` with ModelGuard-S (ε = 1) loading the weights itself;
+* ``proxy``: ``modelward guard serve`` with ModelGuard-S in proxy mode in front of the ``kserve`` server (the weights
+  stay in KServe): its latency over KServe's alone is the proxy's overhead;
+* ``proxy-none`` (on request): the same with defense "none": the proxy's own machinery (key, HTTP hop, charge,
+  log), without the defense's cost;
+* ``bare`` (on request): the model behind a plain FastAPI handler (no defense, no key, no log).
 
-All three run side by side; each round loads each of them in turn with ``--clients`` concurrent clients
-(keep-alive connections) and then with a single client, so a change of the shared machine's load hits all three
-alike. The script prints medians over the rounds (rows/s, req/s, p50/p99) and the per-round ratios guarded / bare. Targets (issue 13): ModelGuard-S ≥ 0.8× the
-bare server's throughput with 8 clients, and p50 ≤ 5 ms for one client.
+``--ownership`` turns the answer watermark and the extraction detector on in the guards (the shipped GUARD.toml);
+without it they are off, as in the earlier rows of BENCHMARKS.md. Each round loads each server in turn with
+``--clients`` concurrent clients (keep-alive connections) and then with a single client, so a change of the shared
+machine's load hits all alike; the script prints medians over the rounds, per-round ratios and the load average
+before and after. Goals (issue 40): direct ≥ 1.0× KServe's throughput, p99 ≤ 5 ms at one client, proxy overhead
+≤ 1 ms p50 over KServe alone.
 """
 
 from __future__ import annotations
@@ -33,7 +41,13 @@ import torch
 from fastapi import Request
 
 from modelward.core.zoo import ModelConfig, build_model
-from modelward.extraction.guard.process import free_port, start_guard_server, write_guard_config
+from modelward.extraction.guard.process import (
+    KSERVE_PYTHON,
+    free_port,
+    start_guard_server,
+    start_kserve_model,
+    write_guard_config,
+)
 
 KEY = "bench-key-0000"
 
@@ -128,29 +142,49 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=25, help="requests per client per round")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (the CPU is shared: medians)")
+    ap.add_argument("--servers", default="kserve,direct,proxy",
+                    help="comma-separated: kserve, direct, proxy, proxy-none, bare")
+    ap.add_argument("--ownership", action="store_true", help="watermark and detector on in the guards (shipped)")
     ap.add_argument("--bare-server", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.bare_server:
         bare_server(args.bare_server, args.port)
         return
+    servers = tuple(args.servers.split(","))
+    if any(s in servers for s in ("kserve", "proxy", "proxy-none")) and not KSERVE_PYTHON.is_file():
+        raise SystemExit(f"no KServe environment at {KSERVE_PYTHON}: see examples/deploy/README.md (make kserve-env)")
     cfg = ModelConfig(arch="cnn", channels=[16, 32], fc=64)
     torch.manual_seed(0)
     model = build_model(cfg, (1, 8, 8), 10)
-    servers = ("bare", "none", "modelguard_s")
+    own = {"watermark": {"enabled": True}, "detector": {"enabled": True}} if args.ownership else None
     runs: dict[tuple[str, int], list[dict[str, float]]] = {(s, c): [] for s in servers for c in (args.clients, 1)}
+    load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         urls, stops = {}, []
         try:
-            for server in servers:  # all three run side by side; rounds interleave them
-                defense = "none" if server == "bare" else server
-                params = {"epsilon": 1.0} if server == "modelguard_s" else {}
-                path = write_guard_config(Path(tmp) / server, model, cfg, (1, 8, 8), 10, defense=defense,
-                                          defense_params=params, keys={KEY: None}, name="digits")
-                if server == "bare":
+            kserve_url = None
+            order = sorted(servers, key=lambda s: s != "kserve")  # the upstream first: the proxy needs its url
+            for server in order:
+                d = Path(tmp) / server
+                if server == "kserve":
+                    write_guard_config(d, model, cfg, (1, 8, 8), 10, keys={KEY: None}, name="digits")
+                    up = start_kserve_model(d / "model.safetensors", "digits", (1, 8, 8), 10, output="logits")
+                    urls[server] = kserve_url = up.url
+                    stops.append(up.stop)
+                elif server == "bare":
+                    path = write_guard_config(d, model, cfg, (1, 8, 8), 10, defense="none", keys={KEY: None},
+                                              name="digits")
                     proc, urls[server] = start_bare(path)
                     stops.append(proc.kill)
                 else:
+                    proxied = server.startswith("proxy")
+                    upstream = {"url": kserve_url, "model": "digits", "output": "logits"} if proxied else None
+                    none = server == "proxy-none"
+                    path = write_guard_config(d, None if upstream else model, cfg, (1, 8, 8), 10,
+                                              defense="none" if none else "modelguard_s",
+                                              defense_params={} if none else {"epsilon": 1.0},
+                                              keys={KEY: None}, name="digits", ownership=own, upstream=upstream)
                     srv = start_guard_server(path, timeout=180)
                     urls[server] = srv.url
                     stops.append(srv.stop)
@@ -166,16 +200,24 @@ def main() -> None:
     med = {k: {m: float(np.median([r[m] for r in v])) for m in v[0]} for k, v in runs.items()}
     print(f"{args.rounds} interleaved rounds; per round {args.requests} requests per client × {args.batch} rows "
           f"(1 client: {2 * args.requests}); keep-alive connections, loopback, {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f}; medians over rounds")
+          f"{load0[0]:.1f} before, {os.getloadavg()[0]:.1f} after; ownership (watermark + detector) "
+          f"{'on' if args.ownership else 'off'}; medians over rounds")
     print(f"{'server':>14} {'clients':>7} {'rows/s':>8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}")
     for (d, c), r in med.items():
         print(f"{d:>14} {c:>7} {r['rows_per_s']:>8.0f} {r['req_per_s']:>7.1f} {r['p50_ms']:>7.2f} "
               f"{r['p99_ms']:>7.2f} {sum(x['errors'] for x in runs[(d, c)]):>6}")
+    base = "kserve" if "kserve" in servers else "bare"
     for c in (args.clients, 1):
-        for d in ("modelguard_s", "none"):
-            ratios = [g["rows_per_s"] / b["rows_per_s"] for g, b in zip(runs[(d, c)], runs[("bare", c)], strict=True)]
-            print(f"{c} client(s): {d} / bare throughput, median of per-round ratios {np.median(ratios):.2f} "
+        for d in (s for s in servers if s != base):
+            ratios = [g["rows_per_s"] / b["rows_per_s"] for g, b in zip(runs[(d, c)], runs[(base, c)], strict=True)]
+            print(f"{c} client(s): {d} / {base} throughput, median of per-round ratios {np.median(ratios):.2f} "
                   f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
+    for proxy in (s for s in servers if s.startswith("proxy")):
+        if "kserve" not in servers:
+            break
+        over = [p["p50_ms"] - k["p50_ms"] for p, k in zip(runs[(proxy, 1)], runs[("kserve", 1)], strict=True)]
+        print(f"1 client: {proxy} p50 - kserve p50, median of per-round differences {np.median(over):.2f} ms "
+              f"(rounds: {', '.join(f'{x:.2f}' for x in over)})")
     assert all(r["errors"] == 0 for v in runs.values() for r in v)
 
 

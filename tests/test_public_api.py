@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-AREAS = ("assess", "bias", "completion", "cost", "explain", "extraction", "governance", "privacy", "robustness")
+AREAS = ("assess", "backdoor", "bias", "completion", "cost", "explain", "extraction", "governance", "privacy",
+         "robustness")
 EVASION = ("FGSM", "BIM", "ILCM", "PGD", "CarliniWagnerL2", "LBFGS", "JSMA", "TransferAttack")
 DEFENSES = ("ModelGuardW", "ModelGuardS", "MAD", "ReverseSigmoid", "AdaptiveMisinformation", "TopOne", "Rounding",
             "GaussianNoise")
@@ -20,6 +21,8 @@ MORE = {"modelward.robustness": ("NonLocalMeans", "TransformedModel", "FeatureSq
         "modelward.governance": ("AuditLog", "Policy", "ConsentChecker", "PartyConfig", "SplitPlan", "SplitConfig",
                                  "LeakageAuditConfig"),
         "modelward.cost": ("CostConfig",), "modelward.assess": ("AssessConfig", "SplitConfig"),
+        "modelward.backdoor": ("BadNets", "Blend", "WaNet", "CleanLabel", "NeuralCleanse", "MMBD",
+                               "ActivationClustering", "SpectralSignature", "Spectre", "STRIP"),
         "modelward.bias": ("GaussianSetting", "LinearModel", "SGDSchedule"),
         "modelward.explain": ("InternalInfluence", "Slice", "ClassQoI", "ComparativeQoI", "MaxClassQoI", "UnitQoI",
                               "ChannelQoI", "LambdaQoI", "PointDoI", "LinearDoI", "GaussianDoI", "DatasetDoI",

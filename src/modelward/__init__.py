@@ -7,6 +7,7 @@ Each threat area is a subpackage, imported on first use (``import modelward`` st
     modelward.extraction.ModelGuardS    # extraction defenses and attacks, the guarded prediction API
     modelward.completion.run_study      # model-completion hardness
     modelward.governance.make_plan      # split training between parties, consent, audit
+    modelward.backdoor.NeuralCleanse    # backdoors: attacks, detection in model / data / at the API, repair
     modelward.privacy, modelward.explain, modelward.bias, modelward.cost, modelward.assess
 
 See docs/api.md for each area's main job in a few lines of Python.
@@ -18,8 +19,8 @@ from typing import Any
 from modelward.errors import ConfigError, DataError, ModelwardError
 
 __version__ = "0.1.0"
-AREAS = ("assess", "bias", "completion", "core", "cost", "explain", "extraction", "governance", "privacy", "rl",
-         "robustness")
+AREAS = ("assess", "backdoor", "bias", "completion", "core", "cost", "explain", "extraction", "governance", "privacy",
+         "rl", "robustness")
 __all__ = ["ConfigError", "DataError", "ModelwardError", "__version__", *AREAS]
 
 

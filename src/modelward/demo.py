@@ -29,7 +29,7 @@ from modelward.completion.report import rich_tables
 from modelward.completion.study import StudyConfig, make_problem, orig_id, run_study
 from modelward.core.config import validate
 from modelward.core.init import init_model_
-from modelward.core.io import load_state_dict, save_state_dict
+from modelward.core.io import load_into, load_state_dict, save_state_dict
 from modelward.core.ledger import RunLedger
 from modelward.core.progress import RichProgress
 from modelward.core.seed import seeded
@@ -156,7 +156,7 @@ def run_demo(out: str | Path, console: Console | None = None, quick: bool = Fals
         model = problem.build()
         orig = RunLedger(ledger_path).results()[orig_id("", 0)]
         state, _ = load_state_dict(study_dir / orig["checkpoint"])
-        model.load_state_dict(state)
+        load_into(model, state, study_dir / orig["checkpoint"])
         model.eval()
         summary["extraction"] = run_extraction_demo(out / "extraction", model, cfg.model, data, console, seed=0)
 

@@ -31,5 +31,5 @@ class IdentityError(ModelwardError):
 
 
 class UntrustedCodeError(ConfigError):
-    """A config names Python code (an entry point) and the user did not say they trust it (``--trust-code`` or
-    ``trust_code = true``); the message names the entry point and the switch."""
+    """A config names Python code (an entry point) and the operator did not say they trust it (``--trust-code``,
+    ``MODELWARD_TRUST_CODE=1`` or ``modelward trust allow CONFIG``); the message names the entry point and them."""

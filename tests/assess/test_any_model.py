@@ -16,7 +16,7 @@ import torch
 
 from modelward.assess.config import AssessConfig
 from modelward.assess.profiles import PROFILES, ProfileSizes
-from modelward.core.config import load_config
+from modelward.core.config import allow_code, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ProfileSizes(n_eval=48, linf_eps=(2 / 255, 8 / 255), l2_eps=(0.25, 0.5), reference_l2=0.5, pgd_steps=4,
@@ -60,7 +60,7 @@ def _rgb_files(d: Path) -> None:
     torch.save(model.eval().state_dict(), d / "rgb_cnn.pt")
     (d / "assess.toml").write_text(
         'name = "rgb-cnn"\ncheckpoint = "rgb_cnn.pt"\n'
-        '[model]\narch = "entrypoint"\nentrypoint = "mynets:small_cnn"\ntrust_code = true\n'
+        '[model]\narch = "entrypoint"\nentrypoint = "mynets:small_cnn"\n'
         '[data]\nsource = "npz"\npath = "train.npz"\ntest_path = "test.npz"\n'
         "[train]\nsteps = 20\nbatch_size = 64\n")
 
@@ -69,7 +69,8 @@ def _assess(config: Path, out: Path, monkeypatch: pytest.MonkeyPatch, **kw: obje
     from modelward.assess import run_assessment
 
     monkeypatch.setitem(PROFILES, "quick", TINY)
-    cfg = load_config(config, AssessConfig).resolve_paths(config.parent)
+    # this user trusts the factory beside the config (as --trust-code or `modelward trust allow` would say)
+    cfg = allow_code(load_config(config, AssessConfig).resolve_paths(config.parent))
     run_assessment(cfg, out, **kw)  # type: ignore[arg-type]
     return json.loads((out / "report.json").read_text())
 
@@ -120,9 +121,6 @@ def own_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ex = tmp_path_factory.mktemp("own") / "examples"
     shutil.copytree(REPO / "examples" / "own_model", ex / "own_model")
     shutil.copy(REPO / "examples" / "assess_own_model.toml", ex)
-    cfg = ex / "assess_own_model.toml"  # this user trusts the factory beside the config (as --trust-code would say)
-    cfg.write_text(cfg.read_text().replace('entrypoint = "own_model.nets:mlp"',
-                                           'entrypoint = "own_model.nets:mlp"\ntrust_code = true'))
     spec = importlib.util.spec_from_file_location("own_model_prepare", ex / "own_model" / "prepare.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from modelward.core.config import allow_code
+from modelward.core.entrypoints import TRUST_ENV
+
 BROKEN = '''
 import torch
 from torch import nn
@@ -63,7 +66,8 @@ def test_a_failed_section_exits_1_and_is_retried_after_the_fix(tmp_path: Path, m
     proj.mkdir()
     (proj / "mynet_retry.py").write_text(BROKEN)
     (proj / "assess.toml").write_text('name = "mine"\nsections = ["explanations"]\n'
-                                      '[model]\narch = "entrypoint"\nentrypoint = "mynet_retry:build"\ntrust_code = true\n')
+                                      '[model]\narch = "entrypoint"\nentrypoint = "mynet_retry:build"\n')
+    monkeypatch.setenv(TRUST_ENV, "1")  # this user trusts the factory beside the config (--trust-code)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the entry point's folder is added to it for this test only
     # run from another folder: the entry point is imported from the config's folder, without PYTHONPATH
     code, out, err = _main("assess", str(proj / "assess.toml"), "--out", str(tmp_path / "out"), cwd=tmp_path,
@@ -87,7 +91,7 @@ def test_a_device_the_machine_lacks_is_refused_before_any_work(tmp_path: Path, m
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    (tmp_path / "assess.toml").write_text('name = "m"\n[model]\narch = "entrypoint"\nentrypoint = "x:y"\ntrust_code = true\n')
+    (tmp_path / "assess.toml").write_text('name = "m"\n[model]\narch = "entrypoint"\nentrypoint = "x:y"\n')
     code, _, err = _main("assess", "assess.toml", "--out", "out", "--device", "cuda", cwd=tmp_path,
                          monkeypatch=monkeypatch, capsys=capsys)
     assert code == 2 and "cuda" in err.lower()
@@ -101,8 +105,8 @@ def test_retry_reruns_a_not_assessed_section(tmp_path: Path, monkeypatch: pytest
 
     (tmp_path / "mynet.py").write_text(FIXED)
     cfg = AssessConfig.model_validate({"name": "m", "sections": ["explanations"],
-                                       "model": {"arch": "entrypoint", "entrypoint": "mynet:build", "trust_code": True}})
-    cfg = cfg.resolve_paths(tmp_path)
+                                       "model": {"arch": "entrypoint", "entrypoint": "mynet:build"}})
+    cfg = allow_code(cfg.resolve_paths(tmp_path))
     real = explanations.run
 
     def missing(*a: object, **k: object) -> None:
@@ -168,7 +172,7 @@ def test_a_missing_relative_file_names_the_path_tried(tmp_path: Path, monkeypatc
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     proj = tmp_path / "proj"
     proj.mkdir()
-    (proj / "assess.toml").write_text('name = "m"\n[model]\narch = "entrypoint"\nentrypoint = "nets_missing:build"\ntrust_code = true\n'
+    (proj / "assess.toml").write_text('name = "m"\n[model]\narch = "entrypoint"\nentrypoint = "nets_missing:build"\n'
                                       '[data]\nsource = "csv"\npath = "data/train.csv"\nlabel_column = "y"\n')
     code, _, err = _main("assess", str(proj / "assess.toml"), "--out", "out", cwd=tmp_path, monkeypatch=monkeypatch,
                          capsys=capsys)

@@ -66,6 +66,28 @@ def test_sarif_of_findings_is_valid_sarif_2_1_0(tmp_path: Path) -> None:
         _validate_sarif(log)
 
 
+def test_sarif_locations_are_relative_to_the_base_and_portable(tmp_path: Path) -> None:
+    """Issue 38 item 7: locations were absolute file:/// URIs of the machine that ran the scan."""
+    pytest.importorskip("picklescan", reason="the picklescan package is not installed (modelward[scan])")
+    from modelward.assess.findings import scan_findings
+    from modelward.scan import scan_file
+
+    (tmp_path / "models").mkdir()
+    torch.save({"w": torch.zeros(2)}, tmp_path / "models" / "m 1.pt")
+    findings = _report(150, 200)["findings"] + scan_findings(scan_file(tmp_path / "models" / "m 1.pt"))
+    log = to_sarif(findings, default_location=str(tmp_path / "assess-out" / "report.html"), base=tmp_path)
+    _validate_sarif(log)
+    run = log["runs"][0]
+    locations = [loc["physicalLocation"]["artifactLocation"] for r in run["results"] for loc in r["locations"]]
+    assert {loc["uriBaseId"] for loc in locations} == {"%SRCROOT%"}
+    assert {loc["uri"] for loc in locations} == {"models/m%201.pt", "assess-out/report.html"}
+    assert "file://" not in json.dumps(run["results"])
+    assert run["originalUriBaseIds"]["%SRCROOT%"]["uri"] == tmp_path.resolve().as_uri() + "/"
+    # a file outside the base keeps its absolute URI
+    elsewhere = to_sarif(findings, base=tmp_path / "models" / "sub")["runs"][0]["results"][-1]["locations"][0]
+    assert elsewhere["physicalLocation"]["artifactLocation"]["uri"].startswith("file:///")
+
+
 def test_newcombe_interval_agrees_with_a_wald_interval_at_large_n() -> None:
     lo, hi = newcombe(7000, 10000, 6500, 10000)
     se = (0.7 * 0.3 / 10000 + 0.65 * 0.35 / 10000) ** 0.5

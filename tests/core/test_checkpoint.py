@@ -61,7 +61,7 @@ def test_hostile_and_broken_files_are_refused_with_a_clear_error(tmp_path: Path)
     with pytest.raises(DataError, match=r"known kinds: \['gloro', 'zoo'\]"):
         load_checkpoint(tmp_path / "odd.safetensors")
     save_state_dict(tmp_path / "bad.safetensors", {k: v[:1] for k, v in tensors.items()}, meta)
-    with pytest.raises(DataError, match="do not match"):
+    with pytest.raises(DataError, match="do not match the model"):
         load_checkpoint(tmp_path / "bad.safetensors")
     save_tensors(tmp_path / "bare.safetensors", {"w": torch.zeros(2)})
     with pytest.raises(DataError, match="no architecture"):

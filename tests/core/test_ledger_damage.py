@@ -144,3 +144,24 @@ def test_result_files_get_the_users_umask_not_0600(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(p.stat().st_mode) == 0o600
+
+
+def test_a_garbled_result_is_a_clear_error_and_loses_nothing(tmp_path):
+    import sqlite3
+
+    from modelward.core.ledger import RunLedger
+    from modelward.errors import LedgerError
+
+    led = RunLedger(tmp_path / "ledger.sqlite")
+    for r in ("a", "b"):
+        led.add(r, {"i": r})
+        led.start(r)
+        led.finish(r, {"acc": 0.5})
+    db = sqlite3.connect(tmp_path / "ledger.sqlite")
+    db.execute("UPDATE runs SET result = '{\"acc\": 0.' WHERE run_id = 'b'")  # a torn write
+    db.commit()
+    db.close()
+    with pytest.raises(LedgerError, match=r"run\(s\) 'b' is damaged .*nothing was changed"):
+        led.results()
+    assert led.status("a") == "done" and led.status("b") == "done"  # nothing changed
+    assert led.reopen("b") and led.results() == {"a": {"acc": 0.5}}

@@ -34,3 +34,12 @@ def test_atomic_writers_replace_whole_files(tmp_path) -> None:
     assert p.read_text() == "two"
     q = atomic_write_json(tmp_path / "x.json", {"v": [1.5, float("inf")]})
     assert json.loads(q.read_text()) == {"v": [1.5, None]}
+
+
+def test_small_numbers_keep_their_significant_digits(tmp_path) -> None:
+    """Issue 38 item 7: results.md printed δ = 1e-5 as 0.0000."""
+    from modelward.core.records import write_table
+
+    paths = write_table(tmp_path, "t", [{"delta": 1e-5, "epsilon": 0.5, "zero": 0.0, "tiny": -2.5e-7}])
+    md = paths["md"].read_text()
+    assert "| 1e-05 | 0.5000 | 0.0000 | -2.5e-07 |" in md

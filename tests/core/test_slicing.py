@@ -21,7 +21,7 @@ def test_capture_then_replace_is_the_whole_model_at_both_anchors() -> None:
         z = capture(net, cut, x)
         y = replace(net, cut, z, torch.zeros_like(x))  # the dummy input matters only below the cut
         assert torch.allclose(y, net(x), atol=1e-6), cut
-    assert torch.equal(capture(net, Cut("2", "in"), x), net[1](net[0](x)))
+    assert torch.equal(capture(net, Cut("2", "in"), x), net[1](net[0](x)))  # the same ops and shapes: exact
 
 
 def test_capture_stops_the_forward_pass_at_the_cut() -> None:

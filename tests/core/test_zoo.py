@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from modelward.core.config import allow_code
 from modelward.core.parts import parts_table
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError
@@ -30,11 +31,11 @@ def test_paper_parameter_counts_app_b():
 
 
 def test_entrypoint_model_and_bad_arch():
-    m = build_model(ModelConfig(arch="entrypoint", entrypoint="torch.nn:Linear", trust_code=True,
-                                kwargs={"in_features": 4, "out_features": 2}), (4,), 2)
+    m = build_model(allow_code(ModelConfig(arch="entrypoint", entrypoint="torch.nn:Linear",
+                                           kwargs={"in_features": 4, "out_features": 2})), (4,), 2)
     assert isinstance(m, torch.nn.Linear)
     with pytest.raises(ConfigError, match="cannot import"):
-        build_model(ModelConfig(arch="entrypoint", entrypoint="no_such_pkg.x:f", trust_code=True), (4,), 2)
+        build_model(allow_code(ModelConfig(arch="entrypoint", entrypoint="no_such_pkg.x:f")), (4,), 2)
     with pytest.raises(ConfigError, match="needs image inputs"):
         build_model(ModelConfig(arch="cnn"), (30,), 2)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,7 +44,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_report_json_has_every_section_with_a_reason_or_a_verdict(report: Path) -> None:
     data = json.loads((report / "report.json").read_text())
     names = [s["section"] for s in data["sections"]]
-    assert names == ["robustness", "privacy", "extraction", "completion", "explanations"]
+    assert names == ["robustness", "privacy", "extraction", "completion", "explanations", "backdoor"]
     for s in data["sections"]:
         assert s["status"] in ("assessed", "not_assessed", "failed")
         if s["status"] == "assessed":
@@ -99,9 +100,9 @@ def test_report_renders_in_headless_chromium(report: Path) -> None:
         requests: list[str] = []
         page.on("request", lambda r: requests.append(r.url))
         page.goto((report / "report.html").as_uri())
-        for section in ("robustness", "privacy", "extraction", "completion", "explanations", "provenance"):
+        for section in ("robustness", "privacy", "extraction", "completion", "explanations", "backdoor", "provenance"):
             assert page.locator(f"section#{section}").count() == 1, section
-        assert page.locator(".card").count() == 5
+        assert page.locator(".card").count() == 6  # one per section (backdoor since issue 41)
         # the findings table comes first, one row per finding, each with its OWASP and ATLAS ids, visible
         table = page.locator("table#findings-table")
         assert table.count() == 1 and table.is_visible()
@@ -110,7 +111,7 @@ def test_report_renders_in_headless_chromium(report: Path) -> None:
         assert rows.count() == n_findings
         for i in range(rows.count()):
             text = rows.nth(i).inner_text()
-            assert "ML0" in text and "AML.T" in text, text
+            assert re.search(r"\bML(0[1-9]|10)\b", text) and "AML.T" in text, text  # OWASP ML01..ML10, ATLAS
         top = page.evaluate("document.querySelector('#findings-table').getBoundingClientRect().top")
         first_section = page.evaluate("document.querySelector('section#robustness').getBoundingClientRect().top")
         assert top < first_section

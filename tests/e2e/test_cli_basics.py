@@ -48,8 +48,9 @@ def build(input_shape=None, num_classes=2):
 def test_tables_are_not_cut_when_stdout_is_not_a_terminal(tmp_path):
     (tmp_path / "longnet.py").write_text(LONG)
     (tmp_path / "m.toml").write_text('input_shape = [4]\nnum_classes = 2\n[model]\narch = "entrypoint"\n'
-                                     'entrypoint = "longnet:build"\ntrust_code = true\n')
-    r = subprocess.run([sys.executable, "-m", "modelward.cli.main", "parts", "--model", "m.toml"], capture_output=True,
+                                     'entrypoint = "longnet:build"\n')
+    r = subprocess.run([sys.executable, "-m", "modelward.cli.main", "parts", "--model", "m.toml", "--trust-code"],
+                       capture_output=True,
                        text=True, timeout=120, cwd=tmp_path, env=_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{SRC}"))
     assert r.returncode == 0, r.stderr
     assert "a_part_with_a_name_much_longer_than_eighty_columns_of_a_log_file_bayesian_last_layer" in r.stdout

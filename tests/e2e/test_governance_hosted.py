@@ -138,11 +138,12 @@ def test_kill_9_of_the_hosting_driver_resumes_with_no_step_lost_or_repeated(tmp_
     data = load_data(DataConfig(source="digits", seed=0))
     model = init_model_(build_model(ModelConfig(arch="cnn", channels=[4, 8], fc=16), (1, 8, 8), 10), seed=0)
     (tmp_path / "slowpass.py").write_text("import time\n\ndef ok(request):\n    time.sleep(0.04)\n    return True\n")
-    policy = {"allow_peers": ["alice"], "training": True, "inference": True, "approval": "slowpass:ok", "trust_code": True,
+    policy = {"allow_peers": ["alice"], "training": True, "inference": True, "approval": "slowpass:ok",
               "approval_scope": "pass"}  # bob approves every pass after 40 ms: the run is slow enough to kill
     split = prepare_local_split(tmp_path / "run", model, data, ["alice", "bob"], ["conv1"], threads=1,
                                 checkpoint_every=3, policies={"bob": policy})
-    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "MODELWARD_TRUST_CODE": "1"}  # bob's operator trusts the approval hook (a policy cannot say so itself)
     split.processes["bob"] = start_party(split.party_configs["bob"], tmp_path / "run/bob/server.log", env=env)
     tc = TrainConfig(steps=24, eval_every=6, batch_size=32)
     (tmp_path / "split.toml").write_text(to_toml(split.split_config(tc, seed=3).model_dump(mode="json",

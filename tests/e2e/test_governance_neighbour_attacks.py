@@ -56,15 +56,20 @@ def parties(tmp_path_factory):
     root = tmp_path_factory.mktemp("neighbour")
     data = load_data(DataConfig(source="digits", seed=0))
     bob_policy = tomllib.loads((EX / "policy_bob.toml").read_text())  # the shipped defaults
-    # the split model starts where the monolithic references below start (Glorot, seed 0): torch's default init
-    # drawn from the global RNG left by whichever test ran before trained to 0.85 in these 46 steps, against 0.94
-    # from Glorot, and sat on the threshold
+    # the model gives the plan and the architecture only: each party draws its own initial parameters (Glorot,
+    # own_init=False). The two secrets of the defaults -- each party's init seed and Bob's Marvell noise key, both
+    # from the OS CSPRNG -- are given as test seeds here, so that the legitimate run is one number on a machine:
+    # unseeded, its accuracy is a draw with a long lower tail (see the threshold below), which once ended a CI run
+    # at 0.78. Seeded runs under two CPU hogs left the same state digests as quiet ones (no timing path)
     model = init_model_(build_model(MODEL, (1, 8, 8), 10), "glorot_uniform", 0)
+    extra = {"alice": {"anchor_every_s": 1.0, "init": {"test_seed": 1000}},
+             "bob": {"anchor_every_s": 1.0, "init": {"test_seed": 2000},
+                     "label_protection": {"method": "marvell", "scale": 4.0, "seed": 0}}}  # the default method
     split = prepare_local_split(root, model, data, ["alice", "bob"], ["conv1"],
                                 own_init=False, threads=1, exact=False, driver="operator",
                                 policies={"bob": bob_policy, "alice": {"allow_peers": ["operator"],
                                                                        "training": True, "inference": True}},
-                                extra={p: {"anchor_every_s": 1.0} for p in ("alice", "bob")})
+                                extra=extra)
     carol = keygen("carol", root / "carol")  # a certificate the parties' CA signs, and nobody pins
     ca_sign(root / "certs", carol["csr"], out=root / "carol" / "carol.pem", force=True)
     split.start(["bob"])
@@ -121,13 +126,19 @@ def legit(parties):
 def test_a_legitimate_run_under_the_defaults_trains_as_before(parties, legit):
     split, data, root, _ = parties
     acc = legit["accuracy"]
-    # the same steps, monolithic, no protection, from three random initialisations (the split run starts from the
-    # first of them)
+    # the same steps, monolithic, no protection, from three random initialisations (0.886-0.922 here)
     mono = []
     for seed in range(3):
         model = init_model_(build_model(MODEL, (1, 8, 8), 10), "glorot_uniform", seed)
         mono.append(1.0 - train(model, data.x_train, data.y_train, data.x_test, data.y_test, TC, seed=0).curve[-1][1])
-    assert acc >= min(mono) - 0.03, (acc, mono)
+    # Marvell at scale 4 costs accuracy in these 46 steps, and how much is a draw. Measured with an in-process
+    # mirror of this run (equal to the real parties on 3 draws), over the parties' secret init seeds and noise
+    # key: 0.901 +- 0.040, min 0.764 over 80 draws (12 of them below the old bound min(mono) - 0.03 = 0.856, the
+    # CI run's 0.78 among them); without the noise 0.923 +- 0.032 (30 draws). The seeded draw above gives 0.914
+    # here and 0.922-0.933 with other kernels (ATEN_CPU_CAPABILITY=default or avx2, oneDNN off or AVX2): a seeded
+    # draw moved by up to 0.06 across kernel paths. The bound is the protection's measured cost, below every draw
+    # of the defaults measured, not a tolerance fitted to this draw
+    assert acc >= min(mono) - 0.15, (acc, mono)
     assert legit["outliers"] == {"alice": 0, "bob": 0}  # nothing refused or halted in a normal run
     assert legit["kept_rows"] == len(data.y_test)  # bob kept the predictions of every test row
 

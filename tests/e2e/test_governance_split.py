@@ -31,7 +31,7 @@ def _mw(*args, cwd, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def quickstart(tmp_path_factory):
+def quickstart(tmp_path_factory, exact_policy):
     """Both parties started from the shipped examples, run from an unrelated folder; state under `root`."""
     root = tmp_path_factory.mktemp("quick")
     r = _mw("party", "certs", "--out", root / "certs", "--parties", "alice,bob,operator", cwd=root)
@@ -43,7 +43,7 @@ def quickstart(tmp_path_factory):
                    f"tls.cert={root / f'certs/{p}.pem'}", f"tls.key={root / f'certs/{p}.key'}",
                    f"peers.{other}.cert={root / f'certs/{other}.pem'}",
                    f"peers.operator.cert={root / 'certs/operator.pem'}", "init.test_seed=0", "threads=1"]
-    sets["bob"].append("label_protection.method=none")  # exact gradients: the run is compared with monolithic
+    sets["bob"] += [exact_policy(root), "label_protection.method=none"]  # exact gradients: the run is compared with monolithic
     spawned = {p: spawn_party(EX / f"party_{p}.toml", root / f"{p}.log", sets[p]) for p in sets}
     procs = {p: wait_ready(proc, EX / f"party_{p}.toml", root / f"{p}.log", off) for p, (proc, off) in spawned.items()}
     yield root, procs

@@ -30,6 +30,8 @@ from modelward.extraction.guard.service import build_service
 KEY, BUDGET_KEY = "hostile-key-unlimited", "hostile-key-budget-100"
 SHAPE, K = (1, 4, 4), 5
 H = {"Authorization": f"Bearer {KEY}"}
+#: the shipped configuration: the answer watermark and the detector on, with their defaults (issue #37 item 6)
+SHIPPED = {"watermark": {}, "detector": {}}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,7 @@ def server(tmp_path_factory):
     torch.manual_seed(0)
     model = build_model(cfg, SHAPE, K)
     path = write_guard_config(d, model, cfg, SHAPE, K, defense="modelguard_s", defense_params={"epsilon": 0.5},
-                              keys={KEY: None, BUDGET_KEY: 100}, name="tiny",
+                              keys={KEY: None, BUDGET_KEY: 100}, name="tiny", ownership=SHIPPED,
                               server={"max_batch": 64, "max_body_bytes": 200_000})
     with start_guard_server(path) as srv:
         yield srv, d, model
@@ -240,7 +242,7 @@ def test_settings_are_pinned_and_stale_locks_taken_over(tmp_path):
     torch.manual_seed(0)
     model = build_model(cfg, SHAPE, K)
     path = write_guard_config(tmp_path, model, cfg, SHAPE, K, defense="modelguard_s",
-                              defense_params={"epsilon": 0.1}, keys={KEY: None}, name="tiny")
+                              defense_params={"epsilon": 0.1}, keys={KEY: None}, name="tiny", ownership=SHIPPED)
     x = torch.rand(60, *SHAPE, generator=torch.Generator().manual_seed(3))
 
     def answer(svc) -> torch.Tensor:  # noqa: ANN001
@@ -301,7 +303,7 @@ def test_centroids_persist_incrementally_and_survive_a_crash(tmp_path):
     torch.manual_seed(0)
     model = build_model(cfg, SHAPE, K)
     path = write_guard_config(tmp_path, model, cfg, SHAPE, K, defense="modelguard_s",
-                              defense_params={"epsilon": 0.05}, keys={KEY: None}, name="tiny")
+                              defense_params={"epsilon": 0.05}, keys={KEY: None}, name="tiny", ownership=SHIPPED)
     g = torch.Generator().manual_seed(5)
     xs = [torch.rand(20, *SHAPE, generator=g) * 4 for _ in range(3)]
     svc = build_service(path)

@@ -24,6 +24,8 @@ KEY, BUDGET_KEY = "ops-test-key-unlimited", "ops-test-key-budget-100"
 SHAPE, K = (1, 4, 4), 5
 LIMITS = {"header_timeout_s": 3.0, "body_timeout_s": 2.0, "idle_timeout_s": 1.0, "max_connections": 8,
           "max_connections_per_client": 4, "shutdown_timeout_s": 2.0, "busy_timeout_s": 1.0}
+#: the shipped configuration: the answer watermark and the detector on, with their defaults (issue #37 item 6)
+SHIPPED = {"watermark": {}, "detector": {}}
 
 
 def _config(d: Path, **server) -> Path:
@@ -31,7 +33,8 @@ def _config(d: Path, **server) -> Path:
     torch.manual_seed(0)
     model = build_model(cfg, SHAPE, K)
     return write_guard_config(d, model, cfg, SHAPE, K, defense="modelguard_s", defense_params={"epsilon": 0.5},
-                              keys={KEY: None, BUDGET_KEY: 100}, name="tiny", server={**LIMITS, **server})
+                              keys={KEY: None, BUDGET_KEY: 100}, name="tiny", server={**LIMITS, **server},
+                              operators={KEY}, ownership=SHIPPED)
 
 
 @pytest.fixture(scope="module")
@@ -116,17 +119,36 @@ def test_idle_half_sent_head_and_half_sent_body_connections_are_closed(server):
     assert httpx.get(f"{srv.url}/v2/health/ready", timeout=5).status_code == 200
 
 
-def test_connections_are_capped_per_client_and_in_total(server):
+def _is_closed(s: socket.socket) -> bool:
+    s.settimeout(0.05)
+    try:
+        return s.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    finally:
+        s.settimeout(8)
+
+
+def test_connections_are_capped_per_client_and_idle_ones_make_room(server):
+    """Per address: a 5th connection gets 503 at once. In total: past the unauthenticated share (max_connections
+    minus the reserve for API keys: 8 - 1), a newcomer is let in and the oldest idle connection of the address
+    holding the most is closed (issue 37 item 5; tests/e2e/test_guard_fairness.py has the flood)."""
     srv, _ = server
     held = [_connect(srv.url) for _ in range(4)]  # the per-client cap
     try:
         with _connect(srv.url) as fifth:
             took, got = _closed_after(fifth)
             assert got.startswith(b"HTTP/1.1 503") and b"too_many_connections" in got and took < 3.0
-        held += [_connect(srv.url, "127.0.0.2") for _ in range(4)]  # another client: the total cap (8) is reached
-        with _connect(srv.url, "127.0.0.3") as ninth:
-            _, got = _closed_after(ninth)
-            assert got.startswith(b"HTTP/1.1 503") and b"the server holds 8 connections" in got
+        held += [_connect(srv.url, "127.0.0.2") for _ in range(3)]  # 7 idle connections: the whole share
+        with _connect(srv.url, "127.0.0.3") as eighth:
+            eighth.sendall(f"GET /v2/health/ready HTTP/1.1\r\nHost: {srv.url}\r\n\r\n".encode())
+            assert eighth.recv(4096).startswith(b"HTTP/1.1 200")
+        deadline = time.monotonic() + 5
+        while not _is_closed(held[0]):  # the oldest of 127.0.0.1 (4 connections) made room
+            assert time.monotonic() < deadline
+        assert not any(_is_closed(s) for s in held[4:])
     finally:
         for s in held:
             s.close()
@@ -157,9 +179,17 @@ def test_sigterm_with_a_slow_request_open_exits_in_bounded_time_and_writes_the_s
     finally:
         srv.stop()
     snap = next((tmp_path / "guard_state").glob("*.state.safetensors"))
+    # the cancelled request has its log row and leaves no traceback (#37 item 7)
+    assert _db(tmp_path, "SELECT status FROM queries WHERE code = 'cancelled'") == [(499,)]
+    assert "Traceback" not in srv.log_path.read_text(errors="replace")
     from modelward.core.io import load_tensors
 
     assert load_tensors(snap)["centroids"].shape[0] > 0
+    # the cancelled request: one line and a log row, no traceback (issue 37: cancelled slow requests left
+    # "Exception in ASGI application" tracebacks and no row)
+    text = srv.log_path.read_text(errors="replace")
+    assert "cancelled by the shutdown" in text and "nothing was charged" in text and "Traceback" not in text, text
+    assert _db(tmp_path, "SELECT status FROM queries WHERE code='cancelled'") == [(499,)]
 
 
 # ---------------------------------------------------------------------------------------------- item 5
@@ -288,7 +318,8 @@ def test_the_query_log_keeps_its_retention(tmp_path):
     for _ in range(1500):
         store.log("k", 1, 200, "ok", 0.0, 1.0)
     assert store.prune() == 500
-    store.db.execute("UPDATE queries SET ts = ts - 40 * 86400 WHERE id <= 800")  # rows 501..800 are 40 days old
+    # rows 501..800 were written 40 days of serving time ago (retention counts serving time, not the wall clock)
+    store.db.execute("UPDATE queries SET svc_time = svc_time - 40 * 86400 WHERE id <= 800")
     store.retention_days = 30
     assert store.prune() == 300
     assert store.db.execute("SELECT COUNT(*) FROM queries").fetchone()[0] == 700
@@ -311,3 +342,39 @@ def test_placeholder_keys_from_the_docs_are_refused_at_start(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["guard", "check", str(path)])
     assert e.value.code == 0 and "placeholders" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------- issue 40 item 3
+def _metrics(url: str) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=15)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+
+
+def test_prometheus_metrics_count_requests_refusals_rows_budgets_and_need_an_operator_key(server):
+    srv, d = server
+    assert httpx.get(f"{srv.url}/metrics", timeout=15).status_code == 401
+    r = httpx.get(f"{srv.url}/metrics", headers={"Authorization": f"Bearer {BUDGET_KEY}"}, timeout=15)
+    assert r.status_code == 403 and "operator" in r.json()["error"]
+    before = _metrics(srv.url)
+    assert _infer(srv.url, _body(3), key=BUDGET_KEY).status_code == 200
+    assert _infer(srv.url, _body(3), key="not-a-key-at-all").status_code == 401
+    after = _metrics(srv.url)
+
+    def delta(name: str, **labels: str) -> float:
+        k = (name, tuple(sorted(labels.items())))
+        return after.get(k, 0.0) - before.get(k, 0.0)
+
+    assert delta("modelward_guard_requests_total", status="200", code="ok") == 1
+    assert delta("modelward_guard_refusals_total", reason="unauthenticated") == 1
+    assert delta("modelward_guard_rows_total") == 3
+    assert delta("modelward_guard_request_seconds_count") == 2
+    assert after[("modelward_guard_budget_remaining_rows", (("key", "key1"),))] == 100 - _used(d, "key1")
+    assert after[("modelward_guard_connections_open", ())] >= 1
+    # the scrape's own connection presented an operator key: the connection layer counts it as authenticated
+    assert after[("modelward_guard_connections_authenticated", ())] >= 1
+    # the shipped detector is on in this config and nothing here looks like an extraction stream
+    assert after.get(("modelward_guard_detector_flagged_keys", ()), 0) == 0

@@ -1,4 +1,7 @@
-"""The guarded prediction service over real HTTP on 127.0.0.1 (subprocess server, bounded requests)."""
+"""The guarded prediction service over real HTTP on 127.0.0.1 (subprocess server, bounded requests), in direct mode
+(the guard loads the weights) and in proxy mode (issue 40 item 1: the guard in front of a model server that holds
+the weights — a second `guard serve` with no defense answering probabilities, and a KServe ModelServer answering
+logits): the same extraction-defense checks for each."""
 
 from __future__ import annotations
 
@@ -14,23 +17,52 @@ import torch
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.extraction.defenses import make_defense
 from modelward.extraction.defenses.base import is_in_simplex, l1_distortion
-from modelward.extraction.guard.process import start_guard_server, write_guard_config
+from modelward.extraction.guard.process import (
+    KSERVE_PYTHON,
+    start_guard_server,
+    start_kserve_model,
+    write_guard_config,
+)
 from modelward.extraction.victim import HttpVictim, LocalVictim, QueryBudgetExceeded, VictimError
 
-KEY, SMALL_KEY = "test-key-unlimited", "test-key-budget-20"
+KEY, SMALL_KEY, UPSTREAM_KEY = "test-key-unlimited", "test-key-budget-20", "upstream-key-of-the-proxy"
 SHAPE, K = (1, 4, 4), 5
+TOKEN_ENV = "MODELWARD_TEST_UPSTREAM_TOKEN"
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    d = tmp_path_factory.mktemp("guard")
+# proxy mode in front of KServe when its environment exists, else in front of a second `guard serve` (which
+# tests/e2e/test_guard_proxy.py also stands in front of): one proxy run per environment (test-time budget)
+PROXY = "proxy-kserve" if KSERVE_PYTHON.is_file() else "proxy-guard"
+
+
+@pytest.fixture(scope="module", params=["direct", pytest.param(PROXY, marks=pytest.mark.slow)])
+def setup(request, tmp_path_factory):
+    """(state folder, the guard's config, the model, the guard's environment) for each mode; proxy modes start the
+    upstream (with the same weights) for the module."""
+    mode = request.param
+    d = tmp_path_factory.mktemp(f"guard-{mode}")
     cfg = ModelConfig(arch="mlp", hidden=[16])
     torch.manual_seed(0)
     model = build_model(cfg, SHAPE, K)
-    path = write_guard_config(d, model, cfg, SHAPE, K, defense="modelguard_s", defense_params={"epsilon": 0.5},
-                              keys={KEY: None, SMALL_KEY: 20}, name="tiny", server={"max_batch": 32,
-                                                                                    "max_body_bytes": 20000})
-    return d, path, model
+    guard = {"defense": "modelguard_s", "defense_params": {"epsilon": 0.5}, "keys": {KEY: None, SMALL_KEY: 20},
+             "name": "tiny", "server": {"max_batch": 32, "max_body_bytes": 20000}}
+    if mode == "direct":
+        yield d, write_guard_config(d, model, cfg, SHAPE, K, **guard), model, {}
+        return
+    up = d / "upstream"  # the weights live here, never in the proxy's folder
+    if mode == "proxy-guard":
+        upstream = start_guard_server(write_guard_config(up, model, cfg, SHAPE, K, defense="none",
+                                                         keys={UPSTREAM_KEY: None}, name="tiny-up"))
+        table, env = {"url": upstream.url, "model": "tiny-up", "output": "probs", "token_env": TOKEN_ENV}, {
+            TOKEN_ENV: UPSTREAM_KEY}
+    else:
+        write_guard_config(up, model, cfg, SHAPE, K)  # (only for its checkpoint)
+        upstream = start_kserve_model(up / "model.safetensors", "tiny-up", SHAPE, K, output="logits")
+        table, env = {"url": upstream.url, "model": "tiny-up", "output": "logits"}, {}
+    path = write_guard_config(d, None, cfg, SHAPE, K, upstream=table, **guard)
+    assert not (d / "model.safetensors").exists()
+    with upstream:
+        yield d, path, model, env
 
 
 def _payload(x: torch.Tensor, **over) -> dict:
@@ -40,9 +72,9 @@ def _payload(x: torch.Tensor, **over) -> dict:
 
 
 def test_service_end_to_end(setup):
-    d, path, model = setup
+    d, path, model, env = setup
     x = torch.rand(40, *SHAPE, generator=torch.Generator().manual_seed(1))
-    with start_guard_server(path) as server:
+    with start_guard_server(path, env=env) as server:
         url, h = server.url, {"Authorization": f"Bearer {KEY}"}
         assert httpx.get(f"{url}/v2/health/ready", timeout=5).json() == {"ready": True}
         meta = httpx.get(f"{url}/v2/models/tiny", timeout=5).json()
@@ -97,6 +129,8 @@ def test_service_end_to_end(setup):
         # still serving after all of that, and deterministic for repeated queries
         with HttpVictim(url, "tiny", KEY) as victim:
             assert torch.equal(victim.query(x), ans)
+        if not (d / "model.safetensors").exists():  # proxy modes: what follows (kill -9, restart, persistence) is
+            return  # the service's own state, the same in both modes: tested in direct mode (test-time budget)
         server.proc.kill()  # kill -9: no shutdown snapshot
         server.proc.wait(10)
     # every centroid was persisted as it appeared (SQLite), so a crash loses none
@@ -105,7 +139,7 @@ def test_service_end_to_end(setup):
     assert db.execute("SELECT COUNT(*), MAX(seq) FROM centroids_tiny_modelguard_s").fetchone() == (n, n - 1)
     db.close()
     # restart: ModelGuard-S centroids and budgets persist
-    with start_guard_server(path) as server, HttpVictim(server.url, "tiny", KEY) as victim:
+    with start_guard_server(path, env=env) as server, HttpVictim(server.url, "tiny", KEY) as victim:
         assert torch.equal(victim.query(x), ans)
         with HttpVictim(server.url, "tiny", SMALL_KEY) as v, pytest.raises(QueryBudgetExceeded):
             v.query(x[:1])

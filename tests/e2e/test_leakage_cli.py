@@ -15,7 +15,11 @@ runner = CliRunner()
 def test_audit_leakage_writes_results_and_plot_and_resumes(tmp_path):
     args = ["audit-leakage", str(EX / "leakage_breast_cancer.toml"), "--out", str(tmp_path / "lk"),
             "--set", "train.steps=20", "--set", "audit.scales=[0, 16]", "--set", "audit.seeds=[0]",
-            "--set", "audit.methods=['marvell']", "--set", "model.hidden=[16]"]
+            "--set", "audit.methods=['marvell']", "--set", "model.hidden=[16]",
+            # the other direction, small: one defense, the decoder and a short hijacking, few steps
+            "--set", "inputs.defenses=[{}]", "--set", "inputs.seeds=[0]", "--set", "inputs.attacks=['decoder', 'fsha']",
+            "--set", "inputs.surrogate_steps=30", "--set", "inputs.decoder_steps=30", "--set", "inputs.rows=16",
+            "--set", "inputs.fsha_grad_scales=[0.01]"]
     r = runner.invoke(split_app, args)
     assert r.exit_code == 0, r.output
     out = tmp_path / "lk"
@@ -26,6 +30,10 @@ def test_audit_leakage_writes_results_and_plot_and_resumes(tmp_path):
     assert rows[("none", 0.0)]["direction_auc"] > 0.95           # Alice recovers the labels from plain gradients
     assert rows[("marvell", 16.0)]["direction_auc"] < 0.65       # not from Bob's protected ones
     assert "Label leakage audit" in (out / "results.md").read_text()
+    inputs = {r["attack"]: r for r in json.loads((out / "inputs.json").read_text())}
+    assert set(inputs) == {"decoder", "fsha"} and all(r["defense"] == "none" for r in inputs.values())
+    assert all(r["mse"] > 0 and r["mean_mse"] > 0 and 0 <= r["canary_auc"] <= 1 for r in inputs.values())
+    assert "Input reconstruction audit" in (out / "inputs.md").read_text() and "| decoder |" in r.output
     again = runner.invoke(split_app, args)  # resumes from the ledger: nothing re-run, same table
     assert again.exit_code == 0 and json.loads((out / "results.json").read_text())[0] == list(rows.values())[0]
 

@@ -24,7 +24,7 @@ def test_robust_checkpoint_gives_the_logit_model(tmp_path: Path) -> None:
     x = torch.rand(3, 1, 8, 8)
     assert torch.allclose(loaded(x), model.eval()(x))
     assert meta["num_classes"] == 10
-    layer = default_layer(loaded)
+    layer = default_layer(loaded, x)
     assert isinstance(dict(loaded.named_modules())[layer], torch.nn.Linear)
 
 
@@ -39,7 +39,7 @@ def test_zoo_checkpoint_and_errors(tmp_path: Path) -> None:
     loaded, _ = load_checkpoint(tmp_path / "m.safetensors")
     x = torch.rand(2, 1, 8, 8)
     assert torch.allclose(loaded(x), model(x))
-    assert default_layer(loaded) == "fc1"
+    assert default_layer(loaded, x) == "fc1"
     save_tensors(tmp_path / "bare.safetensors", {"w": torch.zeros(2)})
     with pytest.raises(DataError, match="no architecture"):
         load_checkpoint(tmp_path / "bare.safetensors")

@@ -17,6 +17,8 @@ from modelward.extraction.guard.service import build_service
 KEY = "state-test-key-unlimited"
 SHAPE, K = (1, 4, 4), 5
 TABLE = "centroids_tiny_modelguard_s"
+#: the shipped configuration: the answer watermark and the detector on, with their defaults (issue #37 item 6)
+SHIPPED = {"watermark": {}, "detector": {}}
 
 
 @pytest.fixture
@@ -25,7 +27,7 @@ def guard_path(tmp_path):
     torch.manual_seed(0)
     model = build_model(cfg, SHAPE, K)
     return write_guard_config(tmp_path, model, cfg, SHAPE, K, defense="modelguard_s",
-                              defense_params={"epsilon": 0.05}, keys={KEY: 10_000}, name="tiny")
+                              defense_params={"epsilon": 0.05}, keys={KEY: 10_000}, name="tiny", ownership=SHIPPED)
 
 
 def _fail_inserts(path, table: str) -> None:  # noqa: ANN001 - every insert into `table` fails from now on
@@ -195,21 +197,21 @@ def test_a_really_full_disk_loses_nothing_and_a_restart_after_freeing_space_succ
     model = build_model(cfg, SHAPE, K)
     path = write_guard_config(tmp_path / "cfg", model, cfg, SHAPE, K, defense="modelguard_s",
                               defense_params={"epsilon": 0.02}, keys={KEY: None}, name="tiny",
-                              server={"state_dir": str(small_disk / "state")})
+                              server={"state_dir": str(small_disk / "state")}, ownership=SHIPPED)
     svc = build_service(path)
     key = svc.keys[KEY]
     filler = small_disk / "filler"
     free = small_disk / "free"
     free.write_bytes(b"\0" * 64 * 1024)  # what the operator will delete to free space
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:  # fill the disk, then leave the guard 40 KiB
+    try:  # fill the disk, then leave the guard 160 KiB (watermark and detector rows take room too)
         while True:
             os.write(fd, b"\0" * 4096)
     except OSError:
         pass
     finally:
         os.close(fd)
-    os.truncate(filler, max(0, filler.stat().st_size - 40 * 1024))
+    os.truncate(filler, max(0, filler.stat().st_size - 160 * 1024))
     g = torch.Generator().manual_seed(9)
     answered: list[torch.Tensor] = []
     failures = 0
@@ -234,4 +236,91 @@ def test_a_really_full_disk_loses_nothing_and_a_restart_after_freeing_space_succ
     svc = build_service(path)
     assert svc.defense.num_centroids == n and svc.log.used(key.name) == used
     svc.answer(key, torch.rand(4, *SHAPE, generator=g) * 6)
+    svc.close()
+
+
+# ---------------------------------------------------------------------------------------------- issue #37 items 2, 6
+def test_a_failed_request_leaves_no_trace_in_the_detector(guard_path):
+    """The test that fails without the ownership rollback: a request whose transaction fails after the detector
+    judged its batch must leave memory exactly as the store holds it (the detector's update of the failed request
+    is dropped; before, the whole detector was rebuilt from every stored row), and the next requests go on from
+    there as a restarted server would."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(11)
+    svc = build_service(guard_path)
+    key = svc.keys[KEY]
+    for _ in range(4):
+        svc.answer(key, torch.rand(16, *SHAPE, generator=g) * 4)
+    det = svc.ownership.detector
+    _fail_inserts(guard_path, "queries")  # the answer's own log row fails: after the model, defense and detector
+    with pytest.raises(sqlite3.Error, match="full"):
+        svc.answer(key, torch.rand(16, *SHAPE, generator=g) * 4)
+    _free_disk(guard_path, "queries")
+    mem, stored = det.cached(key.name), svc.log.load_detector_state(key.name)
+    assert mem.queries == stored.queries == 64 and mem.version == stored.version
+    assert mem.nd == stored.nd and mem.member_seq == stored.member_seq and np.array_equal(mem.window, stored.window)
+    x = torch.rand(16, *SHAPE, generator=g) * 4
+    svc.answer(key, x)
+    live = det.cached(key.name)
+    _crash(svc)
+    svc = build_service(guard_path)
+    again = svc.log.load_detector_state(key.name)
+    assert again.queries == live.queries == 80 and np.array_equal(again.window, live.window)
+    assert again.member_seq == live.member_seq and again.stats == live.stats
+    svc.close()
+
+
+def test_refusals_and_failures_cost_the_same_whatever_the_history(tmp_path):
+    """A 429, a refused request on a busy store and a failed transaction do a constant amount of store work: the
+    SQLite VM's instruction count (its progress handler, no clock) is the same after 2 and after 60 answered
+    requests (before, each error re-read every detector row of every key: ~190k rows after 12 min of traffic)."""
+    cfg = ModelConfig(arch="mlp", hidden=[16])
+    torch.manual_seed(0)
+    model = build_model(cfg, SHAPE, K)
+    spent = "state-test-key-budget-8"
+    path = write_guard_config(tmp_path, model, cfg, SHAPE, K, defense="modelguard_s",
+                              defense_params={"epsilon": 0.05}, keys={KEY: None, spent: 8}, name="tiny",
+                              ownership=SHIPPED)
+    svc = build_service(path)
+    big, small = svc.keys[KEY], svc.keys[spent]
+    g = torch.Generator().manual_seed(12)
+    svc.answer(small, torch.rand(8, *SHAPE, generator=g))
+
+    def work() -> dict[str, int]:
+        ticks = {"n": 0}
+
+        def tick() -> int:
+            ticks["n"] += 1
+            return 0
+
+        out = {}
+        svc.log.db.set_progress_handler(tick, 50)
+        try:
+            for name, fn in (("429", lambda: svc.answer(small, torch.rand(4, *SHAPE, generator=g))),
+                             ("failed", lambda: svc.answer(big, torch.rand(4, *SHAPE, generator=g)))):
+                ticks["n"] = 0
+                if name == "failed":
+                    _fail_inserts(path, "queries")
+                try:
+                    with pytest.raises(Exception):  # noqa: B017, PT011 - a 429 or the injected failure
+                        fn()
+                finally:
+                    if name == "failed":
+                        svc.log.db.set_progress_handler(None, 0)
+                        _free_disk(path, "queries")
+                        svc.log.db.set_progress_handler(tick, 50)
+                out[name] = ticks["n"]
+        finally:
+            svc.log.db.set_progress_handler(None, 0)
+        return out
+
+    svc.answer(big, torch.rand(64, *SHAPE, generator=g) * 4)
+    early = work()
+    for _ in range(60):  # 3,840 more answered rows: thousands of detector and log rows
+        svc.answer(big, torch.rand(64, *SHAPE, generator=g) * 4)
+    late = work()
+    assert 1000 <= svc.log.detector_rows()["prada_dist"] <= 1008  # the big key's window is full (and bounded)
+    for name in early:
+        assert late[name] <= early[name] + 20, (early, late)  # constant, not proportional to the history
     svc.close()

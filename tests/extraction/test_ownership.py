@@ -186,18 +186,3 @@ def test_prada_flags_a_synthetic_stream_and_not_a_natural_one() -> None:
         v_syn, _ = det.observe("attacker", synthetic[i : i + 50], _labels(synthetic[i : i + 50]))
     assert not v_nat.flagged and v_nat.queries == 1500
     assert v_syn.flagged and v_syn.flagged_at is not None and v_syn.flagged_at <= 500
-
-
-def test_prada_state_replays_exactly_from_its_events() -> None:
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(400, 8, generator=g)
-    det = PradaDetector(delta=0.93, min_queries=50)
-    events = []
-    for i in range(0, 400, 37):
-        _, ev = det.observe("k", x[i : i + 37], _labels(x[i : i + 37]))
-        events += ev
-    again = PradaDetector(delta=0.93, min_queries=50)
-    again.replay("k", events)
-    assert again.verdict("k") == det.verdict("k")
-    with pytest.raises(ConfigError):
-        PradaDetector(delta=1.5)

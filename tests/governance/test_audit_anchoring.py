@@ -151,3 +151,95 @@ def test_the_loop_anchors_within_its_period(pair):
     finally:
         loop.close()
     assert loop.failures == 0
+
+
+# ---------------------------------------------------------------------------------------------------- Anchoring
+def test_an_announced_address_is_checked_and_bound_to_its_host():
+    from modelward.governance.audit import announced_address
+
+    assert announced_address("10.0.0.5:50062") == "10.0.0.5:50062"
+    assert announced_address("0.0.0.0:41000", known="b.example.org:50062") == "b.example.org:41000"
+    assert announced_address("[::]:41000", known="127.0.0.1:5") == "127.0.0.1:41000"
+    for bad in (None, 5, "", "host", "host:0", "host:70000", "a b:1", "x" * 300 + ":1", "0.0.0.0:41000"):
+        assert announced_address(bad) is None, bad
+
+
+class _Net:
+    """Who answers where: address -> a neighbour's log (it answers as that neighbour), or an exception."""
+
+    def __init__(self):
+        self.at: dict = {}
+        self.calls: list[str] = []
+
+    def call(self, name, address, meta, timeout):
+        self.calls.append(address)
+        who = self.at.get(address)
+        if who is None:
+            from modelward.governance.protocol import PartyUnavailable
+            raise PartyUnavailable(f"nothing at {address}")
+        if isinstance(who, Exception):
+            raise who
+        return who.accept("alice", meta)
+
+
+def test_a_neighbour_is_followed_only_to_an_address_where_it_proves_itself(tmp_path):
+    from modelward.errors import IdentityError
+    from modelward.governance.audit import Anchoring
+
+    alice_log, bob_log = AuditLog(tmp_path / "a.db", "alice"), AuditLog(tmp_path / "b.db", "bob")
+    bob = Anchoring(bob_log, {}, None, lambda: "127.0.0.1:2000", every_s=3600)
+    net, moved = _Net(), []
+    net.at["127.0.0.1:1000"] = bob
+    alice = Anchoring(alice_log, {"bob": "127.0.0.1:1000"}, net.call, lambda: "127.0.0.1:3000", every_s=3600,
+                      store=tmp_path / "neighbours.json", on_switch=lambda n, a: moved.append((n, a)))
+    try:
+        bob_log.append("alice", "fetch", decision="deny")
+        alice.run()
+        assert alice_log.anchored["bob"] >= bob_log.decision_id and moved == []
+        # bob answers with where it listens (2000): heard, but the working address is kept
+        assert alice.heard["bob"] == ["127.0.0.1:2000"] and alice.where("bob") == "127.0.0.1:1000"
+        # a wrong address given (as by bob's own key): tried only once 1000 fails, refused there, audited
+        alice.accept("bob", {"offer": bob_log.anchor_offer(), "address": "127.0.0.1:6666"})
+        net.at["127.0.0.1:6666"] = IdentityError("the server at 127.0.0.1:6666 is party 'alice', not 'bob'")
+        del net.at["127.0.0.1:1000"]  # bob moved to 2000
+        net.at["127.0.0.1:2000"] = bob
+        bob_log.append("alice", "fetch", decision="deny")
+        alice.run()
+        assert net.calls[-3:] == ["127.0.0.1:1000", "127.0.0.1:6666", "127.0.0.1:2000"]
+        assert alice.where("bob") == "127.0.0.1:2000" and moved == [("bob", "127.0.0.1:2000")]
+        assert alice_log.anchored["bob"] >= bob_log.decision_id
+        assert "127.0.0.1:6666" not in alice.heard["bob"]  # never tried again
+        assert alice_log.count(("(address)",), decision="deny") == 1
+        # the proven address survives a restart
+        again = Anchoring(alice_log, {"bob": "127.0.0.1:1000"}, net.call, lambda: None, every_s=3600,
+                          store=tmp_path / "neighbours.json")
+        assert again.where("bob") == "127.0.0.1:2000"
+        again.close(final_timeout=1.0)
+    finally:
+        alice.close(final_timeout=1.0)
+        alice_log.close()
+        bob_log.close()
+
+
+def test_a_poke_and_a_clean_stop_each_run_an_exchange(tmp_path):
+    from modelward.governance.audit import Anchoring
+
+    alice_log, bob_log = AuditLog(tmp_path / "a.db", "alice"), AuditLog(tmp_path / "b.db", "bob")
+    bob = Anchoring(bob_log, {}, None, lambda: None)
+    net = _Net()
+    net.at["b:1"] = bob
+    alice = Anchoring(alice_log, {"bob": "b:1"}, net.call, lambda: None, every_s=3600)
+    try:
+        bob_log.append("alice", "fetch", decision="deny")
+        alice.poke()  # (the party pokes after a refusal; the period is an hour here)
+        deadline = time.monotonic() + 5
+        while alice_log.anchored.get("bob", 0) < bob_log.decision_id and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert alice_log.anchored["bob"] >= bob_log.decision_id
+        bob_log.append("alice", "fetch", decision="deny")
+        alice.close(final_timeout=1.0)  # the last round on the way out
+        assert alice_log.anchored["bob"] >= bob_log.decision_id
+    finally:
+        alice.close()
+        alice_log.close()
+        bob_log.close()

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from modelward.core.config import validate
+from modelward.core.config import allow_code, validate
 from modelward.errors import ConfigError
 from modelward.governance.audit import AuditLog
 from modelward.governance.consent import ConsentChecker, PassRequest, Policy, in_window, purpose_of
@@ -90,8 +90,7 @@ def test_python_hook_per_pass_and_per_session(audit, tmp_path, monkeypatch):
     import myhooks
 
     calls = myhooks.calls
-    pol = Policy(allow_peers=["alice"], training=True, approval="myhooks:even", approval_scope="pass",
-                 trust_code=True)
+    pol = allow_code(Policy(allow_peers=["alice"], training=True, approval="myhooks:even", approval_scope="pass"))
     c = ConsentChecker(pol, audit)
     assert c.check(req(step=0)).allowed and not c.check(req(step=1)).allowed
     c2 = ConsentChecker(pol.model_copy(update={"approval_scope": "session"}), audit)
@@ -102,8 +101,8 @@ def test_python_hook_per_pass_and_per_session(audit, tmp_path, monkeypatch):
 def test_command_hook(audit, tmp_path):
     script = tmp_path / "hook.py"
     script.write_text("import json,sys\nr=json.load(sys.stdin)\nprint('yes' if r['batch'] <= 8 else 'no')\n")
-    pol = Policy(allow_peers=["alice"], training=True, approval_command=[sys.executable, str(script)], trust_code=True,
-                 approval_scope="pass")
+    pol = allow_code(Policy(allow_peers=["alice"], training=True, approval_command=[sys.executable, str(script)],
+                            approval_scope="pass"))
     c = ConsentChecker(pol, audit)
     assert c.check(req(batch=8)).allowed
     d = c.check(req(batch=9))
@@ -133,4 +132,4 @@ def test_approval_code_in_a_policy_runs_only_when_trusted(audit, tmp_path, monke
     with pytest.raises(UntrustedCodeError, match="policy.approval_command"):
         ConsentChecker(Policy(allow_peers=["alice"], approval_command=["touch", str(marker)]), audit)
     assert not marker.exists()
-    assert "trust_code" not in Policy(allow_peers=["alice"], trust_code=True).model_dump()  # never written out
+    assert not validate(Policy, allow_code(Policy(allow_peers=["alice"])).model_dump()).code_trusted  # not written

@@ -127,10 +127,13 @@ def test_dqn_beats_random_on_cartpole_and_fills_buffer():
     spec = env_spec(ENV)
     net = init_model_(QNetwork(spec), seed=0)
     ev = lambda: loss_from_returns(episode_returns(q_policy(net, 2, 0.0, 1), ENV, 8, 500, 300))  # noqa: E731
-    # 2.5k steps (~1.5 s of CPU): seed 0 peaks at random + 146; seeds 0-2 all > random + 60
+    # 4k steps. A DQN run is chaotic: the kernels' rounding changes its trajectory, so the margin must hold across
+    # seeds *and* kernel paths. Best point of the curve over random, seeds 0-3, evaluated every 500 steps: 2.5k
+    # steps gave +12 to +157 (seed 0: +146 with AVX-512, +12 with ATEN_CPU_CAPABILITY=default, +14 with oneDNN off
+    # too); 4k steps +64 to +282 on both paths. Random + 20 is about 5 SDs of the random policy's 8-episode mean
     cfg = DQNConfig(lr=2e-3, learning_starts=200, target_update=300, eps_fraction=0.3, buffer_size=5_000)
-    curve, buf = train_dqn(net, ENV, cfg, 0, 2_500, CurveRecorder(ev, 500))
-    assert len(buf) > 2_400 and buf.discount.max() > 0.96 and (buf.discount[: len(buf)] == 0).any()
+    curve, buf = train_dqn(net, ENV, cfg, 0, 4_000, CurveRecorder(ev, 1_000))
+    assert len(buf) > 3_900 and buf.discount.max() > 0.96 and (buf.discount[: len(buf)] == 0).any()
     assert min(v for _, v in curve) < _random_loss(spec.n_actions) - 20
 
 

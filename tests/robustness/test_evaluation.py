@@ -37,7 +37,8 @@ def test_a_certified_point_that_is_broken_raises(victim, batch, monkeypatch):
     import modelward.robustness.evaluation as ev_mod
 
     x, y = batch[0][:10], batch[1][:10]
-    monkeypatch.setattr(ev_mod, "_certify", lambda name, model, x, y, eps, norm: torch.ones(len(y), dtype=torch.bool))
+    monkeypatch.setattr(ev_mod, "_certify",
+                        lambda name, model, x, y, eps, norm, clip=(0.0, 1.0): torch.ones(len(y), dtype=torch.bool))
     with pytest.raises(SoundnessError, match="unsound"):
         evaluate_points(victim, x, y, 0.3, norm="linf", certificates=["ibp"], attack_params=FAST)
 

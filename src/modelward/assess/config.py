@@ -9,9 +9,9 @@ a checkpoint).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig
@@ -20,8 +20,8 @@ from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig
 
 Profile = Literal["quick", "standard", "thorough"]
-SectionName = Literal["robustness", "privacy", "extraction", "completion", "explanations"]
-SECTIONS: tuple[SectionName, ...] = ("robustness", "privacy", "extraction", "completion", "explanations")
+SectionName = Literal["robustness", "privacy", "extraction", "completion", "explanations", "backdoor"]
+SECTIONS: tuple[SectionName, ...] = ("robustness", "privacy", "extraction", "completion", "explanations", "backdoor")
 
 
 class SplitConfig(StrictModel):
@@ -76,6 +76,8 @@ class AssessConfig(StrictModel):
         extraction: ``budget`` and ModelGuard ``epsilon``; robustness: ``linf_eps`` / ``l2_eps`` lists (default:
             the field's radii per modality, see :func:`modelward.assess.sections.robustness.threat_models`).
         expected_accuracy: the model's own test accuracy, if known: 10 points below it, no verdict is given.
+        sizes: overrides of the profile's counts (points, steps, shadow models; see
+            :data:`modelward.assess.profiles.COUNT_FIELDS`), stated in the report.
         code_dir: the folder entry points are imported from (:meth:`resolve_paths` sets the config's folder).
 
     Returns:
@@ -100,14 +102,25 @@ class AssessConfig(StrictModel):
     extraction: ExtractionOptions = Field(default_factory=ExtractionOptions)
     robustness: RobustnessOptions = Field(default_factory=RobustnessOptions)
     expected_accuracy: float | None = Field(None, gt=0.0, le=1.0)  # the model's own test accuracy, if known
+    # overrides of the profile's counts (modelward.assess.profiles.COUNT_FIELDS), e.g. {n_eval = 100, shadows = 2}
+    sizes: dict[str, int] = Field(default_factory=dict)
     code_dir: str | None = None  # where entry points are imported from (set to the config file's folder)
+
+    @model_serializer(mode="wrap")
+    def _omit_no_sizes(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # left out of dumps while empty: the fingerprints of assessments recorded before it existed still match
+        data = handler(self)
+        if not data.get("sizes"):
+            data.pop("sizes", None)
+        return data
 
     @model_validator(mode="after")
     def _needs_a_model(self) -> AssessConfig:
-        if self.checkpoint is None and (self.model is None or self.model.arch != "entrypoint"):
+        if self.checkpoint is None and (self.model is None or self.model.resolved_source == "zoo"):
             raise ValueError("give the model to assess: checkpoint = \"model.safetensors\" (from `modelward train` or "
                              "`modelward robust train`), or [model] arch = \"entrypoint\" with entrypoint = "
-                             "\"package.module:factory\"")
+                             "\"package.module:factory\", or [model] source = \"torchvision\" | \"timm\" | \"hf\" "
+                             "(docs/assess.md, models from torchvision, timm and Hugging Face)")
         if len(set(self.sections)) != len(self.sections):
             raise ValueError(f"sections must be distinct, got {self.sections}")
         return self
@@ -122,8 +135,10 @@ class AssessConfig(StrictModel):
 
         if self.checkpoint and not Path(self.checkpoint).is_absolute():
             upd["checkpoint"] = str((base / self.checkpoint).resolve())
+        if self.model is not None and self.model.path and not Path(self.model.path).is_absolute():
+            upd["model"] = self.model.model_copy(update={"path": str((base / self.model.path).resolve())})
         if self.data is not None:
-            keys = ("path", "labels_path", "test_path", "test_labels_path", "train_index")
+            keys = ("path", "labels_path", "test_path", "test_labels_path", "train_index", "tokenizer")
             upd["data"] = self.data.model_copy(update={k: rel(getattr(self.data, k)) for k in keys})
         if self.split is not None and self.split.study and not Path(self.split.study).is_absolute():
             upd["split"] = self.split.model_copy(update={"study": str((base / self.split.study).resolve())})

@@ -1,52 +1,38 @@
 """Compare two assessments of a model (``modelward assess diff OLD NEW --fail-on robustness:-5,privacy:+2``).
 
 Metrics are matched by section and key. What counts as a *change* is decided by intervals, not by the point
-estimates: for two proportions counted as k of n (accuracies, TPRs) the 95 % interval of their difference is
-Newcombe's hybrid score interval (Newcombe 1998, method 10: from the two Wilson score intervals); a change is
-significant when that interval excludes 0. Other numbers (ratios, MC-hardness over seeds) change significantly when
-their own intervals do not overlap; numbers without an interval never count as significant changes.
+estimates, and each interval carries every source of noise of the metric it belongs to:
 
-A gate ``SECTION:±X`` fails when a metric of that section with a verdict rule moved significantly by at least X in
-the stated direction: ``robustness:-5`` fails on a drop of 5 points or more, ``privacy:+2`` on a rise of 2 points or
-more (fractions are in percentage points, other units raw). Gating on significant changes only is what keeps
-re-runs of the same assessment from raising alarms.
+- a proportion counted as k of n (an accuracy, a robust accuracy) has Wilson's interval, and the difference of two
+  of them Newcombe's hybrid score interval (Newcombe 1998, method 10);
+- a metric whose section computed its own interval (``context.ci_method``: a TPR at a low FPR, whose threshold is
+  itself estimated from the non-members; a DeLong AUC; an advantage) is differenced with the MOVER method from the
+  two intervals (Zou & Donner 2008; Newcombe's interval is its special case), so the noise of *both* runs, and of
+  every sample each rests on, enters the interval of the change;
+- other numbers (ratios, MC-hardness over seeds) change significantly when their own intervals do not overlap;
+  numbers without an interval never count as significant changes.
+
+A change is significant when its 95 % interval excludes 0. A gate ``SECTION:±X`` fails when a metric of that
+section with a verdict rule moved significantly by at least X in the stated direction: ``robustness:-5`` fails on a
+drop of 5 points or more, ``privacy:+2`` on a rise of 2 points or more (fractions and AUCs are in points, other
+units raw). So a gate fires only on a change larger than the noise of two honest runs: re-running the same
+assessment, or retraining the same recipe with another seed, raises no alarm (bench/privacy_gate.py measures it).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from modelward.core.stats import Z95, mover, newcombe, wilson
 from modelward.errors import ConfigError, DataError
 
-Z95 = 1.959963984540054
+__all__ = ["Z95", "Change", "compare", "diff_reports", "load_report", "mover", "newcombe", "parse_fail_on", "wilson"]
 
-
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of k successes in n trials."""
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return centre - half, centre + half
-
-
-def newcombe(k1: int, n1: int, k2: int, n2: int, z: float = Z95) -> tuple[float, float]:
-    """95 % interval of p2 − p1 (Newcombe 1998, hybrid score method 10).
-
-    Example:
-        >>> lo, hi = newcombe(50, 100, 50, 100)
-        >>> lo < 0 < hi
-        True
-    """
-    p1, p2 = k1 / n1, k2 / n2
-    l1, u1 = wilson(k1, n1, z)
-    l2, u2 = wilson(k2, n2, z)
-    d = p2 - p1
-    return (d - math.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2), d + math.sqrt((u2 - p2) ** 2 + (p1 - l1) ** 2))
+#: units whose changes are shown and gated in points (×100)
+POINT_UNITS = ("fraction", "auc")
 
 
 @dataclass
@@ -113,11 +99,18 @@ def compare(old: dict[str, Any], new: dict[str, Any], fail_on: dict[str, float] 
     out = []
     for key in sorted(set(a) & set(b)):
         m1, m2 = a[key], b[key]
-        scale = 100.0 if m2.get("unit", "fraction") == "fraction" else 1.0
+        scale = 100.0 if m2.get("unit", "fraction") in POINT_UNITS else 1.0
         v1, v2 = m1["value"], m2["value"]
         delta = None if v1 is None or v2 is None or v1 != v1 or v2 != v2 else (v2 - v1) * scale
         ci = None
-        if m1.get("k") is not None and m2.get("k") is not None and m1.get("n") and m2.get("n"):
+        own = (m1.get("context", {}).get("ci_method") or m2.get("context", {}).get("ci_method"))
+        if own and m1.get("ci") and m2.get("ci") and delta is not None:
+            # the sections' own intervals carry every source of noise (a TPR at 1 % FPR: members and the
+            # non-members that set its threshold): the change's interval is built from them (MOVER)
+            lo, hi = mover(v1, m1["ci"], v2, m2["ci"])
+            ci = [lo * scale, hi * scale]
+            significant = lo > 0 or hi < 0
+        elif m1.get("k") is not None and m2.get("k") is not None and m1.get("n") and m2.get("n"):
             lo, hi = newcombe(int(m1["k"]), int(m1["n"]), int(m2["k"]), int(m2["n"]))
             ci = [lo * scale, hi * scale]
             significant = lo > 0 or hi < 0

@@ -60,9 +60,18 @@ MAPPINGS: dict[str, dict[str, list[str]]] = {
                      "atlas": ["AML.T0010.003 ML Supply Chain Compromise: Model",
                                "AML.T0011.000 User Execution: Unsafe ML Artifacts"],
                      "nist": ["GOVERN 6.1 (third-party risks)", "MEASURE 2.7 (security and resilience evaluated)"]},
+    # issue 41 (backdoor): a backdoor found in the model, suspicious rows found in its training data
+    "model_poisoning": {"owasp": ["ML10:2023 Model Poisoning"],
+                        "atlas": ["AML.T0018 Manipulate AI Model (Backdoor ML Model)",
+                                  "AML.T0018.000 Manipulate AI Model: Poison AI Model"],
+                        "nist": ["MEASURE 2.7 (security and resilience evaluated)"]},
+    "data_poisoning": {"owasp": ["ML02:2023 Data Poisoning Attack"],
+                       "atlas": ["AML.T0020 Poison Training Data"],
+                       "nist": ["MEASURE 2.7 (security and resilience evaluated)"]},
 }
 SECTION_MAPPING = {"robustness": "evasion", "privacy": "membership", "extraction": "extraction",
-                   "completion": "completion", "explanations": "bias", "supply_chain": "supply_chain"}
+                   "completion": "completion", "explanations": "bias", "supply_chain": "supply_chain",
+                   "backdoor": "model_poisoning"}
 
 
 def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -108,9 +117,13 @@ class Metric:
         value: the estimate; k, n: successes of trials it was counted from (Clopper–Pearson), or
         seeds: one value per seed (t interval).
         risk_up: True when a larger value means more risk (TPR, substitute accuracy), False otherwise.
-        unit: ``fraction`` (shown and diffed in points) or ``ratio``/``score`` (raw).
+        unit: ``fraction`` (shown and diffed in points), ``auc`` (shown with three decimals, diffed in points) or
+            ``ratio``/``score`` (raw).
         headline: the section's verdict number (the diff's default gate for the section).
-        context: anything findings need (``mapping``, ``thresholds`` (green, amber), ``rule``, ``actions``).
+        context: anything findings need (``mapping``, ``thresholds`` (green, amber), ``rule``, ``actions``;
+            ``ci`` with ``ci_method``: an interval the section computed itself, carrying every source of noise (the
+            diff then uses it, see :mod:`modelward.assess.diff`); ``chance``: the value of an attack that learned
+            nothing, see :func:`severity_from`).
     """
 
     key: str
@@ -173,20 +186,44 @@ class Finding:
         return asdict(self)
 
 
-def severity_from(value: float, thresholds: tuple[float, float] | list[float] | None, risk_up: bool) -> Severity:
-    """low/medium/high from a value and the section's (green, amber) thresholds (inclusive on the good side)."""
+def severity_from(value: float, thresholds: tuple[float, float] | list[float] | None, risk_up: bool,
+                  ci: tuple[float, float] | list[float] | None = None, chance: float | None = None) -> Severity:
+    """low/medium/high from a value and the section's (green, amber) thresholds (inclusive on the good side).
+
+    With a `chance` value (what an attack that learned nothing scores: TPR = FPR, AUC ½, advantage 0) and the
+    value's interval `ci`, a value whose interval reaches the chance level is rated low whatever its point estimate:
+    a measurement that cannot be told from chance at this sample size is no evidence of risk (issue 38: a
+    chance-level attack's TPR of 2.8 % at 1 % FPR on 250 non-members is noise, not a finding).
+    """
     if thresholds is None or value != value:
         return "info"
+    if chance is not None and ci is not None and (ci[0] <= chance if risk_up else ci[1] >= chance):
+        return "low"
     green, amber = thresholds
     if risk_up:
         return "low" if value <= green else "medium" if value <= amber else "high"
     return "low" if value >= green else "medium" if value >= amber else "high"
 
 
+def rate_metric(m: dict[str, Any]) -> Severity:
+    """The severity of one recorded metric (a :meth:`Metric.to_dict`): its context's fixed ``severity``, else
+    :func:`severity_from` with its thresholds, interval and chance level."""
+    ctx = m.get("context", {})
+    return ctx.get("severity") or severity_from(m["value"], ctx.get("thresholds"), m["risk_up"], m.get("ci"),
+                                                ctx.get("chance"))
+
+
 def fmt_value(value: float | None, unit: str) -> str:
+    """A value for people: fractions in percent (small ones with the digits they need: δ = 1e-5 is 0.001 %, not
+    0.0 %), AUCs with three decimals, other numbers with three significant digits."""
     if value is None or value != value:
         return "–"
-    return f"{100 * value:.1f} %" if unit == "fraction" else f"{value:.3g}"
+    if unit == "fraction":
+        v = 100 * value
+        return f"{v:.1f} %" if v == 0 or abs(v) >= 0.1 else f"{v:.2g} %"
+    if unit == "auc":
+        return f"{value:.3f}"
+    return f"{value:.3g}"
 
 
 def section_findings(section: dict[str, Any], reproduce: str) -> list[dict[str, Any]]:
@@ -203,8 +240,7 @@ def section_findings(section: dict[str, Any], reproduce: str) -> list[dict[str, 
     for m in sorted(section.get("metrics", []), key=lambda m: not m.get("headline")):
         ctx = m.get("context", {})
         mapping = MAPPINGS[ctx.get("mapping", SECTION_MAPPING[section["section"]])]
-        thresholds = ctx.get("thresholds")
-        sev = ctx.get("severity") or severity_from(m["value"], thresholds, m["risk_up"])
+        sev = rate_metric(m)
         if section.get("warnings") and sev != "info":
             sev = "info"  # the model did not match its own record: no verdict (the warning says why)
         ci = m.get("ci")
@@ -235,6 +271,10 @@ DEFAULT_ACTIONS: dict[str, list[str]] = {
                    "in the table), or keep the first layers with the data owner."],
     "explanations": ["Re-balance or re-weight the over-predicted class in training and check the most influential "
                      "units listed in the section (`modelward bias`, `modelward explain`)."],
+    "backdoor": ["Retrain from data of trusted origin after removing the rows `modelward backdoor scan` suspects, or "
+                 "repair the model by unlearning the reversed trigger (`modelward backdoor mitigate`).",
+                 "Serve the model with the STRIP monitor ([strip] in the guard config) to flag or refuse inputs that "
+                 "carry a trigger."],
 }
 
 
@@ -250,6 +290,11 @@ def scan_findings(scan: Any, reproduce: str | None = None) -> list[dict[str, Any
         sev: Severity = "info"
         title = f"model file {path} ({d['format']}): no unsafe content found"
         actions = ([f"Prefer safetensors: {conversion_command(path)}"] if d["format"] != "safetensors" else [])
+    elif not d.get("scanned", True):
+        sev = "medium"
+        title = f"model file {path}: {d['issues'][0]['detail']}"
+        actions = ["Nothing in this file was checked: convert the model to safetensors, or examine it with a scanner "
+                   "for its format before anything loads it."]
     else:
         sev = d["severity"] if d["severity"] in ("critical", "high", "medium") else "low"
         issues = d["issues"]
@@ -260,8 +305,9 @@ def scan_findings(scan: Any, reproduce: str | None = None) -> list[dict[str, Any
     return [Finding(
         id=f"supply_chain/{d['sha256'][:16]}", title=title, severity=sev, section="supply_chain",
         metric="unsafe_issues", value=float(len(d["issues"])), ci=None, n=None, unit="count", risk_up=True,
-        rule="critical: a pickle imports code-executing globals; high: other globals outside the plain-checkpoint "
-             "allowlist; medium: a malformed file; info: clean",
+        rule="critical: a pickle imports code-executing globals (or a graph calls Python); high: other globals outside "
+             "the plain-checkpoint allowlist, a Keras Lambda layer, file access; medium: a malformed file, a custom op, "
+             "a file not scanned (unknown format); info: clean",
         owasp=list(mapping["owasp"]), atlas=list(mapping["atlas"]), nist=list(mapping["nist"]), reproduce=cmd,
         actions=actions, locations=[path],
     ).to_dict()]

@@ -18,17 +18,19 @@ from modelward.assess.findings import scan_findings
 from modelward.core.config import to_toml
 from modelward.core.ledger import RunLedger
 from modelward.core.records import atomic_write_json, atomic_write_text
+from modelward.scan.hf_folder import is_hf_folder, scan_hf_folder
 from modelward.scan.scanner import scan_file
 
 
 def scan_checkpoint(cfg: AssessConfig, out: Path) -> dict[str, Any] | None:
-    """Scan the checkpoint file (never loading it) and write ``supply_chain.json``; None without a checkpoint."""
-    if not cfg.checkpoint:
+    """Scan the checkpoint file — or a Hugging Face model folder: its config, weights and code files
+    (:mod:`modelward.scan.hf_folder`) — never loading it, and write ``supply_chain.json``; None without either."""
+    folder = cfg.model.path if cfg.model is not None and cfg.model.resolved_source == "hf" else None
+    if not cfg.checkpoint and not (folder and is_hf_folder(folder)):
         return None
-
-    scan = scan_file(cfg.checkpoint)
-    record = {"scans": [scan.to_dict()],
-              "findings": scan_findings(scan, f"modelward scan {cfg.checkpoint}")}
+    scans = [scan_file(cfg.checkpoint)] if cfg.checkpoint else scan_hf_folder(str(folder))
+    findings = [f for s in scans for f in scan_findings(s, f"modelward scan {cfg.checkpoint or folder}")]
+    record = {"scans": [s.to_dict() for s in scans], "findings": findings}
     atomic_write_json(out / "supply_chain.json", record)
     return record
 

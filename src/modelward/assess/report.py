@@ -13,6 +13,7 @@ import json
 import platform
 import sys
 import time
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -199,16 +200,27 @@ def build_report(out: Path) -> dict[str, Any]:
         "model_files": supply.get("scans", []),
         "name": cfg["name"], "model": target.get("description", cfg.get("checkpoint")),
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "profile": cfg["profile"],
-        "profile_sizes": PROFILES[cfg["profile"]].__dict__, "seeds": {"seed": cfg["seed"]},
+        "profile_sizes": replace(PROFILES[cfg["profile"]], **cfg.get("sizes", {})).__dict__,
+        "size_overrides": cfg.get("sizes", {}), "seeds": {"seed": cfg["seed"]},
         "sections": sections, "timing": {s["section"]: round(s["seconds"], 2) for s in sections},
+        "plans": {s["section"]: s.get("plan") or {} for s in sections},
         "config": cfg, "versions": _versions(),
     }
+
+
+def _estimate(plan: dict[str, Any]) -> str:
+    est = plan.get("estimate_seconds")
+    return "–" if est is None else f"{est:.0f} s"
 
 
 def render_html(out: Path, report: dict[str, Any]) -> str:
     cards = "".join(_card(s) for s in report["sections"])
     body = "".join(_section(out, s) for s in report["sections"])
-    timing = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.1f} s</td></tr>" for k, v in report["timing"].items())
+    plans = report.get("plans", {})
+    timing = "<tr><th>section</th><th>took</th><th>estimated</th><th>planned work</th></tr>" + "".join(
+        f"<tr><td>{html.escape(k)}</td><td>{v:.1f} s</td>"
+        f"<td>{_estimate(plans.get(k, {}))}</td><td>{html.escape(plans.get(k, {}).get('text', ''))}</td></tr>"
+        for k, v in report["timing"].items())
     versions = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
                        for k, v in report["versions"].items())
     cfg = html.escape(json.dumps(report["config"], indent=2))

@@ -21,13 +21,19 @@ from typing import Any
 from modelward.assess.config import AssessConfig
 from modelward.assess.findings import attach_findings
 from modelward.assess.preflight import preflight, reopen_sections
-from modelward.assess.profiles import PROFILES
+from modelward.assess.profiles import profile_sizes
 from modelward.assess.report import write_report
-from modelward.assess.sections.common import TITLES, NotAssessed, SectionResult, load_sections
+from modelward.assess.sections.common import (
+    TITLES,
+    NotAssessed,
+    SectionResult,
+    load_sections,
+    section_progress_for,
+)
 from modelward.assess.target import load_target
 from modelward.core.device import resolve_device
 from modelward.core.entrypoints import TRUST_ENV, code_trusted, trust_code
-from modelward.core.progress import ProgressSink
+from modelward.core.progress import LoggingProgress, ProgressSink, TeeProgress
 from modelward.core.records import atomic_write_json
 from modelward.core.runner import Execute, RunOutcome, RunSpec
 from modelward.core.seed import seeded
@@ -45,13 +51,21 @@ def execute_section(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str,
     out = root / name
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    # each section announces its planned work and reports progress: to the command's bars when it runs in the
+    # command's process, and always to <out>/progress.log (and the "modelward.progress" logger)
+    sink = TeeProgress(LoggingProgress(root / "progress.log"), *_LOCAL_SINKS[-1:])
     try:
         module = importlib.import_module(f"modelward.assess.sections.{name}")
         target = load_target(cfg)
         device = resolve_device(cfg.device)
         target.model.to(device)
-        with seeded(cfg.seed), torch.inference_mode(False):
-            result: SectionResult = module.run(cfg, target, PROFILES[cfg.profile], out, root)
+        with seeded(cfg.seed), torch.inference_mode(False), section_progress_for(name, sink) as sp:
+            try:
+                result: SectionResult = module.run(cfg, target, profile_sizes(cfg), out, root)
+            finally:
+                plan = sp.plan
+                sp.done()
+        result.plan = plan
     except NotAssessed as e:
         result = SectionResult(name, TITLES[name], status="not_assessed", verdict="none", reason=str(e))
     except ImportError as e:  # an optional dependency of this section is missing
@@ -68,6 +82,10 @@ def execute_section(run_id: str, spec: dict[str, Any], deps: dict[str, dict[str,
     if data["status"] == "failed":  # the ledger records it as failed: the next run retries it (#31.7)
         raise SectionFailed(f"{name}: {data['reason']}")
     return data
+
+
+#: the command's progress sink while an assessment runs in this process (sections run here report to it)
+_LOCAL_SINKS: list[ProgressSink] = []
 
 
 class SectionFailed(RuntimeError):
@@ -95,6 +113,7 @@ class AssessStudy(Study[AssessConfig, RunOutcome]):
 
     def check(self, cfg: AssessConfig, out: Path) -> None:
         resolve_device(cfg.device)  # a device this machine lacks is refused before any work
+        profile_sizes(cfg)  # as an unknown [sizes] field
 
     def write_config(self, cfg: AssessConfig, out: Path) -> None:
         atomic_write_json(out / self.config_file, cfg.model_dump(mode="json"))  # read back by the report
@@ -103,15 +122,21 @@ class AssessStudy(Study[AssessConfig, RunOutcome]):
     @contextmanager
     def session(self, cfg: AssessConfig, ctx: StudyContext) -> Iterator[None]:
         # the user trusted this config's entry point; its sections load the model again, possibly in worker
-        # processes that see the config as JSON, where trust_code is never written: they inherit the switch, for
-        # this run only
-        lend = cfg.model is not None and cfg.model.trust_code and not code_trusted()
+        # processes that see the config as JSON, where the operator's trust mark is never written: they inherit the
+        # switch, for this run only
+        # (a model entry point, or a data entry point: issue 39)
+        lend = (cfg.model is not None and cfg.model.code_trusted or cfg.data is not None and cfg.data.code_trusted) \
+            and not code_trusted()
         if lend:
             trust_code()
+        if ctx.progress is not None:
+            _LOCAL_SINKS.append(ctx.progress)
         try:
             reopen_sections(ctx.ledger, ctx.out, cfg.sections, retry=self.retry)
             yield
         finally:
+            if ctx.progress is not None:
+                _LOCAL_SINKS.remove(ctx.progress)
             if lend:
                 os.environ.pop(TRUST_ENV, None)
 

@@ -10,7 +10,9 @@ location: the model file (the checkpoint, or the scanned file), else the assessm
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from modelward.assess.findings import fmt_value
 
@@ -28,19 +30,28 @@ def _version() -> str:
         return "0"
 
 
-def _uri(path: str) -> str:
-    from pathlib import Path
+BASE_ID = "%SRCROOT%"
 
+
+def _location(path: str, base: Path) -> dict[str, str]:
+    """A SARIF artifactLocation: relative to the base (with its uriBaseId) when the file is under it."""
     p = Path(path)
-    return p.resolve().as_uri() if p.is_absolute() or p.exists() else path
+    full = (p if p.is_absolute() else base / p).resolve()
+    try:
+        rel = full.relative_to(base)
+    except ValueError:
+        return {"uri": full.as_uri()}
+    return {"uri": quote(rel.as_posix()), "uriBaseId": BASE_ID}
 
 
-def to_sarif(findings: list[dict[str, Any]], *, default_location: str | None = None) -> dict[str, Any]:
+def to_sarif(findings: list[dict[str, Any]], *, default_location: str | None = None,
+             base: str | Path | None = None) -> dict[str, Any]:
     """A SARIF 2.1.0 log of `findings` (dicts as :class:`modelward.assess.findings.Finding.to_dict` gives).
 
     Args:
         findings: the findings.
         default_location: the file a finding without its own location points at (the report).
+        base: the folder locations are written relative to (default: the working directory).
 
     Returns:
         The SARIF log as a JSON-able dict (validated against the OASIS schema in the tests).
@@ -49,6 +60,7 @@ def to_sarif(findings: list[dict[str, Any]], *, default_location: str | None = N
         >>> to_sarif([])["version"]
         '2.1.0'
     """
+    root = Path(base if base is not None else Path.cwd()).resolve()
     rules: dict[str, dict[str, Any]] = {}
     results = []
     for f in findings:
@@ -76,11 +88,14 @@ def to_sarif(findings: list[dict[str, Any]], *, default_location: str | None = N
                            "security-severity": _SCORE[f["severity"]]},
         }
         if where:
-            result["locations"] = [{"physicalLocation": {"artifactLocation": {"uri": _uri(w)}}} for w in where]
+            result["locations"] = [{"physicalLocation": {"artifactLocation": _location(w, root)}} for w in where]
         results.append(result)
     return {
         "$schema": SARIF_SCHEMA, "version": "2.1.0",
         "runs": [{"tool": {"driver": {"name": "modelward", "version": _version(),
                                       "rules": list(rules.values())}},
+                  "originalUriBaseIds": {BASE_ID: {"uri": root.as_uri() + "/",
+                                                   "description": {"text": "the folder the paths are relative to "
+                                                                           "(where modelward ran)"}}},
                   "results": results}],
     }

@@ -6,6 +6,7 @@ from the config with :func:`load_target`; nothing is passed between them in memo
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,9 @@ from torch import nn
 from modelward.assess.config import AssessConfig
 from modelward.core.checkpoint import Checkpoint, checkpoint_kind, load_checkpoint, read_checkpoint
 from modelward.core.data import DataConfig, DataSplit, load_data
-from modelward.core.io import check_state
+from modelward.core.io import load_into
+from modelward.core.sources import adapt_state_dict, hf_weight_files
+from modelward.core.text import token_embedding
 from modelward.core.zoo import ModelConfig, build_model, model_config_from_metadata
 from modelward.errors import ConfigError, DataError
 from modelward.scan.scanner import load_checked_torch_file
@@ -31,7 +34,7 @@ class Target:
         data: the data it was trained on (``x_train`` are the members, ``x_test`` held out).
         factory: a fresh, untrained model of the same architecture (shadow models, completion originals).
         gloro: the GloRo net when the checkpoint is a ``modelward robust train`` model, else None.
-        kind: "zoo", "gloro" or "entrypoint".
+        kind: "gloro", or the model's source: "zoo", "entrypoint", "torchvision", "timm", "hf".
         description: one line for the report.
     """
 
@@ -62,7 +65,8 @@ def _metadata(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     return read_checkpoint(path)
 
 
-def _membership(cfg: AssessConfig, data_cfg: DataConfig, meta: dict) -> str | None:
+def _membership(cfg: AssessConfig, data_cfg: DataConfig, meta: dict, data: DataSplit | None = None
+                ) -> str | None:
     if data_cfg.test_path:
         return f"members: {data_cfg.path}; non-members: the separate test file {data_cfg.test_path}"
     if data_cfg.train_index:
@@ -70,10 +74,13 @@ def _membership(cfg: AssessConfig, data_cfg: DataConfig, meta: dict) -> str | No
     if "data" in meta and _same_data(DataConfig.model_validate(meta["data"]), data_cfg):
         return ("the training/test split recorded in the checkpoint's metadata (`modelward train` with this data "
                 "config), reproduced exactly")
+    if data is not None and data.held_out_given:
+        return (f"members: the training set of {data_cfg.entrypoint or data_cfg.path}; non-members: its own "
+                "held-out set (as the source split them)")
     return None
 
 
-_PATH_KEYS = ("path", "labels_path", "test_path", "test_labels_path", "train_index")
+_PATH_KEYS = ("path", "labels_path", "test_path", "test_labels_path", "train_index", "tokenizer")
 
 
 def _same_data(recorded: DataConfig, given: DataConfig) -> bool:
@@ -101,8 +108,8 @@ def load_target(cfg: AssessConfig) -> Target:
         if checkpoint_kind(tensors, meta) == "gloro":  # a `modelward robust train` model
             return _gloro_target(cfg, load_checkpoint(Path(cfg.checkpoint), kinds=("gloro",)))
     data_cfg = cfg.data or (DataConfig.model_validate(meta["data"]) if "data" in meta else DataConfig())
+    _code_path(cfg)  # before the data: a data entry point is imported from the config's folder too
     data = load_data(data_cfg)
-    _code_path(cfg)
     model_cfg = cfg.model or (model_config_from_metadata(meta["model"], str(cfg.checkpoint)) if "model" in meta
                               else None)
     if model_cfg is None:
@@ -113,22 +120,74 @@ def load_target(cfg: AssessConfig) -> Target:
         return build_model(model_cfg, data.input_shape, data.num_classes)
 
     model = factory()
+    weights_from = str(cfg.checkpoint)
+    if not tensors and model_cfg.resolved_source == "hf" and model_cfg.path:
+        tensors, weights_from = _hf_folder_weights(Path(model_cfg.path))
+    tensors = adapt_state_dict(model, tensors)
     if tensors:
-        check_state(model, tensors, str(cfg.checkpoint))
-        try:
-            model.load_state_dict(tensors)
-        except RuntimeError as e:
-            raise DataError(f"{cfg.checkpoint}: weights do not match [model] {model_cfg.arch} for "
-                            f"{data.describe()} ({str(e).splitlines()[0]})") from None
+        load_into(model, tensors, f"{weights_from} ([model] {_model_name(model_cfg, model)} for {data.describe()})")
     model.eval()
-    kind = "entrypoint" if model_cfg.arch == "entrypoint" else "zoo"
+    _check_modality(model, data, weights_from)
+    data = _named_classes(model, data)
+    kind = model_cfg.resolved_source
     n_params = sum(p.numel() for p in model.parameters())
     record = {k: float(meta[k]) for k in ("final_test_loss", "test_accuracy") if isinstance(meta.get(k), int | float)}
     if meta.get("loss") not in (None, "cross_entropy"):
         record.pop("final_test_loss", None)  # only a cross-entropy record compares with what is measured here
     return Target(model, data, factory, model_cfg, None, kind,
-                  f"{model_cfg.arch} ({n_params:,} parameters) on {data.describe()}",
-                  _membership(cfg, data_cfg, meta), record)
+                  f"{_model_name(model_cfg, model)} ({n_params:,} parameters) on {data.describe()}",
+                  _membership(cfg, data_cfg, meta, data), record)
+
+
+def _model_name(m: ModelConfig, model: nn.Module) -> str:
+    src = m.resolved_source
+    if src in ("torchvision", "timm"):
+        return f"{src} {m.name}"
+    if src == "hf":
+        return f"Hugging Face {type(getattr(model, 'hf', model)).__name__}"
+    return m.arch
+
+
+def _named_classes(model: nn.Module, data: DataSplit) -> DataSplit:
+    """Class names from a Hugging Face model's ``id2label`` when the data only numbers its classes."""
+    id2label = getattr(getattr(getattr(model, "hf", None), "config", None), "id2label", None) or {}
+    names = tuple(str(id2label.get(i, "")) for i in range(data.num_classes))
+    numbered = data.class_names == tuple(str(i) for i in range(data.num_classes))
+    if numbered and all(names) and not all(n == f"LABEL_{i}" for i, n in enumerate(names)):
+        return dataclasses.replace(data, class_names=names)
+    return data
+
+
+def _check_modality(model: nn.Module, data: DataSplit, source: str) -> None:
+    """Token ids for a model with a token embedding, and only for one: the mismatch named before any section
+    (otherwise z-scored ids reach an embedding, or ids reach a convolution, and fail deep inside autograd)."""
+    first = next((m for m in model.modules() if any(True for _ in m.parameters(recurse=False))), None)
+    if data.is_text:
+        try:
+            token_embedding(model)
+        except ConfigError:
+            raise ConfigError(f"{source}: the data are token ids ({data.describe()}) but the model has no "
+                              "nn.Embedding to read them") from None
+        pad = getattr(model, "pad_token_id", None)
+        if pad is not None and pad != data.pad_id:
+            raise ConfigError(f"{source}: the model pads with token id {pad} but the data with {data.pad_id} "
+                              "(the attention mask would be wrong): give the model's tokenizer as data.tokenizer, or "
+                              f"data.pad_id = {pad} for ids given as numbers")
+    elif isinstance(first, nn.Embedding):
+        raise ConfigError(f"{source}: the model starts with an nn.Embedding (it reads token ids) but the data are "
+                          f"{data.modality} values ({data.describe()}): give text as data.text_column with "
+                          "data.tokenizer, or token ids as numbers with data.tokens = true (and data.pad_id)")
+
+
+def _hf_folder_weights(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """The weights of a ``save_pretrained`` folder: safetensors files read as they are, a pickled
+    ``pytorch_model.bin`` only after the scan found it clean (then with ``weights_only=True``)."""
+    files = hf_weight_files(folder)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        part, _ = _metadata(f)
+        tensors.update(part)
+    return tensors, (str(files[0]) if len(files) == 1 else f"{folder} ({len(files)} weight files)")
 
 
 def _gloro_target(cfg: AssessConfig, ck: Checkpoint) -> Target:

@@ -46,7 +46,7 @@ def _diff(args: list[str]) -> int:
                         "gate"):
                 t.add_column(col)
             for c in changes:
-                unit = " pts" if c.unit == "fraction" else ""
+                unit = " pts" if c.unit in ("fraction", "auc") else ""
                 t.add_row(c.section, escape(c.label), fmt_value(c.old, c.unit), fmt_value(c.new, c.unit),
                           "–" if c.delta is None else f"{c.delta:+.2f}{unit}",
                           "–" if not c.delta_ci else f"{c.delta_ci[0]:+.2f} … {c.delta_ci[1]:+.2f}",

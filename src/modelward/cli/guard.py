@@ -45,11 +45,31 @@ def check(config: Path = typer.Argument(..., help="GUARD.toml"),
     if svc.changes:
         typer.echo(f"note: {svc.state_dir} was built with other settings ({'; '.join(svc.changes)}); "
                    "'guard serve' refuses them unless given --reset")
+    _check_upstream(svc)
     bad = placeholder_keys(svc.cfg)
     if bad:
         typer.echo(f"note: keys {bad} are placeholders from the examples; 'guard serve' refuses them: put a secret "
                    "in each key, or use 'modelward guard keys add'")
     svc.close()
+
+
+def _check_upstream(svc) -> None:  # noqa: ANN001 - a GuardService (imported lazily)
+    """Proxy mode: say whether the model server answers and serves what [model] says."""
+    from modelward.extraction.guard.errors import GuardError
+    from modelward.extraction.guard.proxy import UpstreamModel
+
+    if not isinstance(svc.model, UpstreamModel):
+        return
+    where = f"{svc.model.cfg.url}{svc.model.client.model_path}"
+    try:
+        problems = svc.model.check()
+    except GuardError as e:
+        typer.echo(f"note: proxy mode: the upstream {where} does not answer now ({e.message})")
+        return
+    finally:
+        svc.model.close()
+    typer.echo(f"upstream {where} ({svc.model.cfg.output}): "
+               + ("serves what [model] says" if not problems else "DISAGREES: " + "; ".join(problems)))
 
 
 @keys_app.command("list")

@@ -27,6 +27,9 @@ GROUPS: dict[str, tuple[str, str]] = {
     "robust": ("modelward.cli.robust", "Evasion attacks, adversarial training and GloRo certification."),
     "study": ("modelward.cli.study", "Research studies (plasticity)."),
     "privacy": ("modelward.cli.privacy", "Membership inference, model inversion and property inference audits."),
+    "trust": ("modelward.cli.trust", "Trust the code (entry points) config files name: your own list."),
+    # issue 41 (backdoor)
+    "backdoor": ("modelward.cli.backdoor", "Backdoors and poisoning: attack (self-test), detect, scan, mitigate."),
 }
 # single commands: name -> (module with register(app), help shown in `modelward --help`)
 SINGLE: dict[str, tuple[str, str]] = {
@@ -118,7 +121,8 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """modelward: security and governance of trained deep-learning models.
 
     Global switches, anywhere on the command line: --debug (show tracebacks) and --trust-code (let configs run the
-    Python entry points they name, e.g. [model] entrypoint: an entry point is code).
+    Python entry points they name, e.g. [model] entrypoint: an entry point is code; `modelward trust allow CONFIG`
+    trusts one file, MODELWARD_TRUST_CODE=1 the environment).
     """
 
 

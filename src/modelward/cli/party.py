@@ -166,9 +166,10 @@ def provision(
         print(f"kit {name}: {_show(kit)}{dev}")
     made = "created now" if res.key_created else "existing"
     print(f"consortium signing key {_show(res.key_path)} ({made}; mode 0600, keep it here)")
+    print(f"consortium version {res.version}: a host that has accepted these kits refuses every older one")
     print(f"consortium key fingerprint: {res.key_fingerprint}")
     print(f"  give it to every party out of band (phone, signed e-mail) and check it there: {ENV_KEY}=<it> "
-          "./start.sh, or `modelward party verify-kit KIT --consortium-key <it>`")
+          "modelward party start KIT --party NAME, or `modelward party verify-kit KIT --consortium-key <it>`")
     if res.generated:
         print(f"WARNING: dev/test kits for {', '.join(res.generated)}: their private keys were generated here; "
               "for real use each party runs `modelward party keygen` on its own host and you give its cert or csr")
@@ -183,6 +184,9 @@ def verify_kit(
     party: Annotated[str | None, typer.Option(
         "--party", help="the party this host runs: a kit of another party is refused (default: $MODELWARD_PARTY)")]
     = None,
+    check_version: Annotated[bool, typer.Option(
+        "--check-version", help="also refuse a kit older than one this host has accepted (its consortium version "
+        "against the marks in its state folder and beside its key; nothing is recorded)")] = False,
 ) -> None:
     """Check a kit: the manifest's signature against the consortium key and every file's hash (no extra, missing
     or changed file). Exit code 0 only if it verifies."""
@@ -194,9 +198,34 @@ def verify_kit(
         raise KitError(f"kit {kit}: give --consortium-key spki-sha256:… (or MODELWARD_CONSORTIUM_KEY), as the "
                        "provisioner told you out of band")
     m = run(kit, key, expected_party_from_env(party))
+    if check_version:
+        from modelward.governance.trust.versions import check_kit_version
+
+        check_kit_version(kit, m, record=False)
     dev = "; DEV/TEST kit: its private key was made by the provisioner" if m.dev_generated_key else ""
-    print(f"kit OK: {m.party} ({m.role}) of consortium {m.consortium}, created {m.created}, {len(m.files)} files, "
-          f"signed by {_kit_key(m)}{dev}")
+    print(f"kit OK: {m.party} ({m.role}) of consortium {m.consortium}, version {m.version}, created {m.created}, "
+          f"{len(m.files)} files, signed by {_kit_key(m)}{dev}")
+
+
+@app.command("start", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def start(
+    ctx: typer.Context,
+    kit: Annotated[Path, typer.Argument(help="a kit folder (from `party provision`)")],
+    consortium_key: Annotated[str | None, typer.Option(
+        "--consortium-key", help="the consortium key: spki-sha256:<hex> or its .pub file, obtained out of band "
+        "(default: $MODELWARD_CONSORTIUM_KEY)")] = None,
+    party: Annotated[str | None, typer.Option(
+        "--party", help="the party this host runs: a kit of another party is refused (default: $MODELWARD_PARTY)")]
+    = None,
+) -> None:
+    """Start a kit the safe way: verify it completely (signature, every file, start.sh included, its consortium
+    version), then run its start.sh from the verified bytes. Nothing in the kit runs before that; further
+    arguments go to start.sh."""
+    from modelward.governance.trust.manifest import expected_key_from_env, expected_party_from_env
+    from modelward.governance.trust.start import start_kit
+
+    code = start_kit(kit, expected_key_from_env(consortium_key), expected_party_from_env(party), list(ctx.args))
+    raise typer.Exit(code)
 
 
 def _kit_key(m) -> str:  # the fingerprint of the key that signed a verified manifest
@@ -293,8 +322,8 @@ def serve(
 
         config, m = open_party_kit(config if config.is_dir() else config.parent, expected_key_from_env(consortium_key),
                                    expected_party_from_env(party), set_)
-        print(f"kit verified: {m.party} ({m.role}) of consortium {m.consortium}, created {m.created}, "
-              f"{len(m.files)} files{'; DEV/TEST kit' if m.dev_generated_key else ''}", flush=True)
+        print(f"kit verified: {m.party} ({m.role}) of consortium {m.consortium}, version {m.version}, created "
+              f"{m.created}, {len(m.files)} files{'; DEV/TEST kit' if m.dev_generated_key else ''}", flush=True)
 
     from modelward.governance.party.config import load_party_config
     from modelward.governance.transport.server import serve as run

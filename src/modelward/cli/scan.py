@@ -1,4 +1,5 @@
-"""`modelward scan PATH...`: examine model files without loading them; exit 1 when any file is not clean."""
+"""`modelward scan PATH...`: examine model files without loading them; exit 1 when a scanned file is not clean
+(with --strict also when a file could not be scanned)."""
 
 # lazy-imports: commands import the library on call, so `modelward --help` and this group's --help stay fast
 from __future__ import annotations
@@ -16,6 +17,8 @@ def register(app: typer.Typer) -> None:
                                                          ".safetensors .zip .npy ...)")],
         fmt: Annotated[str, typer.Option("--format", help="text | json | sarif")] = "text",
         out: Annotated[Path | None, typer.Option("--out", help="write the json/sarif output here")] = None,
+        strict: Annotated[bool, typer.Option("--strict", help="also exit 1 when a file could not be scanned "
+                                             "(unknown format, or its reader not installed)")] = False,
     ) -> None:
         """Scan pickle/zip checkpoints and safetensors headers for code that would run on loading (OWASP ML06)."""
         import json
@@ -24,7 +27,7 @@ def register(app: typer.Typer) -> None:
         from rich.markup import escape
 
         from modelward.errors import ConfigError
-        from modelward.scan import scan_paths
+        from modelward.scan import scan_exit_code, scan_paths
 
         if fmt not in ("text", "json", "sarif"):
             raise ConfigError(f"--format {fmt!r}: expected one of text, json, sarif")
@@ -32,11 +35,14 @@ def register(app: typer.Typer) -> None:
         if fmt == "text":
             console = Console()
             for s in scans:
-                state = "[green]clean[/]" if s.clean else f"[red]{s.severity}[/]"
+                state = ("[green]clean[/]" if s.clean else f"[red]{s.severity}[/]" if s.scanned else
+                         "[yellow]not scanned[/]")
                 console.print(f"{escape(s.path)}: {state} ({s.format}, sha256 {s.sha256[:12]}…)", highlight=False)
                 for i in s.issues:
                     console.print(f"  {i.severity}: {escape(i.detail)} [{escape(i.where)}]", highlight=False)
-            console.print(f"{len(scans)} file(s), {sum(not s.clean for s in scans)} not clean")
+            n_unsafe, n_skipped = sum(s.unsafe for s in scans), sum(not s.scanned for s in scans)
+            console.print(f"{len(scans)} file(s): {len(scans) - n_unsafe - n_skipped} clean, {n_unsafe} not clean, "
+                          f"{n_skipped} not scanned" + (" (--strict: a failure)" if strict and n_skipped else ""))
         else:
             if fmt == "json":
                 text = json.dumps([s.to_dict() for s in scans], indent=2)
@@ -49,5 +55,6 @@ def register(app: typer.Typer) -> None:
                 typer.echo(text)
             else:
                 out.write_text(text)
-        if any(not s.clean for s in scans):
-            raise typer.Exit(1)
+        code = scan_exit_code(scans, strict)
+        if code:
+            raise typer.Exit(code)

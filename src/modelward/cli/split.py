@@ -40,7 +40,11 @@ def train(
     from modelward.governance.transport.server import hosted_party
     from modelward.governance.trust.manifest import check_kit_of, expected_key_from_env
 
-    check_kit_of(config, consortium_key, None, set_)
+    driver_kit = check_kit_of(config, consortium_key, None, set_)  # (an older kit than this host's is refused)
+    if driver_kit is not None:  # the driver's kit starts: its consortium version is this host's mark from now on
+        from modelward.governance.trust.versions import check_kit_version
+
+        check_kit_version(config if config.is_dir() else config.parent, driver_kit, record=True)
     if host is not None and check_kit_of(host, consortium_key) is not None:
         from modelward.governance.provisioning import open_party_kit
 
@@ -120,7 +124,9 @@ def audit_leakage(
     set_: Annotated[list[str] | None, typer.Option("--set", help="override key=value")] = None,
 ) -> None:
     """Measure how much of Bob's labels Alice recovers from the gradients he returns (norm and direction attacks,
-    Li et al. 2022), without and with Bob's gradient protection; writes results.csv/md/json and tradeoff.png."""
+    Li et al. 2022), without and with Bob's gradient protection; writes results.csv/md/json and tradeoff.png. With
+    an [inputs] table, also how well Bob reconstructs Alice's inputs from her activations (decoder, UnSplit, FSHA
+    hijacking), without and with Alice's defenses: inputs.csv/md/json and reconstructions_*.png."""
     from modelward.core.progress import RichProgress
     from modelward.core.records import markdown_table
     from modelward.errors import ConfigError
@@ -135,6 +141,13 @@ def audit_leakage(
     print(markdown_table(rows, cols, 3), end="")  # plain: a table must not be wrapped
     sfx = "_parties" if transport == "parties" else ""
     console.print(f"results in {out.resolve()} (results{sfx}.md/.csv/.json, runs{sfx}.json, tradeoff{sfx}.png)")
+    inputs = out / "inputs.json"
+    if transport == "inprocess" and cfg.inputs.attacks and inputs.is_file():  # Bob reconstructing Alice's inputs
+        rows = json.loads(inputs.read_text())
+        cols = ["defense", "attack", "test_accuracy", "ssim", "mse", "other_ssim", "other_mse", "mean_ssim",
+                "mean_mse", "canary_auc"]
+        print(markdown_table(rows, [c for c in cols if any(c in r for r in rows)], 3), end="")
+        console.print(f"input reconstruction in {out.resolve()} (inputs.md/.csv/.json, reconstructions_*.png)")
 
 
 @app.command("audit-extraction")

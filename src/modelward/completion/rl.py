@@ -41,7 +41,7 @@ from modelward.completion.procedures import ALL_PARTS, paired_seeds, prepare_ret
 from modelward.core.config import StrictModel, validate
 from modelward.core.device import resolve_device
 from modelward.core.init import InitScheme, init_model_
-from modelward.core.io import load_state_dict, save_state_dict
+from modelward.core.io import load_into, load_state_dict, save_state_dict
 from modelward.core.parts import parts_table, resolve_part
 from modelward.errors import ConfigError
 from modelward.rl.a2c import A2CConfig, ac_policy, train_a2c
@@ -243,7 +243,7 @@ class RLProblem(CompletionProblem):
         task = original.task
         net = self.build(task)
         state, _ = load_state_dict(original.checkpoint)
-        net.load_state_dict(state)
+        load_into(net, state, original.checkpoint)
         # paired seeds: every procedure of retraining seed `seed` sees the same environment seeds and exploration
         # draws, and every procedure resetting `part` starts from the same re-initialised weights
         tseed, iseed = paired_seeds(seed, task, ALL_PARTS if procedure.from_scratch else part)

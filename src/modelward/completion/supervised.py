@@ -26,7 +26,7 @@ from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.datasets import load_lazy_split
 from modelward.core.device import resolve_device
 from modelward.core.init import init_model_
-from modelward.core.io import load_state_dict, save_state_dict
+from modelward.core.io import load_into, load_state_dict, save_state_dict
 from modelward.core.parts import default_part_names, parts_table, resolve_part
 from modelward.core.seed import seeded
 from modelward.core.train import Checkpointing, TrainConfig, evaluate, train
@@ -151,7 +151,7 @@ class SupervisedProblem(CompletionProblem):
                 stop_at: float | None, workdir: Path, on_eval: OnEval | None = None) -> Curve:
         model = self.build()
         state, _ = load_state_dict(original.checkpoint)
-        model.load_state_dict(state)
+        load_into(model, state, original.checkpoint)
         tseed, iseed = paired_seeds(seed, original.task, ALL_PARTS if procedure.from_scratch else part)
         gen = torch.Generator().manual_seed(iseed)
         trainable = prepare_retraining(model, part, procedure, gen)

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from modelward.core.device import resolve_device
-from modelward.core.io import check_state, load_state_dict
+from modelward.core.io import load_into, load_state_dict
 from modelward.core.registry import Registry
 from modelward.core.zoo import build_model, model_config_from_metadata
 from modelward.errors import DataError
@@ -146,11 +146,8 @@ def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor], what: st
     Returns:
         `model`, loaded and in eval mode.
     """
-    try:
-        check_state(model, dict(tensors), what)  # a dtype the model does not have, NaN/Inf weights: refused
-        model.load_state_dict(dict(tensors))
-    except RuntimeError as e:
-        raise error(f"{what}: weights do not match the architecture ({str(e).splitlines()[0]})") from None
+    try:  # names, shapes, dtypes and finite values, all named (core.io.load_into: the one strict loader)
+        load_into(model, tensors, what)
     except DataError as e:
         raise error(str(e)) from None
     return model.eval()
@@ -165,11 +162,7 @@ def load_zoo(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any],
     # a file is data: an entry point it names runs only if the user trusts it, whatever the file claims
     mcfg = model_config_from_metadata(meta["model"], f"{path} (embedded model config)")
     model = build_model(mcfg, tuple(meta["input_shape"]), int(meta["num_classes"]))
-    check_state(model, tensors, path)  # dtypes as the model's, finite values
-    try:
-        model.load_state_dict(tensors)
-    except RuntimeError as e:
-        raise DataError(f"{path}: weights do not match the embedded architecture ({e})") from None
+    load_into(model, tensors, f"{path} (into its embedded architecture)")
     model.to(device).eval()
     return Checkpoint("zoo", model, meta, path, mcfg)
 

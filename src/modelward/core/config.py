@@ -7,17 +7,108 @@ import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from modelward.core.entrypoints import config_allowed, how_to_trust
 from modelward.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 
 
 class StrictModel(BaseModel):
-    """Base for every config section: unknown keys are errors, values are validated on assignment."""
+    """Base for every config section: unknown keys are errors, values are validated on assignment.
+
+    ``code_trusted`` says whether the *operator* trusts the code (entry points) this config names: set by
+    :func:`load_config` for a file in the operator's trust list (``modelward trust allow``) or by :func:`allow_code`,
+    never by the file's contents (a private attribute: no key of a file or dict can set it; dumps never carry it).
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, protected_namespaces=())
+    _code_trusted: bool = PrivateAttr(default=False)
+    _config_source: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_trust_key(cls, data: Any) -> Any:
+        # the old switch, from Python (``ModelConfig(trust_code=True)``) or any dict: say what replaced it
+        if isinstance(data, dict) and "trust_code" in data:
+            raise ValueError(retired_trust_key("trust_code").removeprefix("field 'trust_code': "))
+        return data
+
+    def __eq__(self, other: object) -> bool:
+        # as pydantic's, without the private attributes: where a config came from and whether its operator trusts
+        # its code are not part of its value (a policy loaded from a trusted file equals the same policy built here)
+        if not isinstance(other, BaseModel):
+            return NotImplemented
+        return (type(self) is type(other) and self.__dict__ == other.__dict__
+                and self.__pydantic_extra__ == other.__pydantic_extra__)
+
+    __hash__ = None  # type: ignore[assignment] - mutable, as pydantic's default
+
+    @property
+    def code_trusted(self) -> bool:
+        """Whether the operator trusts the entry points this config names (see :func:`allow_code`)."""
+        return self._code_trusted
+
+    @property
+    def config_source(self) -> str | None:
+        """The file this config was loaded from (named in refusals), if any."""
+        return self._config_source
+
+
+def _mark(obj: Any, trusted: bool, source: str | None) -> None:
+    if isinstance(obj, StrictModel):
+        obj._code_trusted = trusted
+        if source is not None:
+            obj._config_source = source
+        for name in type(obj).model_fields:
+            _mark(getattr(obj, name), trusted, source)
+    elif isinstance(obj, list | tuple):
+        for x in obj:
+            _mark(x, trusted, source)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _mark(x, trusted, source)
+
+
+def allow_code(cfg: M) -> M:
+    """Mark a config object (and every section in it) as trusted by the caller: its entry points may run. The
+    Python counterpart of ``--trust-code`` for one object, like transformers' ``trust_remote_code=True``.
+
+    Args:
+        cfg: a config built in your own code (or loaded from a file you checked).
+
+    Returns:
+        ``cfg`` itself, marked.
+
+    Example:
+        >>> from modelward.core.zoo import ModelConfig
+        >>> allow_code(ModelConfig(arch="entrypoint", entrypoint="torch.nn:Identity")).code_trusted
+        True
+    """
+    _mark(cfg, True, None)
+    return cfg
+
+
+def _trust_keys(data: Any, loc: tuple[str, ...] = ()) -> list[str]:
+    """Where a config's data still carries the retired ``trust_code`` key (dotted locations)."""
+    out: list[str] = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            if k == "trust_code":
+                out.append(".".join((*loc, k)))
+            out += _trust_keys(v, (*loc, str(k)))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            out += _trust_keys(v, (*loc, str(i)))
+    return out
+
+
+def retired_trust_key(where: str, source: str | None = None) -> str:
+    """The message for a config that still carries ``trust_code`` (retired by issue 37 item 3)."""
+    return (f"field '{where}': a config can no longer authorise its own code (whoever wrote the file could run "
+            f"anything as you). Delete the trust_code line; then, if you trust the code this config names: "
+            f"{how_to_trust(source)}")
 
 
 class AlgorithmSpec(StrictModel):
@@ -122,6 +213,9 @@ def format_validation_error(err: ValidationError, source: str, model: type[BaseM
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         if e["type"] == "literal_error" and "expected" in ctx:
             msg = f"got {e.get('input')!r}; valid choices: {ctx['expected']}"
+        elif e["type"] == "extra_forbidden" and loc and loc[-1] == "trust_code":
+            lines.append(f"{source}: {retired_trust_key(_loc(e['loc']))}")
+            continue
         elif e["type"] == "extra_forbidden":
             hint = did_you_mean(str(loc[-1]), _fields_at(model, loc[:-1])) if loc else ""
             msg = f"unknown field{hint or ' (check spelling; see the example configs in examples/)'}"
@@ -183,11 +277,17 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | None) -> dict[s
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
+    return _read_toml(path)[0]
+
+
+def _read_toml(path: str | Path) -> tuple[dict[str, Any], bytes]:
+    """The parsed file and the bytes it was parsed from (what the trust list's hash is of)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: config file not found")
+    raw = p.read_bytes()
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(raw.decode("utf-8")), raw
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: not valid TOML: {e}") from None
     except UnicodeDecodeError:
@@ -205,9 +305,20 @@ def validate(model: type[M], data: dict[str, Any], source: str = "config",
 
 def load_config(path: str | Path, model: type[M], overrides: list[str] | None = None) -> M:
     """Load a TOML file into `model`, applying `--set key=value` overrides first (an error in a value a ``--set``
-    gave is blamed on that ``--set``)."""
-    data = apply_overrides(read_toml(path), overrides)
-    return validate(model, data, str(path), overrides)
+    gave is blamed on that ``--set``).
+
+    The result's ``code_trusted`` is True only when the file's bytes are in the operator's trust list
+    (``modelward trust allow``); a file that carries the retired ``trust_code`` key is refused, naming what to do
+    instead.
+    """
+    raw_data, raw = _read_toml(path)
+    retired = _trust_keys(raw_data) + _trust_keys(apply_overrides({}, overrides))
+    if retired:
+        raise ConfigError(f"{path}: {retired_trust_key(retired[0], str(path))}")
+    data = apply_overrides(raw_data, overrides)
+    cfg = validate(model, data, str(path), overrides)
+    _mark(cfg, config_allowed(raw), str(path))
+    return cfg
 
 
 def _drop_none(v: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -127,18 +128,26 @@ def load_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, extra
 
 
-def check_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str | Path) -> None:
-    """Refuse weights that would load wrongly: a dtype other than the model's (``load_state_dict`` would cast
-    silently: a BOOL tensor becomes 0/1 floats) or NaN/Inf values (every answer would be NaN).
+def _names(items: list[str], limit: int = 6) -> str:
+    return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def check_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str | Path,
+                strict: bool = True) -> None:
+    """Refuse weights that would load wrongly, with everything wrong named in one message: tensors the model lacks
+    or the file lacks (``strict``), shapes that differ (another architecture), a dtype other than the model's
+    (``load_state_dict`` would cast silently: a BOOL tensor becomes 0/1 floats, F16 loses nothing visible but is
+    not what was trained) and NaN/Inf values (every answer would be NaN).
 
     Args:
-        model: the model the weights are for (its ``state_dict`` gives the expected dtypes).
+        model: the model the weights are for (its ``state_dict`` gives the expected names, shapes and dtypes).
         state: name -> tensor, as read from the file.
-        source: the file, named in errors.
+        source: the file (or config field), named at the start of the message.
+        strict: every name must match both ways (else only the names present in both are checked).
 
     Raises:
-        DataError: naming the file, the tensor, the expected and the found dtype (or how many values are not
-        finite).
+        DataError: naming the file, the model's class and, for each problem, the tensors with what the file has
+        and what the model expects (lists cut after six names, with the count of the rest).
 
     Example:
         >>> net = torch.nn.Linear(2, 1)
@@ -147,22 +156,69 @@ def check_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: 
         modelward.errors.DataError: m.safetensors: tensor 'weight' is torch.bool, the model expects torch.float32 ...
     """
     expected = model.state_dict()
+    arch = type(model).__name__
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [f"{k} is {list(t.shape)} in the file, {list(expected[k].shape)} in the model" for k, t in state.items()
+              if k in expected and tuple(t.shape) != tuple(expected[k].shape)]
+    problems = []
+    if shapes:
+        problems.append(f"{len(shapes)} tensor(s) of another shape: {'; '.join(shapes[:4])}"
+                        f"{f' (+{len(shapes) - 4} more)' if len(shapes) > 4 else ''}")
+    if strict and missing:
+        problems.append(f"{len(missing)} tensor(s) of the model missing from the file: {_names(missing)}")
+    if strict and unexpected:
+        problems.append(f"{len(unexpected)} tensor(s) in the file the model does not have: {_names(unexpected)}")
+    if problems:
+        raise DataError(f"{source}: the weights do not match the model ({arch}, {len(expected)} tensors; the file has "
+                        f"{len(state)}): {' | '.join(problems)}. The file was written for another architecture or "
+                        "size: build the model it was trained with (the [model] settings), or use its checkpoint")
     for name, t in state.items():
         want = expected.get(name)
         if want is not None and t.dtype != want.dtype:
             raise DataError(f"{source}: tensor {name!r} is {t.dtype}, the model expects {want.dtype} (dtypes are "
                             f"not converted on load; convert the checkpoint to {want.dtype} if that is what you "
                             "mean)")
-        if t.is_floating_point() or t.is_complex():
-            bad = int((~torch.isfinite(t)).sum())
-            if bad:
-                raise DataError(f"{source}: tensor {name!r} has {bad} of {t.numel()} values NaN or infinite; the "
-                                "checkpoint is damaged or its training diverged: retrain it or use an earlier "
-                                "checkpoint")
+    bad = [f"{name!r} ({int(torch.isnan(t).sum())} NaN, {int(torch.isinf(t).sum())} inf of {t.numel()} values)"
+           for name, t in state.items() if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise DataError(f"{source}: non-finite weights in {len(bad)} tensor(s): {_names(bad, 5)}; the checkpoint is "
+                        "damaged or its training diverged (a model with NaN/inf weights answers NaN): retrain it or "
+                        "use an earlier checkpoint")
+
+
+def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str | Path, *,
+              strict: bool = True) -> torch.nn.Module:
+    """The one strict way weights enter a model (issue 37 item 4): :func:`check_state` (names, shapes, dtypes,
+    finite values, all named in one message), then ``load_state_dict``. Every path that loads weights — the guard,
+    assess, robust, privacy, split parties, training resume — calls this (or :func:`load_weights` for a file).
+
+    Args:
+        model: the model, already built with the architecture the weights are for.
+        state: name -> tensor (a file's tensors, possibly with a prefix already stripped).
+        source: the file or field, named in errors.
+        strict: every name must match (``torch.nn.Module.load_state_dict``'s `strict`).
+
+    Returns:
+        `model` (its mode unchanged).
+
+    Raises:
+        DataError: the weights do not fit (see :func:`check_state`).
+
+    Example:
+        >>> net = load_into(torch.nn.Linear(2, 1), {"weight": torch.ones(1, 2), "bias": torch.zeros(1)}, "x")
+    """
+    check_state(model, state, source, strict)
+    try:
+        model.load_state_dict(dict(state), strict=strict)
+    except RuntimeError as e:  # what check_state cannot see (a module's own load hook): the whole message
+        raise DataError(f"{source}: the weights do not match the model ({type(model).__name__}): "
+                        f"{' '.join(str(e).split())}") from None
+    return model
 
 
 def load_weights(model: torch.nn.Module, path: str | Path, strict: bool = True) -> dict:
-    """Load a :func:`save_state_dict` checkpoint into `model` after :func:`check_state` (dtypes, finite values).
+    """Load a :func:`save_state_dict` checkpoint into `model` through :func:`load_into`.
 
     Args:
         model: the model, already built with the right architecture.
@@ -173,18 +229,14 @@ def load_weights(model: torch.nn.Module, path: str | Path, strict: bool = True) 
         The checkpoint's ``extra`` metadata.
 
     Raises:
-        DataError: missing/invalid file, bad metadata, dtype mismatch, non-finite values, or names/shapes that do
-        not fit the model.
+        DataError: missing/invalid file, bad metadata, names/shapes that do not fit the model, dtype mismatch,
+        non-finite values.
 
     Example:
         >>> meta = load_weights(net, "runs/x/model.safetensors")  # doctest: +SKIP
     """
     tensors, meta = load_state_dict(path)
-    check_state(model, tensors, path)
-    try:
-        model.load_state_dict(tensors, strict=strict)
-    except RuntimeError as e:
-        raise DataError(f"{path}: the weights do not fit the model ({str(e).splitlines()[0]})") from None
+    load_into(model, tensors, path, strict=strict)
     return meta
 
 

@@ -244,12 +244,30 @@ class RunLedger:
             row = c.execute("SELECT spec FROM runs WHERE run_id=?", (run_id,)).fetchone()
         if row is None:
             raise LedgerError(f"{self.path}: no run {run_id!r}")
-        return json.loads(row[0])
+        try:
+            return json.loads(row[0])
+        except (TypeError, ValueError):
+            raise self._damaged("spec", [run_id]) from None
 
     def results(self) -> dict[str, dict[str, Any]]:
         with self._conn() as c:
             rows = c.execute("SELECT run_id, result FROM runs WHERE status='done' ORDER BY run_id").fetchall()
-        return {r[0]: json.loads(r[1]) for r in rows}
+        out, bad = {}, []
+        for run_id, text in rows:
+            try:
+                out[run_id] = json.loads(text)
+            except (TypeError, ValueError):
+                bad.append(run_id)
+        if bad:
+            raise self._damaged("result", bad)
+        return out
+
+    def _damaged(self, what: str, run_ids: list[str]) -> LedgerError:
+        """One line for stored JSON that does not parse: nothing is changed, so nothing is lost."""
+        shown = ", ".join(repr(r) for r in run_ids[:3]) + (f" and {len(run_ids) - 3} more" if len(run_ids) > 3 else "")
+        return LedgerError(f"{self.path}: the recorded {what} of run(s) {shown} is damaged (not valid JSON); nothing "
+                           "was changed. Restore the ledger from a backup, or recompute those runs (RunLedger.reopen: "
+                           "the next run of the same command redoes only them)")
 
     def counts(self) -> dict[str, int]:
         with self._conn() as c:

@@ -20,9 +20,12 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rich.console import Console
@@ -90,6 +93,77 @@ class RecordingProgress:
     def keys(self) -> list[str]:
         """Keys in the order they were started."""
         return [e[1] for e in self.events if e[0] == "start"]
+
+
+class LoggingProgress:
+    """A sink that writes progress as log lines: every ``start`` and ``done``, every ``advance`` of 0 units (a message:
+    a job's planned work and its estimate, a new phase), and other advances with their info at most every `every`
+    seconds per key, to the logger `logger` (level INFO) and, if given, appended to the file `path` with a
+    timestamp.
+
+    Args:
+        path: a log file to append to (None: the logger only).
+        logger: the logger's name.
+        every: the least seconds between two advance lines of one key (0: every advance).
+
+    Example:
+        >>> import tempfile, os; f = os.path.join(tempfile.mkdtemp(), "progress.log")
+        >>> p = LoggingProgress(f, every=0); p.start("pgd", 2, "PGD: 2 ε"); p.advance("pgd", 1, "ε = 0.1"); p.done("pgd")
+        >>> [line.split(" ", 2)[2] for line in open(f).read().splitlines()]
+        ['pgd: start: PGD: 2 ε', 'pgd: 1/2, ε = 0.1', 'pgd: done']
+    """
+
+    def __init__(self, path: str | Path | None = None, logger: str = "modelward.progress", every: float = 5.0) -> None:
+        self.path = None if path is None else Path(path)
+        self.log = logging.getLogger(logger)
+        self.every = every
+        self._done: dict[str, int] = {}
+        self._total: dict[str, int | None] = {}
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def _write(self, line: str) -> None:
+        self.log.info(line)
+        if self.path is not None:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            with self._lock, self.path.open("a", encoding="utf-8") as f:
+                f.write(f"{stamp} {line}\n")
+
+    def start(self, key: str, total: int | None, description: str = "") -> None:
+        self._done[key], self._total[key], self._last[key] = 0, total, time.monotonic()
+        self._write(f"{key}: start: {description or key}")
+
+    def advance(self, key: str, n: int = 1, info: str = "") -> None:
+        self._done[key] = self._done.get(key, 0) + n
+        now = time.monotonic()
+        if n and now - self._last.get(key, 0.0) < self.every:  # n = 0: a message (a plan, a phase): always written
+            return
+        self._last[key] = now
+        total = self._total.get(key)
+        count = f"{self._done[key]}/{total}" if total else f"{self._done[key]}"
+        self._write(f"{key}: {count}" + (f", {info}" if info else ""))
+
+    def done(self, key: str, info: str = "") -> None:
+        self._write(f"{key}: done" + (f": {info}" if info else ""))
+
+
+class TeeProgress:
+    """A sink that forwards every call to each of `sinks` (e.g. the terminal's bars and a log file)."""
+
+    def __init__(self, *sinks: ProgressSink | None) -> None:
+        self.sinks = [s for s in sinks if s is not None]
+
+    def start(self, key: str, total: int | None, description: str = "") -> None:
+        for s in self.sinks:
+            s.start(key, total, description)
+
+    def advance(self, key: str, n: int = 1, info: str = "") -> None:
+        for s in self.sinks:
+            s.advance(key, n, info)
+
+    def done(self, key: str, info: str = "") -> None:
+        for s in self.sinks:
+            s.done(key, info)
 
 
 def as_sink(progress: ProgressSink | None) -> ProgressSink:

@@ -7,7 +7,9 @@ Formats (stable, the tests and reports rely on them):
 
 - CSV: ``csv.DictWriter`` with the given columns (missing values empty, extra keys ignored); floats as ``str()``
   (the full ``repr``, so a CSV round-trips exactly).
-- Markdown: ``# title``, a blank line, a pipe table (floats with `float_digits` decimals, None as ``—``), then
+- Markdown: ``# title``, a blank line, a pipe table (floats with `float_digits` decimals, or — for non-zero values
+  below 5·10^−`float_digits` — `float_digits` significant digits, so δ = 1e-5 reads ``1e-05``, not ``0.0000``;
+  None as ``—``), then
   the notes, one per line after a blank line. A caller with a pivot layout passes its own ``markdown=`` body.
 - JSON: the list of rows, indent 2; NaN/inf become null (strict JSON).
 
@@ -111,7 +113,11 @@ def _fmt(v: Any, float_digits: int) -> str:
     if v is None:
         return "—"
     if isinstance(v, float):
-        return f"{v:.{float_digits}f}"
+        text = f"{v:.{float_digits}f}"
+        # a small non-zero value (δ = 1e-5) is not written as 0.0000: it keeps `float_digits` significant digits
+        if v == v and v != 0 and abs(v) < 0.5 * 10.0 ** -(float_digits - 1):
+            return f"{v:.{float_digits}g}"
+        return text
     return str(v)
 
 

@@ -1,4 +1,6 @@
-"""The one summary statistic over seeds: median, mean, sample SD (n − 1), min, max, n.
+"""The one summary statistic over seeds: median, mean, sample SD (n − 1), min, max, n; and the interval helpers
+every area shares: Wilson's score interval of a proportion, Newcombe's interval of a difference of two proportions
+and the MOVER interval of a difference of any two independent estimates from their own intervals.
 
 Example:
     >>> s = summarize([0.4, 0.5, 0.6])
@@ -74,3 +76,57 @@ def mean_sd_text(values: Iterable[float | None] | Summary, digits: int = 2, *, s
     if s.n > 1 and not math.isnan(s.sd):
         text += f" ± {scale * s.sd:.{digits if sd_digits is None else sd_digits}f}"
     return text
+
+
+Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of k successes in n trials (Wilson 1927).
+
+    Example:
+        >>> [round(v, 4) for v in wilson(0, 10)]
+        [0.0, 0.2775]
+    """
+    p = k / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mover(d1: float, ci1: tuple[float, float] | list[float], d2: float,
+          ci2: tuple[float, float] | list[float]) -> tuple[float, float]:
+    """Interval of ``d2 − d1`` for two *independent* estimates from their own intervals: the MOVER method
+    ("method of variance estimates recovery", Zou & Donner 2008), of which Newcombe's hybrid score interval is the
+    case of two Wilson intervals. Each side's width is recovered from the distance between the estimate and the
+    matching end of its interval, so asymmetric intervals (a rate near 0, a TPR at a low FPR whose threshold is
+    itself estimated) keep their shape.
+
+    Args:
+        d1, ci1: the first (older) estimate and its interval.
+        d2, ci2: the second (newer) estimate and its interval (same confidence level).
+
+    Returns:
+        ``(lower, upper)`` of ``d2 − d1``.
+
+    Example:
+        >>> lo, hi = mover(0.5, (0.4, 0.6), 0.5, (0.4, 0.6))
+        >>> round(lo, 4), round(hi, 4)
+        (-0.1414, 0.1414)
+    """
+    d = d2 - d1
+    lo = d - math.sqrt((d2 - ci2[0]) ** 2 + (ci1[1] - d1) ** 2)
+    hi = d + math.sqrt((ci2[1] - d2) ** 2 + (d1 - ci1[0]) ** 2)
+    return lo, hi
+
+
+def newcombe(k1: int, n1: int, k2: int, n2: int, z: float = Z95) -> tuple[float, float]:
+    """95 % interval of p2 − p1 for two independent proportions (Newcombe 1998, hybrid score method 10).
+
+    Example:
+        >>> lo, hi = newcombe(50, 100, 50, 100)
+        >>> lo < 0 < hi
+        True
+    """
+    return mover(k1 / n1, wilson(k1, n1, z), k2 / n2, wilson(k2, n2, z))

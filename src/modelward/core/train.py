@@ -26,6 +26,7 @@ from modelward.core.data import load_data
 from modelward.core.device import AmpSetting, autocast, resolve_device
 from modelward.core.init import init_model_
 from modelward.core.io import (
+    load_into,
     load_metadata,
     load_tensors,
     optimizer_from_tensors,
@@ -200,7 +201,7 @@ class Checkpointing:
         tensors = load_tensors(self.path)
         meta = json.loads(load_metadata(self.path)["modelward_train"])
         device = model_device(model)
-        model.load_state_dict({k[6:]: v.to(device) for k, v in tensors.items() if k.startswith("model.")})
+        load_into(model, {k[6:]: v.to(device) for k, v in tensors.items() if k.startswith("model.")}, self.path)
         optimizer_from_tensors(opt, {k: v.to(device) for k, v in tensors.items() if k.startswith("opt.")},
                                meta.pop("optimizer"))
         torch.set_rng_state(tensors["rng.torch"])

@@ -4,8 +4,8 @@ Every model exposes ``part_names``: its natural parts from lower to higher layer
 ``modelward parts`` use by default. Models size themselves to the input (8×8 digits up to 224×224 images):
 large-input stems (11×11/4 for AlexNet, 7×7/2 + max-pool for ResNet) are used only when the input is ≥ 64 px, and
 a max-pool is skipped where the feature map is already 1 px wide. Any user ``nn.Module`` can be used through an
-entry point ``package.module:factory``: that is code, run only with ``trust_code = true`` or ``--trust-code``
-(:mod:`modelward.core.entrypoints`).
+entry point ``package.module:factory``: that is code, run only when the operator trusts it (``--trust-code``,
+``MODELWARD_TRUST_CODE=1`` or ``modelward trust allow CONFIG``: :mod:`modelward.core.entrypoints`).
 """
 
 from __future__ import annotations
@@ -14,19 +14,64 @@ import inspect
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 from torch import nn
 
 from modelward.core.config import StrictModel, validate
 from modelward.core.entrypoints import load_entrypoint
 from modelward.core.registry import Registry
+from modelward.core.sources import SOURCES
 from modelward.errors import ConfigError
 
 Arch = Literal["mlp", "cnn", "alexnet", "resnet", "entrypoint"]
+#: where the model comes from (core/sources.py): modelward's zoo (``arch``), an entry point, or a model library
+ModelSource = Literal["zoo", "entrypoint", "torchvision", "timm", "hf"]
+_SOURCE_FIELDS = ("source", "name", "path", "num_classes")
 
 
 class ModelConfig(StrictModel):
-    """Architecture and size. ``width`` multiplies every channel / unit count (AlexNet Small/Std/Large = 0.5/1/1.5)."""
+    """Architecture and size. ``width`` multiplies every channel / unit count (AlexNet Small/Std/Large = 0.5/1/1.5).
+
+    ``source`` says where the model comes from (:mod:`modelward.core.sources`): the zoo's ``arch``, an entry
+    point, ``torchvision`` / ``timm`` (``name``) or ``hf`` (``path`` to a local folder, or ``kwargs`` with
+    ``model_type``); ``num_classes`` sets the logits when the model has more classes than the data shows.
+    """
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> ModelConfig:
+        src = self.resolved_source
+        if src in ("torchvision", "timm") and not self.name:
+            raise ValueError(f"model.source={src!r} needs model.name (the architecture, e.g. name = \"resnet18\")")
+        if src == "hf" and not self.path and "model_type" not in self.kwargs:
+            raise ValueError("model.source='hf' needs model.path (a local save_pretrained folder) or model.kwargs "
+                             "with model_type (a config built from scratch, e.g. model_type = \"bert\")")
+        if src == "entrypoint" and self.arch != "entrypoint":
+            raise ValueError("model.source='entrypoint' goes with model.arch='entrypoint' (or leave arch out of it: "
+                             "give source = \"entrypoint\" and entrypoint = \"pkg.mod:factory\" with arch = "
+                             "\"entrypoint\")")
+        if src not in ("torchvision", "timm") and self.name:
+            raise ValueError(f"model.name is read for sources torchvision and timm, not {src!r}")
+        if src != "hf" and self.path:
+            raise ValueError(f"model.path is read for source 'hf' (a local folder), not {src!r}; weights go in "
+                             "checkpoint")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_source(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # the source fields are left out of dumps while unset, so the fingerprints of studies (and the metadata of
+        # checkpoints) recorded before they existed still match
+        data = handler(self)
+        for k in _SOURCE_FIELDS:
+            if data.get(k) is None:
+                data.pop(k, None)
+        return data
+
+    @property
+    def resolved_source(self) -> str:
+        """``source``, or the one ``arch`` implies ("entrypoint" or "zoo")."""
+        if self.source is not None:
+            return self.source
+        return "entrypoint" if self.arch == "entrypoint" else "zoo"
 
     arch: Arch = "cnn"
     width: float = Field(1.0, gt=0.0)
@@ -36,27 +81,30 @@ class ModelConfig(StrictModel):
     sections: list[int] = Field(default_factory=lambda: [1, 1, 1, 1])  # resnet blocks per section ([3,4,6,3] = 50)
     base_channels: int = Field(64, ge=1)  # resnet stem / first bottleneck width
     batch_norm: bool = True
+    # model sources (core/sources.py): None = "entrypoint" when arch = "entrypoint", else "zoo"
+    source: ModelSource | None = None
+    name: str | None = None  # torchvision / timm: the architecture's name ("resnet18")
+    path: str | None = None  # hf: a local save_pretrained folder (config.json, weights, tokenizer)
+    num_classes: int | None = Field(None, ge=2)  # logits of the model (default: the data's classes)
     entrypoint: str | None = None  # "package.module:factory" for arch="entrypoint"
     kwargs: dict[str, Any] = Field(default_factory=dict)  # passed to the entry-point factory
-    # the entry point is code: it runs only with trust_code = true or --trust-code (core/entrypoints.py). Never
-    # written out (exclude): a config dumped to a file or into a checkpoint's metadata carries no trust, and study
-    # fingerprints do not change with it; pickled copies (worker processes) keep it.
-    trust_code: bool = Field(False, exclude=True)
+    # the entry point is code: it runs only when the operator trusts it (``code_trusted``, set by the config loader
+    # from the operator's trust list, never by the file; or --trust-code: core/entrypoints.py)
 
 
 def model_config_from_metadata(data: Any, source: str) -> ModelConfig:
     """The ``[model]`` a checkpoint's metadata records, validated, with no trust in code: a file is data, so an
-    entry point it names runs only if the user trusts it (``--trust-code``), whatever the file claims.
+    entry point it names runs only if the operator trusts it (``--trust-code``), whatever the file claims.
 
     Args:
         data: the metadata's ``model`` entry (a dict, or its JSON text).
         source: the file, quoted in errors.
 
     Returns:
-        The model config with ``trust_code = False``.
+        The model config, not trusted (``code_trusted`` False; a retired ``trust_code`` key is dropped).
 
     Example:
-        >>> model_config_from_metadata({"arch": "mlp", "trust_code": True}, "m.safetensors").trust_code
+        >>> model_config_from_metadata({"arch": "mlp", "trust_code": True}, "m.safetensors").code_trusted
         False
     """
     import json
@@ -299,8 +347,8 @@ def _build_entrypoint(cfg: ModelConfig, input_shape: tuple[int, ...], num_classe
     if not cfg.entrypoint:
         raise ConfigError("model.entrypoint: required when model.arch='entrypoint' (e.g. 'mypkg.nets:build')")
     # (the [model] table may sit elsewhere, e.g. [model.net] in a guard config: the message says "the same table")
-    factory = load_entrypoint(cfg.entrypoint, field="model entrypoint", trusted=cfg.trust_code,
-                              switch="trust_code = true in the table that names it")
+    factory = load_entrypoint(cfg.entrypoint, field="model entrypoint", trusted=cfg.code_trusted,
+                              source=cfg.config_source)
     kwargs = dict(cfg.kwargs)
     params = inspect.signature(factory).parameters
     if "input_shape" in params:
@@ -317,7 +365,8 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
     """Build the configured architecture for inputs of `input_shape` (without batch dim) and `num_classes`.
 
     Args:
-        cfg: the ``[model]`` table (``arch`` is one of ``ARCHITECTURES.names()``).
+        cfg: the ``[model]`` table (``source`` one of ``SOURCES.names()``; for the zoo, ``arch`` one of
+            ``ARCHITECTURES.names()``).
         input_shape: one input's shape without the batch dimension (C×H×W images, or (features,)).
         num_classes: number of output logits.
 
@@ -329,4 +378,18 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
         >>> net(torch.zeros(2, 64)).shape
         torch.Size([2, 10])
     """
+    n = cfg.num_classes or num_classes
+    if n < num_classes:
+        raise ConfigError(f"model.num_classes = {cfg.num_classes}, but the data has {num_classes} classes")
+    return SOURCES.get(cfg.resolved_source)(cfg, input_shape, n)
+
+
+@SOURCES.register("zoo")
+def _build_zoo(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    if cfg.arch == "entrypoint":
+        raise ConfigError("model.source='zoo' builds arch mlp, cnn, alexnet or resnet; arch='entrypoint' goes with "
+                          "source='entrypoint'")
     return ARCHITECTURES.get(cfg.arch)(cfg, input_shape, num_classes)
+
+
+SOURCES.register("entrypoint")(_build_entrypoint)

@@ -22,7 +22,7 @@ from pydantic import Field
 from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.init import init_model_
-from modelward.core.io import check_state, load_tensors
+from modelward.core.io import load_into, load_tensors
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.train import TrainConfig, evaluate, train
 from modelward.core.zoo import ModelConfig, build_model
@@ -31,7 +31,7 @@ from modelward.cost.mpc import MPCConfig, run_mpc
 from modelward.cost.program import UnsupportedLayer, lower
 from modelward.cost.result import BackendResult, PrecisionError, check_agreement
 from modelward.cost.split import run_split
-from modelward.errors import ConfigError, DataError, ModelwardError
+from modelward.errors import ConfigError, ModelwardError
 from modelward.governance.plan import PlanError
 
 Backend = Literal["plain", "split", "he", "mpc", "crypten"]
@@ -95,11 +95,7 @@ def prepare_model(cfg: CostConfig) -> tuple[torch.nn.Module, DataSplit, dict[str
     info: dict[str, float] = {}
     if cfg.cost.weights:
         state = load_tensors(cfg.cost.weights)
-        check_state(model, state, f"cost.weights {cfg.cost.weights}")
-        try:
-            model.load_state_dict(state, strict=True)
-        except RuntimeError as e:
-            raise DataError(f"cost.weights {cfg.cost.weights}: does not match the [model] config ({e})") from None
+        load_into(model, state, f"cost.weights {cfg.cost.weights}")
     else:
         t = time.perf_counter()
         train(model, data.x_train, data.y_train, data.x_test, data.y_test, cfg.train, cfg.seed)
@@ -322,8 +318,8 @@ def table_rows(results: list[BackendResult], info: dict[str, Any]) -> list[dict[
             row["train_step_ms"] = 1e3 * training["split_step_s"]
             row["train_slowdown"] = training["split_step_s"] / training["plain_step_s"]
             row["train_note"] = (f"[train] optimizer, cross-entropy, batch {training['batch_size']}; "
-                                 f"{training['split_bytes_per_sample']:.0f} B/sample on the wire; loss |Δ| "
-                                 f"{training['loss_max_abs_diff']:.2g} vs plain")
+                                 f"{training['split_bytes_per_sample']:.0f} B/sample on the wire; parameters |Δ| "
+                                 f"{training['param_max_abs_diff']:.2g} vs plain")
         elif r.backend == "mpc" and mpc_tr and "mpc_step_s" in mpc_tr and mpc_tr["ok"]:
             row["train_step_ms"] = 1e3 * mpc_tr["mpc_step_s"]
             row["train_slowdown"] = mpc_tr["mpc_step_s"] / mpc_tr["plain_step_s"]

@@ -12,6 +12,8 @@ _EXPORTS |= {name: f"modelward.explain.methods:{name}" for name in (
 _EXPORTS |= {name: f"modelward.explain.interpret:{name}" for name in (
     "top_units", "unit_attribution", "unit_inversion", "compare_models", "attribute")}
 _EXPORTS |= {name: f"modelward.explain.study:{name}" for name in ("ExplainConfig", "ExplainOutcome", "run_explain")}
+_EXPORTS["feature_layer"] = "modelward.explain.layers:feature_layer"
+_EXPORTS |= {"token_attributions": "modelward.explain.text:token_attributions"}  # text models (issue 39)
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

@@ -77,7 +77,13 @@ def intercept_qoi(model: nn.Module, to_layer: str | None) -> Iterator[Intercepti
         seen.calls += 1
         seen.value = out
 
-    handle = resolve_module(model, to_layer).register_forward_hook(at_qoi)
+    def at_input(_m: nn.Module, args: tuple) -> None:
+        seen.calls += 1
+        seen.value = args[0]
+
+    name, _, anchor = to_layer.partition(":")  # "fc:in": the module's input (see Slice)
+    mod = resolve_module(model, name, "slice.to_layer")
+    handle = mod.register_forward_pre_hook(at_input) if anchor == "in" else mod.register_forward_hook(at_qoi)
     try:
         yield seen
     finally:
@@ -148,7 +154,7 @@ class InternalInfluence:
             captured["z"] = z
             return z.clone()  # a non-leaf, so in-place activations above the slice are allowed
 
-        cut = Cut(sl.from_layer)
+        cut = sl.cut
         y: torch.Tensor | None
         with intercept_qoi(model, sl.to_layer) as q, intercept(model, cut, at_slice) as at:
             try:

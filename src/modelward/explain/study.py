@@ -42,6 +42,7 @@ from modelward.explain.interpret import (
     unit_attribution,
     unit_inversion,
 )
+from modelward.explain.layers import feature_layer
 from modelward.explain.methods import saliency
 
 
@@ -115,16 +116,11 @@ def load_checkpoint(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     return ck.model, ck.meta
 
 
-def default_layer(model: nn.Module) -> str:
-    """The module feeding the last ``nn.Linear`` (the penultimate representation), found by a traced forward; for
-    zoo models that is e.g. ``fc1`` (CNN) or the last hidden layer (MLP)."""
-    linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    if len(linear) >= 2:
-        return linear[-2]
-    parts = getattr(model, "part_names", None)
-    if parts and len(parts) >= 2:
-        return parts[-2]
-    raise ConfigError("explain.layer: cannot pick a default internal layer; set explain.layer to a module name")
+def default_layer(model: nn.Module, x: torch.Tensor) -> str:
+    """The layer whose output the classifier reads, by the data flow of a forward pass on `x`
+    (:func:`modelward.explain.layers.feature_layer`): ``fc1`` for the zoo's CNN and MLP, ``gap`` (the pooled
+    features) for its ResNet, ``"<classifier>:in"`` where no module outputs those features as they are."""
+    return feature_layer(model, x)
 
 
 def _model_for(entry: ModelEntry, out: Path, data: DataSplit, base: Path) -> nn.Module:
@@ -197,7 +193,7 @@ def units_model(cfg: ExplainConfig, entry: ModelEntry, out: Path, base: Path) ->
     data = load_data(cfg.data)
     model = _model_for(entry, out, data, base).to(resolve_device(cfg.device))
     s = cfg.explain
-    layer = s.layer or default_layer(model)
+    layer = s.layer or default_layer(model, data.x_test[:2].to(resolve_device(cfg.device)))
     classes = s.classes if s.classes is not None else list(range(data.num_classes))
     bad = [c for c in classes if not 0 <= c < data.num_classes]
     if bad:

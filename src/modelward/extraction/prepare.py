@@ -20,7 +20,7 @@ from torch import nn
 
 from modelward.core.data import DataSplit, load_data
 from modelward.core.device import resolve_device
-from modelward.core.io import load_state_dict, save_state_dict
+from modelward.core.io import load_into, load_state_dict, save_state_dict
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.train import train
 from modelward.core.zoo import ModelConfig, build_model
@@ -94,9 +94,9 @@ def prepare(cfg: ExtractionConfig, progress: ProgressSink | None = None) -> Prep
     cached = (cache / "victim.safetensors").is_file() and (not need_am or (cache / "misinfo.safetensors").is_file())
     if cached:
         state, _ = load_state_dict(cache / "victim.safetensors")
-        base.load_state_dict(state)
+        load_into(base, state, cache / "victim.safetensors")
         if mis is not None:
-            mis.load_state_dict(load_state_dict(cache / "misinfo.safetensors")[0])
+            load_into(mis, load_state_dict(cache / "misinfo.safetensors")[0], cache / "misinfo.safetensors")
     else:
         sink = as_sink(progress)
         sink.start("victim", None, f"training the victim ({arch.arch}, {cfg.victim.train.steps} steps)")

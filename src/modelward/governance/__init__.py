@@ -6,9 +6,11 @@ server; ``load_split_config`` / ``run_training`` drive split training across the
 runs the driver's own party inside its process: ``run_training(cfg, host=party)``); ``AuditLog`` /
 ``verify_audit_log`` are the tamper-evident audit trail; ``Policy`` / ``ConsentChecker`` decide per-pass
 consent; ``make_certs`` / ``keygen`` create the mutual-TLS identities; ``run_split_demo`` does it all on one
-machine; ``protect_gradient`` is label protection, ``run_leakage_audit`` measures label leakage.
-What may leave a party is its flow policy (``FlowPolicy``, ``admit``, ``Release``); ``BoundedInfluence`` bounds what
-one step can change and ``TrendDetector`` halts sustained damage (``StepIntegrity`` joins them in a party;
+machine; ``protect_gradient`` is label protection, ``run_leakage_audit`` measures label leakage (and, with
+``[inputs]``, input reconstruction by the next party; ``InputProtectionConfig`` is the first party's defence).
+What may leave a party is its flow policy (``FlowPolicy``, ``admit``, ``Release``), and every value that leaves passes
+its release path (``ReleasePath``: noise, answer and privacy budgets, ``gdp_epsilon``); ``BoundedInfluence`` bounds
+what one step can change and ``TrendDetector`` halts sustained damage (``StepIntegrity`` joins them in a party;
 ``slow_poisoning`` is the self-audit's attack on them); ``run_extraction_audit`` measures what a neighbour gets for
 its budget (``neighbour_audit``).
 
@@ -16,7 +18,8 @@ The package in layers, bottom up: ``wire``, ``plan``, ``audit`` and ``trust/`` (
 ``consent`` and ``protocol`` (operations, errors, the client interface); ``party/`` (gate, state machine,
 tentative step, holding); ``transport/`` (gRPC server and client, in-process client, launcher); ``driver/``
 (config, coordinator, training loop); ``demo``; ``leakage/`` (attacks, study, real-process audit);
-``extraction_audit``, ``provision`` (one signed start-up kit per party; ``verify_kit`` checks one).
+``extraction_audit``, ``provision`` (one signed start-up kit per party at a consortium version; ``verify_kit``
+checks one, ``start_kit`` verifies one completely and runs its start.sh).
 ``flow_policy``, ``bounded_influence`` and ``trend_detector`` sit in the bottom layer, ``integrity`` just below the
 party, ``neighbour_audit`` beside ``consent``, ``poisoning_audit`` beside ``extraction_audit``.
 """
@@ -43,11 +46,13 @@ _EXPORTS = {
     "BoundedInfluence": f"{_G}.bounded_influence:BoundedInfluence",
     "TrendDetector": f"{_G}.trend_detector:TrendDetector",
     "slow_poisoning": f"{_G}.poisoning_audit:slow_poisoning",
+    "ReleasePath": f"{_G}.party.release:ReleasePath", "gdp_epsilon": f"{_G}.party.release:gdp_epsilon",
     "ExtractionAuditConfig": f"{_G}.extraction_audit:ExtractionAuditConfig",
     "load_extraction_config": f"{_G}.extraction_audit:load_extraction_config",
     "run_extraction_audit": f"{_G}.extraction_audit:run_extraction_audit",
     "provision": f"{_G}.provisioning:provision", "ConsortiumConfig": f"{_G}.provisioning:ConsortiumConfig",
-    "verify_kit": f"{_G}.trust.manifest:verify_kit",
+    "verify_kit": f"{_G}.trust.manifest:verify_kit", "start_kit": f"{_G}.trust.start:start_kit",
+    "InputProtectionConfig": f"{_G}.party.input_protection:InputProtectionConfig",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

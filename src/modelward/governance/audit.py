@@ -12,14 +12,20 @@ executed operation and the purpose the party derived from it.
 
 Bounded coverage (issue 26 item 5): heads that only travel with steps leave every record after the last step
 unanchored (refusals, fetches, malformed messages), and those could be deleted or rewritten unseen. So each party
-also runs an **anchor exchange** with its next neighbour at most every ``anchor_every_s`` seconds
-(:class:`AnchorLoop`): it offers its head (:meth:`AuditLog.anchor_offer`), the neighbour records it if it covers a
-decision it has not anchored yet and answers with its own head (:meth:`AuditLog.anchor_accept`), which the party
-records the same way (:meth:`AuditLog.anchor_settle`). Every decision record is thus anchored in a neighbour's log
-within ``anchor_every_s`` (plus one round trip) of being written, and ``audit verify --against`` catches its
-deletion or rewrite. The exchange writes nothing when neither side has a new decision, so idle parties do not
-fill their logs; its own ``anchor`` records hold no decision of the party that writes them (deleting one hides
-nothing the party did).
+also runs an **anchor exchange** with its neighbours (:class:`Anchoring`): it offers its head
+(:meth:`AuditLog.anchor_offer`), the neighbour records it if it covers a decision it has not anchored yet and
+answers with its own head (:meth:`AuditLog.anchor_accept`), which the party records the same way
+(:meth:`AuditLog.anchor_settle`). The exchange writes nothing when neither side has a new decision, so idle parties
+do not fill their logs; its own ``anchor`` records hold no decision of the party that writes them (deleting one
+hides nothing the party did).
+
+Across restarts and moves (issue 36 item 6): the exchange runs in both directions (the previous party dials the
+next and the next the previous), at least every ``anchor_every_s`` and soon after every record whose head no
+answer carries (a refusal, a failure: :meth:`AnchorLoop.poke`), and once more when a party stops cleanly. Each side
+gives its own address in its offer and keeps the other's last *proven* address (an exchange at it succeeded, the
+connection having checked the pin), so a party restarted on another port tells its neighbour where it is, and a
+restarted party finds its neighbours where they were. What stays unanchored after a crash is what was written
+since the last completed exchange: see :class:`Anchoring` and docs/governance.md ("Anchoring across restarts").
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modelward.errors import ModelwardError
+from modelward.errors import IdentityError, ModelwardError
 
 GENESIS = "0" * 64
 ANCHOR_OP = "anchor"  # the records of the anchor exchange (no decision of the party writing them)
@@ -113,6 +119,9 @@ class AuditLog:
             raise AuditError(f"{self.path}: an audit log of an older modelward version (no purpose/anchors "
                              "columns); keep it for the record and give this party a new audit_db")
         self._refusals: dict[tuple[str, str], tuple[float, int]] = {}  # rate limit: (peer, kind) -> (last, n)
+        # called with (op, decision) after every record that is not an anchor exchange's (the party pokes its
+        # anchor exchange for the records no answer anchors: see Anchoring)
+        self.on_record: Any = None
         self.lock = threading.Lock()
         row = self.db.execute("SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1").fetchone()
         self.last_id, self.head = (row[0], row[1]) if row else (0, GENESIS)
@@ -195,6 +204,8 @@ class AuditLog:
             self._cv.notify_all()
         if durable:
             self.sync()
+        if op != ANCHOR_OP and self.on_record is not None:
+            self.on_record(op, decision)
         return h
 
     def _note_anchors(self, text: str) -> None:
@@ -331,12 +342,14 @@ def _valid_offer(offer: Any) -> tuple[list, int]:
 
 class AnchorLoop:
     """Runs ``exchange()`` every `every_s` seconds on a daemon thread until :meth:`close` (errors are reported to
-    `on_error` and the loop goes on: a neighbour that is down is tried again next time).
+    `on_error` and the loop goes on: a neighbour that is down is tried again next time). :meth:`poke` asks for an
+    exchange soon (at most one every `min_gap_s`: a burst of records costs one exchange).
 
     Args:
         every_s: the bound on how long a decision record stays unanchored (plus one round trip).
-        exchange: one anchor exchange with the neighbour.
+        exchange: one anchor exchange with the neighbour(s).
         on_error: called with the exception of a failed exchange.
+        min_gap_s: the least time between two exchanges asked for by :meth:`poke`.
 
     Example:
         >>> import threading
@@ -347,15 +360,33 @@ class AnchorLoop:
         >>> loop.close()
     """
 
-    def __init__(self, every_s: float, exchange: Any, on_error: Any = None, name: str = "audit-anchor") -> None:
-        self.every_s, self.exchange, self.on_error = every_s, exchange, on_error
+    def __init__(self, every_s: float, exchange: Any, on_error: Any = None, name: str = "audit-anchor",
+                 min_gap_s: float = 0.25) -> None:
+        self.every_s, self.exchange, self.on_error, self.min_gap_s = every_s, exchange, on_error, min_gap_s
         self._stop = threading.Event()
+        self._poked = threading.Event()
         self.failures = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    def poke(self) -> None:
+        """Run an exchange soon (a record was written whose head no answer carries: a refusal, a failure)."""
+        self._poked.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
+        last = time.monotonic()
+        while not self._stop.is_set():
+            poked = self._poked.wait(max(0.0, self.every_s - (time.monotonic() - last)))
+            if self._stop.is_set():
+                return
+            if poked:  # coalesce a burst of pokes (and never more often than min_gap_s)
+                wait = self.min_gap_s - (time.monotonic() - last)
+                if wait > 0 and self._stop.wait(wait):
+                    return
+            elif time.monotonic() - last < self.every_s:
+                continue
+            self._poked.clear()
+            last = time.monotonic()
             try:
                 self.exchange()
             except Exception as e:  # noqa: BLE001 - a failed exchange is retried next period
@@ -365,7 +396,215 @@ class AnchorLoop:
 
     def close(self) -> None:
         self._stop.set()
+        self._poked.set()
         self._thread.join(5.0)
+
+
+MAX_ADDRESS = 255  # host:port, as a neighbour announces it
+
+
+def announced_address(value: Any, known: str | None = None) -> str | None:
+    """An address a neighbour gave for itself, checked: ``host:port`` (at most 255 characters, port 1..65535,
+    no whitespace); an unspecified host (``0.0.0.0``, ``::``, empty: a server listening on every interface) takes
+    the host of the address we know the neighbour by. None when unusable."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ADDRESS or any(c.isspace() for c in value):
+        return None
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    if host.strip("[]") in ("", "0.0.0.0", "::"):
+        if not known:
+            return None
+        host = known.rpartition(":")[0]
+    return f"{host}:{int(port)}" if host else None
+
+
+class Anchoring:
+    """The anchor exchanges of one party with its chain neighbours, and where those neighbours listen now.
+
+    Every `every_s` seconds, and soon after any record that no answer anchors (:meth:`poke`), the party offers
+    each neighbour it can reach its head and its own address; the neighbour records the head (when it covers a
+    decision not anchored there yet) and answers with its own head and address (:meth:`accept`). Both directions
+    run: the previous party dials the next and the next dials the previous, so whichever of the two restarts on
+    another port (``port = 0``) tells the other where it is now, and records are anchored whichever side moved.
+
+    **Who may say where a neighbour is** (a redirected neighbour would leave records unanchored): the party's own
+    configuration, the driver when it opens a session (the control role; as before), and the neighbour itself —
+    an address in an exchange is always *the caller's own*, bound to the identity its pinned certificate proved;
+    nobody can announce an address for somebody else. And no address is used on anyone's word: a new one is taken
+    only after an exchange at it succeeded, which the connection's pin check makes proof that the neighbour
+    listens there; a working address is never given up for an announced one. The last proven address of each
+    neighbour is kept in `store`, so a restarted party finds its neighbours again.
+
+    On :meth:`close` (a clean stop) one last exchange anchors what the party wrote since the previous one.
+
+    Args:
+        log: the party's audit log.
+        neighbours: ``{name: configured address or None}``: the previous and the next party.
+        call: ``call(name, address, meta, timeout) -> answer meta``: one request over the party's own link (the
+            connection checks the neighbour's pin).
+        address: ``address() -> where this party listens`` (None until its server is up).
+        every_s: the period of the exchange (``anchor_every_s``).
+        store: the JSON file of the neighbours' last proven addresses (None: not kept).
+        on_switch: ``on_switch(name, address)`` when a neighbour was found at a new, proven address.
+        on_error: called with the exception of a failed round.
+
+    Returns:
+        The running exchange; :meth:`accept` answers a neighbour's offer, :meth:`told` takes the driver's word,
+        :meth:`poke` asks for a round soon, :meth:`close` stops after a last one.
+
+    Example:
+        >>> anchoring = Anchoring(log, {"bob": "b.example.org:50062"}, call, lambda: "a.example.org:50061")
+        ... # doctest: +SKIP
+    """
+
+    def __init__(self, log: AuditLog, neighbours: dict[str, str | None], call: Any, address: Any,
+                 every_s: float = 10.0, store: str | Path | None = None, on_switch: Any = None,
+                 on_error: Any = None, name: str = "anchor") -> None:
+        self.log, self.call, self.address, self.on_switch = log, call, address, on_switch
+        self.store = Path(store) if store is not None else None
+        self.configured = dict(neighbours)
+        self._lock = threading.Lock()
+        proven = self._load()
+        self.current: dict[str, str | None] = {n: proven.get(n) or a for n, a in neighbours.items()}
+        self.proven: dict[str, str | None] = {n: proven.get(n) for n in neighbours}
+        self.heard: dict[str, list[str]] = {n: [] for n in neighbours}
+        self.timeout: float | None = None
+        self.loop = AnchorLoop(every_s, self.run, on_error, name=name) if neighbours else None
+
+    # ------------------------------------------------------------------ where the neighbours are
+    def _load(self) -> dict[str, str]:
+        if self.store is None or not self.store.is_file():
+            return {}
+        try:
+            data = json.loads(self.store.read_text())
+            return {str(k): str(v) for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}  # only a hint where to look first; every address is proven before use
+
+    def _save(self) -> None:
+        if self.store is None:
+            return
+        data = {n: a for n, a in self.proven.items() if a}
+        self.store.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.store.with_name(f".{self.store.name}.tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.store)
+
+    def told(self, name: str, address: str) -> None:
+        """The driver (control role) says where `name` listens: tried first from now on (a session's own word)."""
+        if name in self.current:
+            with self._lock:
+                self.current[name] = address
+
+    def where(self, name: str) -> str | None:
+        """Where `name` is dialled now."""
+        with self._lock:
+            return self.current.get(name)
+
+    def _candidates(self, name: str) -> list[str]:
+        with self._lock:
+            order = [self.current.get(name), *reversed(self.heard[name]), self.proven.get(name),
+                     self.configured.get(name)]
+        return [a for a in dict.fromkeys(order) if a]
+
+    # ------------------------------------------------------------------ the exchange
+    def offer(self) -> dict[str, Any]:
+        """What this party sends a neighbour: its head (and latest decision) and where it listens."""
+        out: dict[str, Any] = {"offer": self.log.anchor_offer()}
+        mine = self.address()
+        if mine:
+            out["address"] = mine
+        return out
+
+    def accept(self, caller: str, meta: dict[str, Any]) -> dict[str, Any]:
+        """A neighbour's exchange arrives (the gate admitted it from the previous or the next party): its head is
+        recorded when it covers a decision not anchored here yet; the address it gives is *its own* (the caller's
+        pinned identity) and is tried once the one we know fails. Returns this party's answer."""
+        self.log.anchor_accept(caller, meta.get("offer"))
+        self._heard(caller, meta.get("address"))
+        return self.offer()
+
+    def _heard(self, name: str, value: Any) -> None:
+        if name not in self.heard:
+            return
+        with self._lock:
+            addr = announced_address(value, self.current.get(name) or self.proven.get(name))
+            if addr is None or addr == self.current.get(name):
+                return
+            self.heard[name] = [a for a in self.heard[name] if a != addr][-3:] + [addr]
+        self.poke()  # prove it soon (only used once the address we know fails)
+
+    def exchange(self, name: str) -> str | None:
+        """One exchange with `name`: at the address we dial it by; if that fails, at each other address we have
+        for it (the ones it announced, newest first, its last proven one, the configured one). The first that
+        answers is proven (the connection checked the pin) and becomes the current one. Returns it (None: no
+        address known). Raises the last error when none answered."""
+        last: Exception | None = None
+        for addr in self._candidates(name):
+            try:
+                answer = self.call(name, addr, self.offer(), self.timeout)
+            except Exception as e:  # noqa: BLE001 - try the next address; the last error is raised below
+                last = e
+                with self._lock:
+                    announced = addr in self.heard[name]
+                    if announced and isinstance(e, IdentityError):  # not the neighbour there: never tried again
+                        self.heard[name].remove(addr)
+                if announced and isinstance(e, IdentityError):
+                    self.log.refusal(name, "(address)", f"{name} gave {addr} as its address; the server there is "
+                                     f"not {name} ({e}); not used", 10.0)
+                continue
+            self.log.anchor_settle(name, answer.get("offer"))
+            with self._lock:
+                moved = self.current.get(name) != addr
+                self.current[name] = addr
+                self.heard[name] = [a for a in self.heard[name] if a != addr]
+                changed = self.proven.get(name) != addr
+                self.proven[name] = addr
+            if changed:
+                self._save()
+            if moved and self.on_switch is not None:
+                self.on_switch(name, addr)
+            self._heard(name, answer.get("address"))
+            return addr
+        if last is not None:
+            raise last
+        return None
+
+    def run(self) -> None:
+        """One round: an exchange with every neighbour that has an address (errors raised after all tried)."""
+        errors = []
+        for name in self.configured:
+            try:
+                self.exchange(name)
+            except Exception as e:  # noqa: BLE001 - collected; the loop reports them
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def on_record(self, op: str, decision: str) -> None:
+        """The log's hook (``AuditLog.on_record``): a record whose head no answer carries (a refusal, a failure:
+        the caller gets an error, not a head) is anchored by an exchange soon; an allowed request's head travels
+        with its answer."""
+        if decision != "allow":
+            self.poke()
+
+    def poke(self) -> None:
+        """A round soon (a refusal or a failure was recorded: no answer carries its head)."""
+        if self.loop is not None:
+            self.loop.poke()
+
+    def close(self, final_timeout: float = 5.0) -> None:
+        """Stop the loop after one last round (each call bounded by `final_timeout`): what the party wrote since
+        the previous round is anchored before it stops, wherever a neighbour answers."""
+        if self.loop is None or self.timeout is not None:  # (none to run, or closed already)
+            return
+        self.loop.close()
+        self.timeout = final_timeout
+        try:
+            self.run()
+        except Exception:  # noqa: BLE001, S110 - a neighbour gone at shutdown: nothing more to do
+            pass
 
 
 @dataclass(frozen=True)

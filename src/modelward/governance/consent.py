@@ -92,9 +92,8 @@ class Policy(FlowPolicy):
     approval_command: list[str] | None = None  # command reading the request JSON on stdin, printing yes/no
     approval_scope: Literal["session", "pass"] = "session"
     approval_timeout_s: float = Field(10.0, gt=0)
-    # approval and approval_command are code named by a config: they run only with trust_code = true here or
-    # --trust-code (core/entrypoints.py); never written out, so a dumped policy cannot grant it
-    trust_code: bool = Field(False, exclude=True)
+    # approval and approval_command are code named by a config: they run only when the operator trusts it
+    # (``code_trusted``: the trust list, allow_code, or --trust-code; core/entrypoints.py), never by a policy key
 
     @field_validator("window_utc")
     @classmethod
@@ -140,10 +139,11 @@ def in_window(window: str, now: dt.datetime) -> bool:
 
 def load_hook(spec: str, trusted: bool = False) -> Callable[[dict], object]:
     """The approval hook ``package.module:function`` a policy names: code, so imported only when the user trusts the
-    policy's code (``trust_code = true`` in it, or ``--trust-code``); refused before any import otherwise."""
+    policy's code (``--trust-code``, ``MODELWARD_TRUST_CODE=1``, ``modelward trust allow``); refused before any
+    import otherwise."""
     if ":" not in spec:
         raise ConfigError(f"policy.approval {spec!r}: expected 'package.module:function'")
-    check_trusted(spec, field="policy.approval", trusted=trusted, switch="trust_code = true in the policy")
+    check_trusted(spec, field="policy.approval", trusted=trusted)
     mod, fn = spec.split(":", 1)
     try:
         return getattr(importlib.import_module(mod), fn)
@@ -175,10 +175,10 @@ class ConsentChecker:
     def __init__(self, policy: Policy, audit: AuditLog, now: Callable[[], dt.datetime] | None = None) -> None:
         self.policy, self.audit = policy, audit
         self.now = now or (lambda: dt.datetime.now(dt.UTC))
-        self.hook = load_hook(policy.approval, policy.trust_code) if policy.approval else None
+        self.hook = load_hook(policy.approval, policy.code_trusted) if policy.approval else None
         if policy.approval_command:  # a command the party would run on every request: code, too
             check_trusted(" ".join(policy.approval_command), field="policy.approval_command",
-                          trusted=policy.trust_code, switch="trust_code = true in the policy")
+                          trusted=policy.code_trusted, source=policy.config_source)
         self._approved: dict[tuple[str, str, str], Decision] = {}
         self._lock = threading.Lock()
 

@@ -30,7 +30,7 @@ from modelward.governance.wire import Message
 
 DATA_OPS = ("step", "eval", "predict")  # sequenced; from the previous party (the driver for the first)
 CONTROL_OPS = ("open", "status", "vote", "commit", "abort", "restore", "checkpoint", "fetch",  # from the driver
-               "anchor")  # the audit anchor exchange (audit.ANCHOR_OP), from the previous party
+               "anchor")  # the audit anchor exchange (audit.ANCHOR_OP), from the previous or the next party
 OPS = DATA_OPS + CONTROL_OPS
 TENSOR_KEYS = ("h", "g", "x", "logits")  # the payload tensors counted as "raw" bytes on a link
 

@@ -20,7 +20,9 @@ the peers pinned by fingerprint, ``policy.toml``, the party's certificate, the p
 
 :func:`open_party_kit` is what ``modelward party serve KIT`` does before anything in a kit is used: verify it
 against the expected consortium key, check that the private key on this host belongs to the kit's certificate,
-and seed the party's own deny-list with the consortium's.
+refuse a kit older than one this host has accepted (its consortium version, :mod:`~.trust.versions`) and seed the
+party's own deny-list with the consortium's. ``modelward party start KIT`` (:mod:`~.trust.start`) verifies the
+whole kit, ``start.sh`` included, and runs that script from the very bytes that were checked.
 
 Example:
     >>> res = provision("consortium.toml", "kits")  # doctest: +SKIP
@@ -70,6 +72,8 @@ from modelward.governance.trust.manifest import (
     write_manifest,
 )
 from modelward.governance.trust.revocation import read_deny_list, revoke
+from modelward.governance.trust.start import KIT_DIR_ENV
+from modelward.governance.trust.versions import check_kit_version
 
 Role = Literal["inputs", "middle", "labels", "driver"]
 CONSORTIUM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -180,6 +184,8 @@ class ConsortiumConfig(StrictModel):
             that signs the manifests (created with mode 0600 if absent; stays here).
         revoked: fingerprints every kit's deny-list starts with.
         train / seed / split: the driver's training procedure, data order and further SPLIT.toml keys.
+        version: the consortium version these kits carry (default: one more than the last provisioning with this
+            signing key, kept beside it in ``<signing_key>.version``); it must exceed that one.
 
     Example:
         >>> c = ConsortiumConfig(name="digits", input_shape=[1, 8, 8], num_classes=10, parties=[
@@ -204,6 +210,7 @@ class ConsortiumConfig(StrictModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     seed: int = 0
     split: dict[str, Any] = Field(default_factory=dict)
+    version: int | None = Field(None, ge=1)
 
     @field_validator("name")
     @classmethod
@@ -255,6 +262,23 @@ class ProvisionResult:
     key_path: Path
     key_created: bool
     generated: list[str] = field(default_factory=list)  # parties whose key the provisioner made (dev/test)
+    version: int = 0  # the consortium version the kits carry
+
+
+def version_counter(signing_key: Path) -> Path:
+    """Where the provisioner keeps the last consortium version it signed: beside the signing key."""
+    return signing_key.with_name(signing_key.name + ".version")
+
+
+def last_version(signing_key: Path) -> int:
+    """The last consortium version provisioned with `signing_key` (0: none yet)."""
+    p = version_counter(signing_key)
+    if not p.exists():
+        return 0
+    text = p.read_text().strip()
+    if not text.isdigit():
+        raise ConfigError(f"{p}: expected the last consortium version (an integer), got {text[:40]!r}")
+    return int(text)
 
 
 def _rel(base: Path, p: str) -> Path:
@@ -347,17 +371,25 @@ def _check_settings(p: ConsortiumParty, own: set[str], source: str) -> None:
 
 
 def _start_sh(p: ConsortiumParty, command: str) -> str:
+    """The kit's start script: it verifies the whole kit (itself included, its version too) before it runs
+    anything else, and stops at the first failure (``set -eu``). The documented way to run it is ``modelward
+    party start KIT``, which verifies the script's own bytes before executing them: a script run directly is
+    trusted as found."""
     return ("#!/bin/sh\n"
-            f"# Start {p.name} from this kit. The kit is verified first (signature, every file's hash) against the\n"
-            "# consortium key you got out of band from the provisioner (never from this kit): set it once on this\n"
-            f"# host, e.g. export {ENV_KEY}=spki-sha256:...\n"
+            f"# Start {p.name} from this kit: `modelward party start <this folder>` verifies the kit (signature, every\n"
+            "# file's hash, this script included, and its consortium version) against the consortium key you got\n"
+            "# out of band from the provisioner (never from this kit), then runs this script from the verified bytes.\n"
+            f"# Set the key once on this host, e.g. export {ENV_KEY}=spki-sha256:...\n"
+            "# Run directly (./start.sh), the first command below verifies the kit before anything else runs.\n"
             "set -eu\n"
-            'cd "$(dirname "$0")"\n'
+            f'cd "${{{KIT_DIR_ENV}:-$(dirname "$0")}}"\n'
             f': "${{{ENV_KEY}:?set {ENV_KEY} to the consortium key fingerprint (checked out of band)}}"\n'
+            f'modelward party verify-kit . --consortium-key "${ENV_KEY}" --party {p.name} --check-version\n'
             f"{command}\n")
 
 
-def _readme(cfg: ConsortiumConfig, p: ConsortiumParty, files: list[str], dev: bool, key_in_kit: str) -> str:
+def _readme(cfg: ConsortiumConfig, p: ConsortiumParty, files: list[str], dev: bool, key_in_kit: str,
+            version: int) -> str:
     role = {"inputs": "the data owner (inputs, first layers)", "middle": "a middle party",
             "labels": "the label holder (labels, last layers, the loss)", "driver": "the driver (control role)"}
     lines = [f"# Start-up kit: {p.name} in consortium {cfg.name}", "",
@@ -372,7 +404,9 @@ def _readme(cfg: ConsortiumConfig, p: ConsortiumParty, files: list[str], dev: bo
         lines += [f"The private key is not in the kit: it is the one made on this host by `modelward party keygen "
                   f"{p.name} --out keys/`, read from {key_in_kit} (relative to this folder).", ""]
     lines += ["## Start", "", "```sh", f"export {ENV_KEY}=spki-sha256:...   # from the provisioner, out of band",
-              "./start.sh", "```", "",
+              f"modelward party start path/to/this/kit --party {p.name}   # verifies everything, start.sh "
+              "included, then runs it", "```", "",
+              f"This kit is consortium version {version}: a host that has accepted a newer kit refuses it.", "",
               f"or `modelward party verify-kit . --consortium-key ${ENV_KEY} --party {p.name}` to only check it.",
               "", "## Files", "", *[f"- `{f}`" for f in files], ""]
     return "\n".join(lines)
@@ -398,11 +432,18 @@ def provision(path: str | Path, out: str | Path, force: bool = False) -> Provisi
     base = path.resolve().parent
     out = Path(out).resolve()
     _check_layers(cfg, source)
+    signing_path = _rel(base, cfg.signing_key)
+    last = last_version(signing_path)
+    version = cfg.version if cfg.version is not None else last + 1
+    if version <= last:
+        raise ConfigError(f"{source}: version: {version} is not above {last}, the last consortium version signed with "
+                          f"{signing_path} ({version_counter(signing_path)}): parties that accepted those kits would refuse "
+                          f"these; give a version above {last}, or leave it out")
     for p in cfg.parties:
         _check_settings(p, _SPLIT_OWN if p.role == "driver" else _PARTY_OWN, source)
         if (out / p.name).exists() and not force:
             raise ConfigError(f"{out / p.name} exists; refusing to overwrite a kit (pass --force to replace it)")
-    key, created = load_or_create_signing_key(_rel(base, cfg.signing_key))
+    key, created = load_or_create_signing_key(signing_path)
     out.mkdir(parents=True, exist_ok=True)
     stage = out / f".provision-{secrets.token_hex(4)}"
     stage.mkdir()
@@ -470,10 +511,11 @@ def provision(path: str | Path, out: str | Path, force: bool = False) -> Provisi
                 command = f'exec modelward party serve . --consortium-key "${ENV_KEY}" --party {p.name} "$@"'
             files = sorted([*(f.relative_to(kit).as_posix() for f in kit.rglob("*") if f.is_file()),
                             "README.md", "start.sh"])
-            (kit / "README.md").write_text(_readme(cfg, p, files, p.generate, key_path))
+            (kit / "README.md").write_text(_readme(cfg, p, files, p.generate, key_path, version))
             (kit / "start.sh").write_text(_start_sh(p, command))
             os.chmod(kit / "start.sh", 0o755)
-            write_manifest(kit, key, consortium=cfg.name, party=p.name, role=p.role, dev_generated_key=p.generate)
+            write_manifest(kit, key, consortium=cfg.name, party=p.name, role=p.role, dev_generated_key=p.generate,
+                           version=version)
         kits: dict[str, Path] = {}
         for p in cfg.parties:
             dest = out / p.name
@@ -485,7 +527,11 @@ def provision(path: str | Path, out: str | Path, force: bool = False) -> Provisi
             kits[p.name] = dest
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    return ProvisionResult(kits, key_fingerprint(key.public_key()), _rel(base, cfg.signing_key), created, generated)
+    counter = version_counter(signing_path)  # the next provisioning signs a higher version
+    tmp = counter.with_name(counter.name + ".tmp")
+    tmp.write_text(f"{version}\n")
+    os.replace(tmp, counter)
+    return ProvisionResult(kits, key_fingerprint(key.public_key()), signing_path, created, generated, version)
 
 
 def open_party_kit(kit: str | Path, expected_key: str | None, party: str | None = None,
@@ -536,6 +582,7 @@ def open_party_kit(kit: str | Path, expected_key: str | None, party: str | None 
             cert.public_key().public_bytes(serialization.Encoding.DER, spki):
         raise KitError(f"kit {kit}: tls.key {key_file} does not belong to the kit's certificate {cfg.tls.cert} "
                        f"for {m.party!r}: this host's key is another party's (a kit of another party?)")
+    check_kit_version(kit, m, record=True)  # an older kit than this host accepted is refused; else recorded
     deny = revoked_path(cfg)
     for fp, _note in read_deny_list(kit / "revoked.txt").items():
         deny.parent.mkdir(parents=True, exist_ok=True)

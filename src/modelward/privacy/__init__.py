@@ -21,6 +21,7 @@ _EXPORTS = {
     "AttackData": f"{_P}.membership.base:AttackData", "MembershipAttack": f"{_P}.membership.base:MembershipAttack",
     "membership_split": f"{_P}.protocol:membership_split",
     "evaluate_membership": f"{_P}.metrics:evaluate", "roc_curve": f"{_P}.metrics:roc_curve",
+    "membership_figures": f"{_P}.metrics:membership_figures",
     "AuditConfig": f"{_P}.audit:AuditConfig", "run_audit": f"{_P}.audit:run_audit",
     "invert": f"{_P}.inversion:invert",
     "HyperplaneRecovery": f"{_P}.hyperplanes:HyperplaneRecovery", "match_columns": f"{_P}.hyperplanes:match_columns",

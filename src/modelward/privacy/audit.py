@@ -37,7 +37,7 @@ from pydantic import Field, model_validator
 from modelward.core.config import AlgorithmSpec, StrictModel
 from modelward.core.data import DataConfig, load_data
 from modelward.core.device import DeviceSetting
-from modelward.core.io import load_state_dict, save_state_dict
+from modelward.core.io import load_into, load_state_dict, save_state_dict
 from modelward.core.progress import ProgressSink
 from modelward.core.records import atomic_write_json, write_table
 from modelward.core.runner import Execute, RunOutcome, RunSpec
@@ -196,8 +196,8 @@ def _train_target(cfg: AuditConfig, out: Path, rep: int) -> dict[str, Any]:
 
 def _load_target(cfg: AuditConfig, out: Path, rep: int, s: dict[str, Any]) -> torch.nn.Module:
     model = s["trainer"].factory()
-    state, _ = load_state_dict(out / "models" / f"target_r{rep}.safetensors")
-    model.load_state_dict(state)
+    path = out / "models" / f"target_r{rep}.safetensors"
+    load_into(model, load_state_dict(path)[0], path)
     return model.eval()
 
 

@@ -48,6 +48,7 @@ from scipy import stats
 from modelward.core.config import StrictModel, dump_config
 from modelward.core.data import DataConfig, load_data
 from modelward.core.records import write_table
+from modelward.core.seed import seeded
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, DataError
 from modelward.privacy.dp import Accountant, default_delta, epsilon_spent, noise_for_epsilon
@@ -378,45 +379,46 @@ def run_dp_audit(cfg: DPAuditConfig, out_dir: str | Path | None = None) -> list[
         cfg.target_epsilon or 0.0, delta, rate, cfg.epochs, cfg.accountant)
     sigma_used = sigma / cfg.noise_divisor
 
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, data.input_shape, data.num_classes)
-    errors = ModuleValidator.validate(model, strict=False)
-    if errors:
-        raise ConfigError(f"Opacus cannot train this model: {errors[0]} (set model.batch_norm = false)")
-    mw = cfg.canaries.white_box
-    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if mw > n_params:
-        raise ConfigError(f"canaries.white_box = {mw} exceeds the model's {n_params} parameters")
-    # quiet coordinates from the non-canary data only: a choice that saw the black-box canaries would let their
-    # inclusion reach the training outside the DP mechanism (and void the black-box audit)
-    coords = (_quiet_coordinates(model, x[base_idx], y[base_idx], mw, gen) if cfg.canaries.coordinates == "quiet"
-              else rng.choice(n_params, mw, replace=False))
-    in_wb = rng.random(mw) < 0.5
+    # the model's init and Opacus' own global draws from cfg.seed, without a trace on the caller's global RNG
+    with seeded(cfg.seed, numpy=False, python=False):
+        model = build_model(cfg.model, data.input_shape, data.num_classes)
+        errors = ModuleValidator.validate(model, strict=False)
+        if errors:
+            raise ConfigError(f"Opacus cannot train this model: {errors[0]} (set model.batch_norm = false)")
+        mw = cfg.canaries.white_box
+        n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        if mw > n_params:
+            raise ConfigError(f"canaries.white_box = {mw} exceeds the model's {n_params} parameters")
+        # quiet coordinates from the non-canary data only: a choice that saw the black-box canaries would let their
+        # inclusion reach the training outside the DP mechanism (and void the black-box audit)
+        coords = (_quiet_coordinates(model, x[base_idx], y[base_idx], mw, gen) if cfg.canaries.coordinates == "quiet"
+                  else rng.choice(n_params, mw, replace=False))
+        in_wb = rng.random(mw) < 0.5
 
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_tr, y_tr), batch_size=batch,
-                                         shuffle=True, generator=torch.Generator().manual_seed(cfg.seed + 1))
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Opacus warns that secure_mode is off: we want seeded, repeatable runs
-        engine = PrivacyEngine(accountant=cfg.accountant)
-        private, opt, loader = engine.make_private(
-            module=model, optimizer=opt, data_loader=loader, noise_multiplier=sigma_used,
-            max_grad_norm=cfg.max_grad_norm, poisson_sampling=True,
-            noise_generator=torch.Generator().manual_seed(cfg.seed + 2))
-        canaries = _DiracCanaries(opt, coords, in_wb, rate, cfg.max_grad_norm,
-                                  torch.Generator().manual_seed(cfg.seed + 3)) if mw else None
-        private.train()
-        for _ in range(cfg.epochs):
-            for xb, yb in loader:
-                if len(xb) == 0:  # an empty Poisson batch (probability (1 − q)^N): nothing released
-                    continue
-                loss = F.cross_entropy(private(xb), yb)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-        steps = sum(h[2] for h in engine.accountant.history)
-        trained_eps = float(engine.get_epsilon(delta))
-    private.remove_hooks()
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_tr, y_tr), batch_size=batch,
+                                             shuffle=True, generator=torch.Generator().manual_seed(cfg.seed + 1))
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Opacus warns that secure_mode is off: we want seeded, repeatable runs
+            engine = PrivacyEngine(accountant=cfg.accountant)
+            private, opt, loader = engine.make_private(
+                module=model, optimizer=opt, data_loader=loader, noise_multiplier=sigma_used,
+                max_grad_norm=cfg.max_grad_norm, poisson_sampling=True,
+                noise_generator=torch.Generator().manual_seed(cfg.seed + 2))
+            canaries = _DiracCanaries(opt, coords, in_wb, rate, cfg.max_grad_norm,
+                                      torch.Generator().manual_seed(cfg.seed + 3)) if mw else None
+            private.train()
+            for _ in range(cfg.epochs):
+                for xb, yb in loader:
+                    if len(xb) == 0:  # an empty Poisson batch (probability (1 − q)^N): nothing released
+                        continue
+                    loss = F.cross_entropy(private(xb), yb)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+            steps = sum(h[2] for h in engine.accountant.history)
+            trained_eps = float(engine.get_epsilon(delta))
+        private.remove_hooks()
     model.eval()
     claimed = epsilon_spent(sigma, rate, steps, delta, cfg.accountant)
     with torch.no_grad():

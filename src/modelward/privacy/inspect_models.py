@@ -12,7 +12,7 @@ from pydantic import Field
 
 from modelward.core.config import StrictModel, dump_config
 from modelward.core.data import DataConfig, load_data
-from modelward.core.io import check_state, load_state_dict
+from modelward.core.io import load_into, load_state_dict
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.records import write_table
 from modelward.core.zoo import ModelConfig, build_model, model_config_from_metadata
@@ -57,8 +57,7 @@ def _saved_model(cfg: InvertConfig, shape: tuple[int, ...], classes: int) -> tor
     if mcfg is None:
         raise ConfigError(f"model_path {p}: no architecture in its metadata; add a [model] table")
     m = build_model(mcfg, shape, classes)
-    check_state(m, state, p)
-    m.load_state_dict(state)
+    load_into(m, state, p)
     return m.eval()
 
 

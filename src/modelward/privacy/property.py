@@ -33,6 +33,7 @@ from modelward.core.data import DataConfig, load_data
 from modelward.core.init import init_model_
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.records import atomic_write_json, write_table
+from modelward.core.similarity import ssim  # (in core: the governance input-leakage audit scores with it)
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError
@@ -332,42 +333,6 @@ def run_property(cfg: PropertyConfig, out: Path, progress: ProgressSink | None =
 
 # ---------------------------------------------------------------------------------------------------------------
 # overt encoding (§8.6)
-def _gauss_window(size: int, sigma: float) -> torch.Tensor:
-    ax = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
-    g = torch.exp(-(ax ** 2) / (2 * sigma ** 2))
-    g = g / g.sum()
-    return (g[:, None] * g[None, :])[None, None]
-
-
-def ssim(a: torch.Tensor, b: torch.Tensor, data_range: float | None = None, window: int = 7,
-         sigma: float = 1.5) -> torch.Tensor:
-    """Structural similarity (Wang et al. 2004) of image pairs (N×C×H×W or N×H×W), Gaussian window, mean over
-    the valid region. ``data_range`` defaults to the joint range of each pair. Returns (N,)."""
-    if a.dim() == 3:
-        a, b = a[:, None], b[:, None]
-    a, b = a.double(), b.double()
-    n, c, h, w = a.shape
-    k = min(window, h, w)
-    win = _gauss_window(k, sigma).to(a.device).expand(c, 1, k, k)
-    if data_range is None:
-        lo = torch.minimum(a.flatten(1).min(1).values, b.flatten(1).min(1).values)
-        hi = torch.maximum(a.flatten(1).max(1).values, b.flatten(1).max(1).values)
-        L = (hi - lo).clamp_min(1e-12).view(n, 1, 1, 1)
-    else:
-        L = torch.full((n, 1, 1, 1), float(data_range), dtype=torch.float64)
-    c1, c2 = (0.01 * L) ** 2, (0.03 * L) ** 2
-
-    def f(t: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(t, win, groups=c)
-
-    mu_a, mu_b = f(a), f(b)
-    saa = f(a * a) - mu_a ** 2
-    sbb = f(b * b) - mu_b ** 2
-    sab = f(a * b) - mu_a * mu_b
-    s = ((2 * mu_a * mu_b + c1) * (2 * sab + c2)) / ((mu_a ** 2 + mu_b ** 2 + c1) * (saa + sbb + c2))
-    return s.flatten(1).mean(1)
-
-
 def first_layer_columns(model: nn.Module, input_shape: tuple[int, ...]) -> torch.Tensor:
     """The first linear layer's weight columns (one per unit) reshaped to input images (Fig. 8.17)."""
     lin = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)

@@ -177,7 +177,8 @@ def guard_config_for(guard: dict[str, Any], directory: Path, checkpoint: Path, m
                      shape: tuple[int, ...], classes: int, defense: ServedDefense, key: str) -> Path:
     """The user's GUARD.toml with this audit's checkpoint, architecture, one defense and an unlimited audit key
     (the user's keys and budgets are left out: the audit must not spend them); state in ``directory``."""
-    cfg = {k: v for k, v in guard.items() if k not in ("keys", "defense", "model")}
+    # (an [upstream] is left out too: the audit serves its own checkpoint in direct mode)
+    cfg = {k: v for k, v in guard.items() if k not in ("keys", "defense", "model", "upstream")}
     server = dict(cfg.get("server", {}))
     server |= {"host": "127.0.0.1", "state_dir": str(directory / "state")}
     server.pop("port", None)

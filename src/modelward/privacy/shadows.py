@@ -24,7 +24,7 @@ from torch import nn
 
 from modelward.core.device import DeviceSetting, resolve_device
 from modelward.core.init import init_model_
-from modelward.core.io import load_state_dict, save_state_dict
+from modelward.core.io import load_into, load_state_dict, save_state_dict
 from modelward.core.modules import batched_logits, model_device
 from modelward.core.train import TrainConfig, batch_order, make_optimizer, train
 from modelward.core.zoo import MLP
@@ -232,7 +232,7 @@ class ShadowPool:
         models = []
         for k in range(int(meta["count"])):
             m = factory()
-            m.load_state_dict({n[len(f"m{k}."):]: v for n, v in tensors.items() if n.startswith(f"m{k}.")})
+            load_into(m, {n[len(f"m{k}."):]: v for n, v in tensors.items() if n.startswith(f"m{k}.")}, f"{path} (m{k}.*)")
             models.append(m.eval())
         return cls(models, tensors["x_pool"], tensors["y_pool"], tensors["masks"].numpy().astype(bool))
 

@@ -81,27 +81,29 @@ class Top(nn.Module):
     """
 
     def __init__(self, model: nn.Module, layer: str, input_shape: tuple[int, ...], z_shape: tuple[int, ...],
-                 side: Side = "input") -> None:
+                 side: Side = "input", input_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.model = model
         self.layer = layer
         self.side = side
         self.input_shape = tuple(input_shape)
         self.z_shape = tuple(z_shape)
+        # the dummy input's dtype: the model's own (token ids are int64); None: the features' dtype
+        self.input_dtype = input_dtype
         get_layer(model, layer)
 
     @classmethod
     def of(cls, model: nn.Module, layer: str, x_example: torch.Tensor, side: Side = "input") -> Top:
         with torch.no_grad(), eval_mode(model):
             z = capture(model, _cut(layer, side), x_example[:1], get_layer(model, layer))
-        return cls(model, layer, tuple(x_example.shape[1:]), tuple(z.shape[1:]), side)
+        return cls(model, layer, tuple(x_example.shape[1:]), tuple(z.shape[1:]), side, x_example.dtype)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         dev = model_device(self.model)
         if z.device != dev:  # features live on the CPU; the model may not
             return self.forward(z.to(dev)).to(z.device)
         zz = z.reshape(len(z), *self.z_shape)
-        dummy = torch.zeros((len(z), *self.input_shape), dtype=z.dtype, device=z.device)
+        dummy = torch.zeros((len(z), *self.input_shape), dtype=self.input_dtype or z.dtype, device=z.device)
         return replace(self.model, _cut(self.layer, self.side), zz, dummy, get_layer(self.model, self.layer))
 
     def after_params(self) -> list[tuple[str, nn.Parameter]]:
@@ -116,7 +118,7 @@ class Top(nn.Module):
     def fresh_copy(self, generator: torch.Generator) -> Top:
         """A copy of g with the same architecture and freshly initialised parameters (a proxy top, Alg. 8.3)."""
         model = copy.deepcopy(self.model)
-        top = Top(model, self.layer, self.input_shape, self.z_shape, self.side)
+        top = Top(model, self.layer, self.input_shape, self.z_shape, self.side, self.input_dtype)
         after = {n for n, _ in top.after_params()}
         for n, p in model.named_parameters():
             p.requires_grad_(n in after)

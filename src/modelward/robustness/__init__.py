@@ -12,7 +12,9 @@ The main verbs, imported lazily (``from modelward.robustness import PGD, certify
 - defenses (:mod:`.defenses`): ``defensive_distillation``, ``FeatureSqueezingDetector``, ``NonLocalMeans``;
 - training procedures (:mod:`.training`): ``pgd_adversarial_training`` (Madry), ``trades_training``;
 - GloRo (:mod:`.gloro`): ``GloroNet``, ``build_gloro_model``, ``train_gloro``, ``certify``, ``certified_radius``;
-- the ``modelward robust`` jobs (:mod:`.experiment`) and the plasticity study (:mod:`.plasticity`).
+- the ``modelward robust`` jobs (:mod:`.experiment`) and the plasticity study (:mod:`.plasticity`);
+- text classifiers (:mod:`.text`): ``HotFlip`` token substitution, ``token_substitution_curve``,
+  ``embedding_curves`` (FGSM/PGD on the token embeddings).
 """
 
 from modelward.core.registry import lazy_exports
@@ -52,6 +54,10 @@ _EXPORTS = {
     "attack_experiment": "modelward.robustness.experiment:attack_experiment",
     "PlasticityConfig": "modelward.robustness.plasticity:PlasticityConfig",
     "run_plasticity_study": "modelward.robustness.plasticity:run_study",
+    # text models (issue 39): token substitution and embedding-space attacks
+    "HotFlip": f"{_A}.hotflip:HotFlip",
+    "token_substitution_curve": "modelward.robustness.text:token_substitution_curve",
+    "embedding_curves": "modelward.robustness.text:embedding_curves",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -11,7 +11,16 @@
 - Input sets: the ℓ∞ ball ∩ the input box (a box, minimised exactly) or the ℓ2 ball (``a·x₀ − ε‖a‖₂``; the box is
   dropped, which only loosens the bound).
 - The certificate bounds the **margins** ``z_y − z_j`` directly (the last layer is folded into the specification,
-  as in both papers): a point is certified at ε iff every lower bound is > 0.
+  as in both papers). The bounds hold for the network in exact arithmetic; the model itself runs in float32, whose
+  logits can differ from the exact ones (issue 38: ≈ 3e-6 seen). So a point is certified at ε iff every margin's
+  lower bound exceeds a **sound bound on the float32 rounding** of the two logits anywhere in the ball
+  (:func:`rounding_bound`): with unit roundoff u = 2⁻²⁴ (2⁻¹¹ where CUDA runs the layer in TF32) and
+  γ_k = k·u/(1 − k·u) (Higham, *Accuracy and Stability of Numerical Algorithms*, Lemma 3.1: a dot product of k terms
+  in any order, FMA or not, errs by at most γ_k Σ|wᵢxᵢ|), an affine layer with k inputs per output turns an input
+  error e into ``|W| e + γ_{k+1} (|W| (A + e) + |b|)`` (A: the largest |activation| IBP allows over the ball),
+  BatchNorm's scale-and-shift into ``|s| e + γ_8 (|s| (A + e) + |μ s| + |β|)``, ReLU passes e unchanged. The float64
+  arithmetic of the bounds themselves adds 2⁻⁵² to u. Certificates therefore never rest on a margin the model's
+  own arithmetic can erase.
 
 The network is first flattened into dense affine maps and ReLUs (a Conv2d becomes its matrix, read off by applying
 it to the unit basis; BatchNorm in eval mode is a per-channel affine map; consecutive affine maps are multiplied
@@ -227,15 +236,101 @@ def _ibp(seq: list[Affine | str], inp: _InputSet, spec: torch.Tensor | None) -> 
     return out
 
 
+UNIT_ROUNDOFF_F32 = 2.0 ** -24
+UNIT_ROUNDOFF_TF32 = 2.0 ** -11
+UNIT_ROUNDOFF_F64 = 2.0 ** -53
+
+
+def _gamma(k: torch.Tensor | float, u: float) -> torch.Tensor | float:
+    return k * u / (1 - k * u)
+
+
+def _unit_roundoff(layer: nn.Module) -> float:
+    """The float32 unit roundoff of the layer's arithmetic (TF32 where CUDA allows it for this kind of layer), plus
+    the float64 rounding of the bound computation itself."""
+    u = UNIT_ROUNDOFF_F32
+    if layer.weight.is_cuda:  # type: ignore[union-attr]
+        tf32 = (torch.backends.cudnn.allow_tf32 if isinstance(layer, nn.Conv2d)
+                else torch.backends.cuda.matmul.allow_tf32)
+        u = UNIT_ROUNDOFF_TF32 if tf32 else u
+    return u + 2 * UNIT_ROUNDOFF_F64
+
+
+def rounding_layers(model: nn.Module, input_shape: tuple[int, ...]) -> list[tuple[nn.Module, Affine] | str]:
+    """The net's layers as the float32 model runs them (not multiplied out): ``(layer, its dense map)`` or
+    ``"relu"``; what :func:`rounding_bound` propagates errors through."""
+    out: list[tuple[nn.Module, Affine] | str] = []
+    shape = tuple(input_shape)
+    for _, layer in _leaves(model):
+        if isinstance(layer, nn.ReLU):
+            out.append("relu")
+            continue
+        aff, shape = _dense(layer, shape)
+        if aff is not None:
+            out.append((layer, aff))
+    return out
+
+
+def rounding_bound(layers: list[tuple[nn.Module, Affine] | str], x: torch.Tensor, eps: float, norm: str,
+                   clip: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
+    """A bound on ``|fl32(f(x')) − f(x')|`` per logit, valid for every x' in the input set around one flattened
+    point ``x`` (float64): the error of the model's own float32 arithmetic (see the module docstring).
+
+    Args:
+        layers: :func:`rounding_layers` of the checked ``nn.Sequential``; x: one flattened point; eps, norm, clip:
+            the input set.
+
+    Returns:
+        One bound per logit (float64).
+    """
+    inp = _InputSet(x, eps, norm, clip)
+    lo = hi = err = None
+    for item in layers:
+        if item == "relu":
+            assert lo is not None and hi is not None
+            lo, hi = lo.clamp(min=0), hi.clamp(min=0)
+            continue
+        assert not isinstance(item, str)
+        layer, aff = item
+        w, b = aff.weight, aff.bias
+        if lo is None:  # the first affine map reads the input set itself (float32 inputs: no error yet)
+            if inp.norm == "linf":
+                c, r = w @ inp.center + b, w.abs() @ inp.radius
+                a_in = torch.maximum((inp.center - inp.radius).abs(), (inp.center + inp.radius).abs())
+            else:
+                c, r = w @ inp.x + b, inp.eps * w.norm(dim=1)
+                a_in = inp.x.abs() + inp.eps
+            e_in = torch.zeros_like(a_in)
+        else:
+            assert hi is not None and err is not None
+            c, r = w @ ((lo + hi) / 2) + b, w.abs() @ ((hi - lo) / 2)
+            a_in, e_in = torch.maximum(lo.abs(), hi.abs()), err
+        u = _unit_roundoff(layer)
+        if isinstance(layer, nn.BatchNorm1d | nn.BatchNorm2d):
+            scale = w.diagonal()
+            assert layer.running_mean is not None
+            mean = layer.running_mean.double().repeat_interleave(len(scale) // layer.running_mean.numel())
+            err = scale.abs() * e_in + _gamma(8, u) * (scale.abs() * (a_in + e_in) + (mean * scale).abs()
+                                                       + (b + mean * scale).abs())
+        else:
+            k = (w != 0).sum(1).clamp(min=1).double() + 1  # the products of a row, plus the bias
+            err = w.abs() @ e_in + _gamma(k, u) * (w.abs() @ (a_in + e_in) + b.abs())
+        lo, hi = c - r, c + r
+    assert err is not None
+    return err
+
+
 @dataclass(frozen=True)
 class BoundCertificate:
-    """Per point: the lower bounds of the margins ``z_y − z_j`` (n × classes, +inf at j = y) and certified."""
+    """Per point: the lower bounds of the margins ``z_y − z_j`` (n × classes, +inf at j = y), the float32
+    rounding each margin must exceed (``rounding``, same shape, 0 at j = y) and certified."""
 
     method: str
     eps: float
     norm: str
     margin_lower: torch.Tensor
     certified: torch.Tensor
+    rounding: torch.Tensor | None = None
 
     @property
     def certified_accuracy(self) -> float:
@@ -288,7 +383,8 @@ def _checked_sequential(model: nn.Module, x: torch.Tensor) -> nn.Module:
 
 def certify_bounds(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, norm: str = "linf",
                    method: BoundMethod = "crown", clip: tuple[float, float] = (0.0, 1.0)) -> BoundCertificate:
-    """Certify every point by bound propagation: certified iff every margin ``z_y − z_j`` has lower bound > 0.
+    """Certify every point by bound propagation: certified iff every margin ``z_y − z_j`` has a lower bound above the
+    float32 rounding of its two logits over the ball (:func:`rounding_bound`; exact arithmetic alone is not enough).
 
     Args:
         model: an ``nn.Sequential`` of Linear / Conv2d / ReLU / Flatten / BatchNorm (eval) / Dropout / Identity
@@ -322,12 +418,16 @@ def certify_bounds(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: floa
     num_classes = seq[-1].weight.shape[0]  # type: ignore[union-attr]
     xs = x.detach().to(dev).double().flatten(1)
     margins = torch.full((len(x), num_classes), float("inf"), dtype=torch.float64)
+    rounding = torch.zeros((len(x), num_classes), dtype=torch.float64)
+    layers = rounding_layers(model, tuple(x.shape[1:]))
     for i in range(len(x)):
         yi = int(y[i])
         low = point_bounds(seq, xs[i], float(eps), norm, method, margin_spec(yi, num_classes).to(dev), clip)
         others = [j for j in range(num_classes) if j != yi]
         margins[i, others] = low.cpu()
-    return BoundCertificate(method, float(eps), norm, margins, (margins > 0).all(1))
+        err = rounding_bound(layers, xs[i], float(eps), norm, clip).cpu()
+        rounding[i, others] = err[yi] + err[others]  # fl32(z_y) − fl32(z_j) ≥ (z_y − z_j) − e_y − e_j
+    return BoundCertificate(method, float(eps), norm, margins, (margins > rounding).all(1), rounding)
 
 
 def output_bounds(model: nn.Module, x: torch.Tensor, eps: float, norm: str = "linf", method: BoundMethod = "crown",

@@ -58,6 +58,7 @@ class EpsResult:
     by: list[str | None]
     examples: dict[int, torch.Tensor] = field(default_factory=dict)  # broken point -> its adversarial example
     seconds: dict[str, float] = field(default_factory=dict)
+    members: tuple[str, ...] = STANDARD  # the AutoAttack members that ran (fewer than 4 classes: the variant)
 
     def fraction(self, status: str) -> float:
         return sum(s == status for s in self.status) / max(1, len(self.status))
@@ -95,12 +96,17 @@ class RobustnessEvaluation:
         out: dict[str, Any] = {"norm": self.norm, "n": self.n, "clean_accuracy": self.clean_accuracy,
                                "rows": [r.row() for r in self.results], "certificates": list(self.certificates),
                                "skipped_certificates": dict(self.skipped), "diagnostics": list(self.diagnostics),
-                               "attack": "AutoAttack (standard: " + ", ".join(STANDARD) + ")"}
+                               "attack": _attack_name(self.results[0].members if self.results else STANDARD)}
         if include_points:
             out["points"] = {str(r.eps): [{"index": i, "status": s, "by": b}
                                           for i, (s, b) in enumerate(zip(r.status, r.by, strict=True))]
                              for r in self.results}
         return out
+
+
+def _attack_name(members: tuple[str, ...]) -> str:
+    kind = "standard" if members == STANDARD else f"{len(members)}-member variant for fewer than 4 classes"
+    return f"AutoAttack ({kind}: " + ", ".join(members) + ")"
 
 
 def is_stochastic(model: nn.Module, x: torch.Tensor, tries: int = 3) -> bool:
@@ -111,8 +117,8 @@ def is_stochastic(model: nn.Module, x: torch.Tensor, tries: int = 3) -> bool:
         return any(not torch.equal(first, model(xb)) for _ in range(tries))
 
 
-def _certify(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, norm: str
-             ) -> torch.Tensor:
+def _certify(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, norm: str,
+             clip: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
     if name == "gloro":
         if not isinstance(model, GloroNet):
             raise ConfigError("gloro certifies GloRo nets only (modelward.robustness.gloro.GloroNet)")
@@ -121,7 +127,8 @@ def _certify(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps:
         c = certify(model, x, y, eps)
         return (c.robust_correct & (c.set_size <= 1)).cpu()
 
-    return certify_bounds(_base(model), x, y, eps, norm, name).certified.cpu()  # type: ignore[arg-type]
+    # the ℓ∞ ball is intersected with the same box the attacks stay in (the data's own range, not always [0, 1])
+    return certify_bounds(_base(model), x, y, eps, norm, name, clip).certified.cpu()  # type: ignore[arg-type]
 
 
 def _base(model: nn.Module) -> nn.Module:
@@ -131,7 +138,8 @@ def _base(model: nn.Module) -> nn.Module:
 
 def evaluate_points(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float | Sequence[float],
                     norm: str = "l2", certificates: Sequence[str] | str = "auto", seed: int = 0,
-                    attack_params: dict[str, Any] | None = None, eot_iter: int = 20) -> RobustnessEvaluation:
+                    attack_params: dict[str, Any] | None = None, eot_iter: int = 20,
+                    clip: tuple[float, float] = (0.0, 1.0)) -> RobustnessEvaluation:
     """Certify, attack and classify every point at every ε (see the module docstring).
 
     Args:
@@ -143,6 +151,8 @@ def evaluate_points(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: flo
         seed: seeds AutoAttack.
         attack_params: extra AutoAttack parameters (``steps``, ``n_queries``, ``n_target_classes``).
         eot_iter: gradient draws per APGD step when the forward pass is random.
+        clip: the input box: attacks stay in it and the ℓ∞ certificates bound the ball intersected with it (give
+            the data's own range for inputs outside [0, 1], or certificates would cover the wrong set).
 
     Returns:
         :class:`RobustnessEvaluation` (``to_dict()`` for plain data).
@@ -174,6 +184,8 @@ def evaluate_points(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: flo
         correct = (predict(base, x) == y).cpu()
     stochastic = is_stochastic(base, x)
     params = dict(attack_params or {})
+    box = params.get("clip", clip)  # a box given with the attack's parameters is the same box
+    params["clip"] = (float(box[0]), float(box[1]))
     diagnostics: list[dict[str, Any]] = []
     if stochastic:
         params.setdefault("eot_iter", eot_iter)
@@ -183,7 +195,7 @@ def evaluate_points(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: flo
     usable, skipped = [], {}
     for name in wanted:
         try:
-            _certify(name, model, x[:1], y[:1], eps_list[0], norm)
+            _certify(name, model, x[:1], y[:1], eps_list[0], norm, params["clip"])
             usable.append(name)
         except ConfigError as e:
             skipped[name] = str(e)
@@ -212,7 +224,7 @@ def _one_eps(model: nn.Module, base: nn.Module, x: torch.Tensor, y: torch.Tensor
     seconds: dict[str, float] = {}
     for name in certs:
         t0 = time.perf_counter()
-        ok = _certify(name, model, x, y, eps, norm) & correct
+        ok = _certify(name, model, x, y, eps, norm, params["clip"]) & correct
         seconds[name] = time.perf_counter() - t0
         for i in ok.nonzero().squeeze(1).tolist():
             if status[i] == "unresolved":
@@ -258,13 +270,13 @@ def _one_eps(model: nn.Module, base: nn.Module, x: torch.Tensor, y: torch.Tensor
                                 "detail": f"at {100 * share:.0f}% of the unbroken points the softmax is saturated "
                                           "(cross-entropy and its gradient are 0 in float32): APGD-CE cannot move "
                                           "them; APGD-T's scale-free DLR loss attacks them (information, not masking)"})
-    return EpsResult(eps, status, by, examples, seconds)
+    return EpsResult(eps, status, by, examples, seconds, res.members)
 
 
 def robustness_sandwich(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float | Sequence[float],
                         norm: str = "l2", certificates: Sequence[str] | str = "auto", seed: int = 0,
-                        attack_params: dict[str, Any] | None = None, include_points: bool = False
-                        ) -> dict[str, Any]:
+                        attack_params: dict[str, Any] | None = None, include_points: bool = False,
+                        clip: tuple[float, float] = (0.0, 1.0)) -> dict[str, Any]:
     """The robust-accuracy sandwich as plain data (for reports): per ε the certified lower bound, the AutoAttack
     upper bound, the gap, who certified / broke how many points; plus the certificates used or skipped and the
     gradient-masking diagnostics. Same arguments as :func:`evaluate_points`.
@@ -278,4 +290,5 @@ def robustness_sandwich(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps:
         >>> sorted(s["rows"][0])[:4]
         ['attacked_upper', 'broken_by', 'certified_by', 'certified_lower']
     """
-    return evaluate_points(model, x, y, eps, norm, certificates, seed, attack_params).to_dict(include_points)
+    return evaluate_points(model, x, y, eps, norm, certificates, seed, attack_params,
+                           clip=clip).to_dict(include_points)

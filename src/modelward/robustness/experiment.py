@@ -27,7 +27,13 @@ from modelward.core.checkpoint import Checkpoint, checkpoint_path, read_checkpoi
 from modelward.core.config import AlgorithmSpec, StrictModel, validate
 from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.device import DeviceSetting, resolve_device
-from modelward.core.io import load_state_dict, optimizer_from_tensors, optimizer_to_tensors, save_state_dict
+from modelward.core.io import (
+    load_into,
+    load_state_dict,
+    optimizer_from_tensors,
+    optimizer_to_tensors,
+    save_state_dict,
+)
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.records import atomic_write_json, write_table
 from modelward.core.seed import seeded
@@ -182,7 +188,7 @@ def _train_robust(cfg: RobustConfig, data: DataSplit, out: Path, sink: ProgressS
     if ckpt.is_file():
         tensors, meta = load_state_dict(ckpt)
         if meta.get("config") == fingerprint:
-            net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+            load_into(net, {k[4:]: v for k, v in tensors.items() if k.startswith("net.")}, ckpt)
             optimizer_from_tensors(opt, {k: v for k, v in tensors.items() if k.startswith("opt.")},
                                    meta["optimizer"])
             start, history = int(meta["epoch"]), list(meta["history"])
@@ -234,11 +240,8 @@ def load_gloro_checkpoint(p: Path, tensors: dict[str, torch.Tensor], meta: dict[
     shape, m = tuple(meta["input_shape"]), int(meta["num_classes"])
     model = build_gloro_model(cfg.model.arch, shape, m, cfg.model.activation, cfg.model.init, cfg.seed)
     net = build_net(model, shape, cfg.train, cfg.train.epsilon, cfg.seed)
-    try:
-        model.load_state_dict({k[2:]: v for k, v in tensors.items() if k.startswith("f.")})
-        net.sub.load_state_dict({k[9:]: v for k, v in tensors.items() if k.startswith("iterates.")})
-    except RuntimeError as e:
-        raise DataError(f"{p}: weights do not match the embedded architecture ({e})") from None
+    load_into(model, {k[2:]: v for k, v in tensors.items() if k.startswith("f.")}, f"{p} (f.*, its embedded config)")
+    load_into(net.sub, {k[9:]: v for k, v in tensors.items() if k.startswith("iterates.")}, f"{p} (iterates.*)")
     net.to(device)
     net.eval()
     return Checkpoint("gloro", net.f, meta, p, cfg, net)

@@ -30,7 +30,7 @@ from torch import nn
 from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig, DataSplit, load_data
 from modelward.core.device import DeviceSetting, resolve_device
-from modelward.core.io import load_state_dict, save_state_dict
+from modelward.core.io import load_into, load_state_dict, save_state_dict
 from modelward.core.plots import grouped_bars
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.core.records import write_table
@@ -235,7 +235,7 @@ def execute_run(cfg_json: str, out_dir: str, progress: ProgressSink | None, run_
             if not ckpt.exists():
                 raise ConfigError(f"{ckpt}: clean checkpoint missing; delete {out} and rerun")
             state, _ = load_state_dict(ckpt)
-            model.load_state_dict(state)
+            load_into(model, state, ckpt)
             tcfg = cfg.optim.model_copy(update={"steps": total})
             res = pgd_adversarial_training(model, data.x_train, data.y_train, tcfg, cfg.adversarial, seed,
                                            on_step=tick)

@@ -1,4 +1,5 @@
-"""Examine model files without loading them: pickles, PyTorch zip/legacy checkpoints, nested zips, safetensors.
+"""Examine model files without loading them: pickles, PyTorch zip/legacy checkpoints, nested zips, safetensors,
+Keras (HDF5 and v3), ONNX, TensorFlow SavedModels and GGUF (the last four: :mod:`modelward.scan.formats`).
 
 Pickle-based files (``.pt``, ``.pth``, ``.bin``, ``.ckpt``, ``.pkl``; zip-based or legacy) are disassembled by
 the picklescan library in *strict* mode: every global a pickle would import is
@@ -12,6 +13,11 @@ offsets that tile the data exactly) without reading a tensor.
 A file is *clean* when it has no issue. Severity: ``critical`` for globals that execute commands or code (``os``,
 ``subprocess``, ``builtins.eval``/``exec``/``getattr``/``__import__``, ``runpy``, ...), ``high`` for any other
 global outside the allowlist and for archives nested too deep, ``medium`` for a malformed file.
+
+Every file given or found under a folder is reported (issue 38 item 6: a folder walk used to keep only known
+suffixes, and an unrecognised file given directly was a quiet "low"). A file whose format is not recognised, or
+whose reader is not installed, is *not scanned*: an issue of kind ``not_scanned`` at *medium*, never silence.
+``modelward scan`` fails on every scanned file with an issue, and with ``--strict`` also on any file not scanned.
 """
 
 from __future__ import annotations
@@ -23,15 +29,25 @@ import logging
 import struct
 import zipfile
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 from modelward.errors import DataError
+from modelward.scan.formats import (
+    GGUF_MAGIC,
+    HDF5_SIGNATURE,
+    keras_metadata_issues,
+    keras_zip_issues,
+    scan_gguf,
+    scan_hdf5,
+    scan_onnx,
+    scan_saved_model,
+    scan_tf_graph,
+)
+from modelward.scan.result import FileScan, ScanIssue, Severity
 
-Severity = Literal["critical", "high", "medium", "low"]
-MODEL_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle", ".joblib", ".safetensors", ".zip", ".npy",
-                  ".npz", ".mar", ".tar")
+__all__ = ["FileScan", "ScanIssue", "Severity", "conversion_command", "load_checked_torch_file", "scan_exit_code",
+           "scan_file", "scan_paths", "sha256_file"]
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
 MAX_DEPTH = 3  # nested archives scanned this deep; deeper nesting is itself an issue
 MAX_NESTED_BYTES = 512 * 2**20  # a nested archive larger than this is not read into memory: an issue instead
@@ -44,58 +60,6 @@ _CODE_EXEC_BUILTINS = {"eval", "exec", "compile", "getattr", "setattr", "delattr
                        "__import__", "globals", "locals", "vars", "input"}
 _SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
                        "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
-
-
-@dataclass
-class ScanIssue:
-    """One reason a file is not clean.
-
-    Attributes:
-        where: the file, or ``file:member`` inside an archive.
-        kind: ``unsafe_global`` | ``nested_archive`` | ``malformed`` | ``unknown_format``.
-        severity: ``critical`` | ``high`` | ``medium`` | ``low``.
-        detail: one line for people.
-        module, name: the imported global (``unsafe_global`` only).
-    """
-
-    where: str
-    kind: str
-    severity: Severity
-    detail: str
-    module: str = ""
-    name: str = ""
-
-
-@dataclass
-class FileScan:
-    """What a scan found in one file (nothing of it was loaded).
-
-    Attributes:
-        path: the file; format: ``safetensors`` | ``torch_zip`` | ``zip`` | ``pickle`` | ``numpy`` | ``unknown``.
-        sha256, size: the file's digest and size in bytes.
-        globals: every ``module.name`` the file's pickles import (allowlisted ones included).
-        issues: why it is not clean (empty: clean); scanner: the library and version that read the pickles.
-    """
-
-    path: str
-    format: str
-    sha256: str
-    size: int
-    globals: list[str] = field(default_factory=list)
-    issues: list[ScanIssue] = field(default_factory=list)
-    scanner: str = ""
-
-    @property
-    def clean(self) -> bool:
-        return not self.issues
-
-    @property
-    def severity(self) -> Severity | None:
-        order = ["critical", "high", "medium", "low"]
-        return min((i.severity for i in self.issues), key=order.index, default=None)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "clean": self.clean, "severity": self.severity}
 
 
 def _scanner_version() -> str:
@@ -233,14 +197,27 @@ def _looks_safetensors(head: bytes, size: int) -> bool:
     return 0 < n <= MAX_HEADER and 8 + n <= size and head[8:9] == b"{"
 
 
+UNKNOWN = ("not scanned: unknown format (not safetensors, PyTorch, pickle, zip, numpy, Keras/HDF5, ONNX, a "
+           "TensorFlow SavedModel or GGUF); nothing in it was checked")
+
+
+def _is_tf_data(path: Path) -> bool:
+    """A SavedModel's variables (``variables/variables.index``, ``variables.data-00000-of-00001``) or its
+    ``fingerprint.pb``: tensor bytes and hashes, read by TensorFlow without any code path."""
+    return (path.name == "fingerprint.pb" or (path.parent.name == "variables" and (
+        path.name.endswith(".index") or ".data-" in path.name)))
+
+
 def scan_file(path: str | Path) -> FileScan:
     """Scan one model file without loading it (see the module docstring for what is checked).
 
     Args:
-        path: a ``.safetensors``, PyTorch (zip or legacy), pickle, zip or ``.npy``/``.npz`` file.
+        path: a ``.safetensors``, PyTorch (zip or legacy), pickle, zip, ``.npy``/``.npz``, Keras (``.h5``,
+            ``.keras``), ONNX, TensorFlow SavedModel (``saved_model.pb``) or GGUF file; any other file is reported
+            *not scanned*.
 
     Returns:
-        :class:`FileScan` (``.clean`` is True when no issue was found).
+        :class:`FileScan` (``.clean`` is True when it was scanned and no issue was found).
 
     Raises:
         DataError: the file does not exist (the path tried is in the message).
@@ -261,14 +238,24 @@ def scan_file(path: str | Path) -> FileScan:
         scan.format = "safetensors"
         _scan_safetensors(path, scan)
         return scan
+    other = _other_format(path, head)
+    if other is not None:
+        scan.format, scan.issues = other
+        if scan.format == "unknown":
+            scan.issues.append(ScanIssue(str(path), "not_scanned", "medium", UNKNOWN))
+        return scan
     ps = _picklescan()
     scan.scanner = _scanner_version()
     with path.open("rb") as f:
         if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
             with zipfile.ZipFile(f) as z:
                 names = z.namelist()
+                if "config.json" in names and (path.suffix == ".keras" or "metadata.json" in names):
+                    scan.format = "keras"  # Keras v3: config.json (layers), weights in HDF5, metadata.json
+                    scan.issues += keras_zip_issues(z, str(path))
             f.seek(0)
-            scan.format = "torch_zip" if any(n.endswith("data.pkl") for n in names) else "zip"
+            if scan.format != "keras":
+                scan.format = "torch_zip" if any(n.endswith("data.pkl") for n in names) else "zip"
             _scan_zip(f, str(path), scan, 1)
         elif head.startswith(b"\x93NUMPY"):
             scan.format = "numpy"
@@ -284,13 +271,47 @@ def scan_file(path: str | Path) -> FileScan:
                 if not result.globals and not result.scan_err and head[:1] != b"\x80" and size > 0:
                     scan.format = "unknown"
         if scan.format == "unknown":
-            scan.issues.append(ScanIssue(str(path), "unknown_format", "low", "not a recognised model file format "
-                                         "(safetensors, PyTorch, pickle, zip or numpy)"))
+            scan.issues.append(ScanIssue(str(path), "not_scanned", "medium", UNKNOWN))
     return scan
 
 
+def _other_format(path: Path, head: bytes) -> tuple[str, list[ScanIssue]] | None:
+    """The formats read without picklescan; None for the pickle/zip/numpy paths (or an unknown file)."""
+    if head.startswith(HDF5_SIGNATURE) or (path.suffix in (".h5", ".hdf5", ".keras") and _hdf5_userblock(path)):
+        return scan_hdf5(path)
+    if head.startswith(GGUF_MAGIC):
+        return scan_gguf(path)
+    if path.name == "saved_model.pb":
+        return scan_saved_model(path)
+    if path.name == "keras_metadata.pb":
+        return "tf_savedmodel", keras_metadata_issues(path)
+    if _is_tf_data(path):
+        return "tf_data", []
+    if path.suffix == ".onnx":
+        fmt, issues = scan_onnx(path)
+        return ("onnx" if fmt == "unknown" and not issues else fmt), issues
+    if path.suffix == ".pb":  # an ONNX model or a frozen TensorFlow GraphDef under the generic suffix
+        fmt, issues = scan_onnx(path)
+        return (fmt, issues) if fmt == "onnx" else scan_tf_graph(path)
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06", b"\x93NUMPY", b"\x80")) or head[:1] in (
+            b"c", b"(", b"]", b"}") or path.suffix in PICKLE_SUFFIXES:
+        return None
+    return "unknown", []
+
+
+def _hdf5_userblock(path: Path) -> bool:
+    """HDF5 allows a user block before the signature, at 512, 1024, 2048, ... bytes."""
+    with path.open("rb") as f:
+        for offset in (512, 1024, 2048, 4096):
+            f.seek(offset)
+            if f.read(8) == HDF5_SIGNATURE:
+                return True
+    return False
+
+
 def scan_paths(paths: Iterable[str | Path]) -> list[FileScan]:
-    """Scan files, and the model files (by suffix) under folders, in sorted order.
+    """Scan files, and *every* file under folders (sorted): none is skipped; a file of a format the scanner does
+    not know is reported *not scanned* (see :func:`scan_file`).
 
     Args:
         paths: files and folders.
@@ -306,10 +327,15 @@ def scan_paths(paths: Iterable[str | Path]) -> list[FileScan]:
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            out += [scan_file(f) for f in sorted(p.rglob("*")) if f.is_file() and f.suffix in MODEL_SUFFIXES]
+            out += [scan_file(f) for f in sorted(p.rglob("*")) if f.is_file()]
         else:
             out.append(scan_file(p))
     return out
+
+
+def scan_exit_code(scans: list[FileScan], strict: bool = False) -> int:
+    """1 when a scanned file has an issue, or (``strict``) when a file was not scanned; else 0."""
+    return int(any(s.unsafe for s in scans) or (strict and any(not s.scanned for s in scans)))
 
 
 def conversion_command(path: str | Path) -> str:

@@ -42,17 +42,21 @@ def test_logit_confidence_is_log_odds_of_the_true_class() -> None:
 def test_lira_online_and_offline_match_hand_computed_gaussians() -> None:
     data, pool = _setup()
     x, y = pool.x_pool, pool.y_pool
-    phi = np.stack([logit_confidence(m(x).detach(), y) for m in pool.models])  # (K, n)
-    obs = logit_confidence(data.target(x).detach(), y)
+    # (K, n): the shadows' confidences on the whole pool in one 12-row pass, as fit() computes them
+    phi = np.stack([logit_confidence(m(x).detach(), y) for m in pool.models])
     on = LiRA(online=True, global_variance=False).fit(data)
     off = LiRA(online=False, global_variance=False).fit(data)
     i = 2  # in for models 0, 2, 4
+    # the target's confidence on the row alone, as score() computes it: the same float32 forward pass, so the
+    # float64 formulas below agree to rel 1e-9. (From the 12-row batch instead, the GEMM may round the float32
+    # logits differently on another CPU or kernel path: -0.31006833 vs -0.31006840, rel 2e-7, on an AMX machine)
+    obs_i = logit_confidence(data.target(x[i:i + 1]).detach(), y[i:i + 1])[0]
     mi, mo = phi[[0, 2, 4], i], phi[[1, 3, 5], i]
-    expect_on = stats.norm.logpdf(obs[i], mi.mean(), mi.std() + 1e-6) - stats.norm.logpdf(obs[i], mo.mean(),
-                                                                                          mo.std() + 1e-6)
+    expect_on = stats.norm.logpdf(obs_i, mi.mean(), mi.std() + 1e-6) - stats.norm.logpdf(obs_i, mo.mean(),
+                                                                                        mo.std() + 1e-6)
     assert on.score(x[i:i + 1], y[i:i + 1])[0] == pytest.approx(expect_on, rel=1e-9)
     assert off.score(x[i:i + 1], y[i:i + 1])[0] == pytest.approx(
-        stats.norm.logcdf(obs[i], mo.mean(), mo.std() + 1e-6), rel=1e-9)
+        stats.norm.logcdf(obs_i, mo.mean(), mo.std() + 1e-6), rel=1e-9)
     # a point outside the pool: every shadow is "out"
     z = torch.zeros(1, 3)
     phis = np.array([logit_confidence(m(z).detach(), y[:1])[0] for m in pool.models])

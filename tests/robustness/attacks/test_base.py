@@ -36,7 +36,7 @@ def test_linf_attacks_respect_eps_and_beat_random(victim, batch, name, params):
     g = torch.Generator().manual_seed(1)
     rand = EPS * (torch.randint(0, 2, x.shape, generator=g) * 2 - 1).float()
     assert res.success_rate > _rand_success(victim, x, y, rand) + 0.3
-    # the success mask is the truth about the returned inputs
+    # the success mask is the truth about the returned inputs (exact: the same forward pass on the same batch)
     assert torch.equal(res.success, predict(victim, res.x_adv) != y)
 
 

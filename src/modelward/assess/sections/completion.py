@@ -13,7 +13,15 @@ from pathlib import Path
 
 from modelward.assess.config import AssessConfig
 from modelward.assess.profiles import ProfileSizes
-from modelward.assess.sections.common import Headline, NotAssessed, SectionResult, traffic_light
+from modelward.assess.sections.common import (
+    Headline,
+    NotAssessed,
+    SectionResult,
+    Work,
+    seconds_per_point_gradient,
+    section_progress,
+    traffic_light,
+)
 from modelward.assess.target import Target
 from modelward.completion.study import StudyConfig, run_study
 from modelward.core.data import DataConfig
@@ -48,7 +56,16 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                             alphas=sorted({0.5, ALPHA, 1.0}), parts=sorted(set(missing.values())),
                             data=data_cfg, model=target.model_cfg, train=train)
         study_dir = out / "study"
+        # every run is a training of the recipe: the original per seed, each procedure per part, the reference
+        runs = len(study.seeds) * (1 + len(study.parts) * len(study.procedures) + int(study.reference))
+        works = [Work("completion study", train.batch_size, train.steps, runs,
+                      f"{runs} trainings ({len(study.seeds)} seed(s) × (original + {len(study.parts)} part(s) × "
+                      f"{len(study.procedures)} procedures + reference)) × {train.steps} steps × {train.batch_size} "
+                      "points, at most: retraining stops at its target")]
+        res.plan = section_progress("completion").announce(
+            works, seconds_per_point_gradient(target.model, target.data.x_test, target.data.y_test))
         run_study(study, study_dir)
+        section_progress("completion").step(works[0].units, f"completion study: {runs} trainings done")
     with (study_dir / "hardness.csv").open() as f:
         table = list(csv.DictReader(f))
     alphas = sorted({float(r["alpha"]) for r in table})

@@ -9,10 +9,21 @@ server unreachable at a 1,024-descriptor limit).
   requests (uvicorn's keep-alive timeout; uvicorn has no timeout before the first request);
 * closes a connection whose request body has not fully arrived ``body_timeout`` seconds after its head (the route
   sees a client disconnect and logs it as such);
-* answers ``503`` and closes at once when the client's address already holds ``max_per_client`` connections or the
-  server holds ``max_total`` — the descriptor is given back immediately.
+* answers ``503`` and closes at once when the client's address already holds ``max_per_client`` connections — the
+  descriptor is given back immediately;
+* keeps ``reserve`` connections for API keys (issue 37 item 5: from 20 addresses × 30 idle connections, a
+  well-behaved client on another address got 503 for 67 % of its requests, the cap being global and first come
+  first served). A connection counts as *authenticated* once a request on it presented a valid key
+  (:func:`mark_authenticated`, called by the routes). When a new connection would make the unauthenticated ones
+  more than ``max_total - reserve``, or all of them more than ``max_total``, the server **evicts** a connection that
+  is not in the middle of a request (idle, or still sending its request head) instead of refusing the newcomer:
+  unauthenticated ones first, from the address holding the most connections first, the oldest first;
+  authenticated ones only at ``max_total`` and when no unauthenticated one is left to evict. Only when nothing can
+  be evicted is the newcomer refused with ``503``. So idle and slow connections, from any number of addresses,
+  can only push each other out; a key holder's kept-alive connections stay, and its new ones get in.
 
-Every connection is checked by one timer per second (no per-byte cost).
+Every connection is checked by one timer per second (no per-byte cost); eviction looks at the open connections
+only when the server is at its limits (O(open connections), at most ``max_total``).
 """
 
 from __future__ import annotations
@@ -23,8 +34,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
-
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("modelward.guard")
 
@@ -38,7 +47,26 @@ class ConnectionLimits:
     idle_timeout: float = 5.0
     max_per_client: int = 32
     max_total: int = 512
+    reserve: int = 64  # connections only authenticated ones may hold (the rest of max_total is for everyone)
     check_every: float = 1.0
+
+
+#: open connections of every limited server in this process, by (server address, client address): how a route
+#: reaches its connection (the ASGI scope carries both addresses, not the transport)
+_LIVE: dict[tuple[Any, Any], Any] = {}
+
+
+def mark_authenticated(scope: dict[str, Any]) -> None:
+    """Record that the connection of this ASGI request presented a valid API key: from now on it is evicted only
+    after every unauthenticated one (see the module docstring). A no-op outside :func:`limited_h11_protocol`."""
+    proto = _LIVE.get((_addr(scope.get("server")), _addr(scope.get("client"))))
+    if proto is not None and not proto._authenticated:
+        proto._authenticated = True
+        proto.state["authenticated"] += 1
+
+
+def _addr(a: Any) -> Any:
+    return tuple(a) if isinstance(a, list | tuple) else a
 
 
 def _refusal(message: str) -> bytes:
@@ -47,7 +75,7 @@ def _refusal(message: str) -> bytes:
             b"retry-after: 1\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-def limited_h11_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
+def limited_h11_protocol(limits: ConnectionLimits) -> type:
     """A uvicorn ``http=`` protocol class enforcing ``limits`` (pass it as ``uvicorn.Config(http=...)``).
 
     Args:
@@ -61,7 +89,13 @@ def limited_h11_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
         >>> cls.limits.header_timeout
         5
     """
+    # uvicorn only here: the routes import this module for mark_authenticated without loading the server
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
     per_client: Counter[str] = Counter()
+    # authenticated: connections marked by mark_authenticated; refused / evicted: totals (for /metrics)
+    state = {"authenticated": 0, "refused": 0, "evicted": 0, "evicted_logged": 0}
+    last_log = [0.0]
 
     class LimitedH11Protocol(H11Protocol):
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
@@ -69,21 +103,60 @@ def limited_h11_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
             self._host = self.client[0] if self.client else "?"
             per_client[self._host] += 1
             self._counted = True
-            self._since = time.monotonic()  # start of the wait for a request head
+            self._authenticated = False
+            self._opened = self._since = time.monotonic()  # start of the wait for a request head
             self._got_bytes = False  # bytes of the next request head arrived
             self._body_since: float | None = None
+            self._watch = None
+            self._key = (_addr(self.server), _addr(self.client))
+            _LIVE[self._key] = self
             why = None
+            total = len(self.connections)
             if per_client[self._host] > limits.max_per_client:
                 why = f"{self._host} holds {limits.max_per_client} connections already (the limit per client)"
-            elif len(self.connections) > limits.max_total:
-                why = f"the server holds {limits.max_total} connections (its limit)"
+            elif total > limits.max_total or total - state["authenticated"] > limits.max_total - limits.reserve:
+                victim = self._victim(with_authenticated=total > limits.max_total)
+                if victim is None:
+                    why = (f"the server holds {total - 1} connections, every one of them busy with a request "
+                           f"(limit {limits.max_total}, {limits.reserve} kept for API keys)")
+                else:
+                    victim._evict()
             if why is not None:
+                state["refused"] += 1
                 log.warning("guard: refused a connection: %s", why)
                 transport.write(_refusal(f"too many connections: {why}; retry later"))
                 transport.close()
-                self._watch = None
                 return
             self._watch = self.loop.call_later(limits.check_every, self._check)
+
+        def _busy(self) -> bool:
+            """In the middle of a request (its head arrived, its answer is not complete): never evicted."""
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def _victim(self, with_authenticated: bool) -> LimitedH11Protocol | None:
+            """The connection to evict: not busy; unauthenticated first, then (``with_authenticated``) the
+            authenticated; within each, from the address holding the most connections, the oldest first."""
+            best, best_key = None, None
+            for c in self.connections:
+                if c is self or not isinstance(c, LimitedH11Protocol) or c.transport.is_closing() or c._busy():
+                    continue
+                if c._authenticated and not with_authenticated:
+                    continue
+                key = (c._authenticated, -per_client[c._host], c._since)
+                if best_key is None or key < best_key:
+                    best, best_key = c, key
+            return best
+
+        def _evict(self) -> None:
+            state["evicted"] += 1
+            now = time.monotonic()
+            if now - last_log[0] >= 10.0:  # under a flood: one line per 10 s, not one per connection
+                n = state["evicted"] - state["evicted_logged"]
+                state["evicted_logged"], last_log[0] = state["evicted"], now
+                log.warning("guard: at the connection limit: evicted %d idle or unauthenticated connection(s) "
+                            "(latest from %s, which held %d; %d open, %d authenticated)", n, self._host,
+                            per_client[self._host], len(self.connections), state["authenticated"])
+            self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             if getattr(self, "_counted", False):
@@ -91,6 +164,11 @@ def limited_h11_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
                 per_client[self._host] -= 1
                 if per_client[self._host] <= 0:
                     del per_client[self._host]
+                if self._authenticated:
+                    state["authenticated"] -= 1
+                    self._authenticated = False
+                if _LIVE.get(self._key) is self:
+                    del _LIVE[self._key]
             if getattr(self, "_watch", None) is not None:
                 self._watch.cancel()
                 self._watch = None
@@ -132,7 +210,8 @@ def limited_h11_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
 
     LimitedH11Protocol.limits = limits  # type: ignore[attr-defined]
     LimitedH11Protocol.per_client = per_client  # type: ignore[attr-defined]
+    LimitedH11Protocol.state = state  # type: ignore[attr-defined]
     return LimitedH11Protocol
 
 
-__all__ = ["ConnectionLimits", "limited_h11_protocol"]
+__all__ = ["ConnectionLimits", "limited_h11_protocol", "mark_authenticated"]

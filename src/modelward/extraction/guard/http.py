@@ -11,6 +11,7 @@ the service raise :class:`~modelward.extraction.guard.errors.GuardError` with a 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -20,10 +21,14 @@ from typing import Any
 
 from fastapi import Request
 from starlette.requests import ClientDisconnect
+from starlette.routing import Route
 
 from modelward.errors import ConfigError, DataError
+from modelward.extraction.guard.connections import mark_authenticated
 from modelward.extraction.guard.errors import GuardError, WouldBlock
 from modelward.extraction.guard.keys import refuse_placeholder_keys
+from modelward.extraction.guard.metrics import CONTENT_TYPE, GuardMetrics
+from modelward.extraction.guard.proxy import UpstreamModel, prefetched, wait_ready
 from modelward.extraction.guard.service import GuardService, build_service
 
 log = logging.getLogger("modelward.guard")
@@ -31,8 +36,12 @@ log = logging.getLogger("modelward.guard")
 #: HTTP status of each GuardError code (anything else a client sent wrong is a 400)
 STATUS = {"unauthenticated": 401, "unknown_model": 404, "unknown_version": 404, "body_too_large": 413,
           "batch_too_large": 413, "query_budget_exceeded": 429, "store_busy": 503, "extraction_suspected": 403,
-          "forbidden": 403}
+          "backdoor_trigger_suspected": 403,  # issue 41: STRIP under action = "refuse"
+          "forbidden": 403, "shutting_down": 503,
+          # proxy mode: the model server failed (nothing is charged)
+          "upstream_unavailable": 503, "upstream_timeout": 504, "upstream_error": 502, "upstream_bad_output": 502}
 INLINE_BYTES = int(os.environ.get("MODELWARD_GUARD_INLINE_BYTES", 64 * 1024))
+ANSWERING = "being answered in a worker thread"
 
 
 def _package_version() -> str:
@@ -84,18 +93,26 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
+    upstream = service.model if isinstance(service.model, UpstreamModel) else None  # proxy mode
+    metrics = GuardMetrics(service)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
         service.close()
+        if upstream is not None:
+            upstream.close()
 
     app = FastAPI(title="modelward guard (Open Inference Protocol)", version=_package_version(), lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app.state.metrics = metrics
 
     def error(status: int, code: str, message: str, request_id: str | None = None) -> JSONResponse:
         # the body keeps its two fields (clients parse them); the request id travels in a header
         headers = None if request_id is None else {"X-Request-Id": request_id}
-        return JSONResponse({"error": message, "code": code}, status_code=status, headers=headers)
+        resp = JSONResponse({"error": message, "code": code}, status_code=status, headers=headers)
+        resp.guard_code = code  # type: ignore[attr-defined] - for the metrics
+        return resp
 
     async def record(key_name: str | None, rows: int, status: int, code: str, t0: float | None = None,
                      request_id: str | None = None) -> None:
@@ -140,7 +157,9 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
         return {"live": True}
 
     @app.get("/v2/health/ready")
-    async def ready() -> dict[str, bool]:
+    async def ready():
+        if upstream is not None and not await upstream.client.ready():  # proxy mode: ready when the upstream is
+            return JSONResponse({"ready": False}, status_code=503)
         return {"ready": True}
 
     async def model_ready(name: str, version: str | None = None):
@@ -158,16 +177,28 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
         return service.metadata()
 
     async def infer(name: str, request: Request, version: str | None = None):
-        t0, rid = time.perf_counter(), uuid.uuid4().hex[:16]
+        t0 = time.perf_counter()
+        resp = await answer(name, request, version, t0)
+        ok = resp.status_code == 200
+        metrics.observe(resp.status_code, "ok" if ok else getattr(resp, "guard_code", "error"),
+                        time.perf_counter() - t0, getattr(resp, "guard_rows", 0))
+        return resp
+
+    async def answer(name: str, request: Request, version: str | None, t0: float):
+        rid = uuid.uuid4().hex[:16]
         key_name: str | None = None
+        stage = {"at": "waiting for its body"}  # where a cancellation (a shutdown past its timeout) finds it
         try:
             service.check_model(name, version)
             key = service.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
             key_name = key.name
+            mark_authenticated(request.scope)  # this connection now keeps its place under connection pressure
             body = await read_capped(request, service.cfg.server.max_body_bytes)
             hl = request.headers.get("inference-header-content-length")
             ans = None
-            if len(body) <= INLINE_BYTES and service.defense.fast:
+            if upstream is not None:  # proxy mode: ask the model server first, without blocking the loop
+                ans = await proxied(key, body, hl, rid, t0, stage)
+            elif len(body) <= INLINE_BYTES and service.defense.fast:
                 # a small request takes well under a millisecond: a thread hop would cost more than it saves.
                 # wait=False: if the model or the query log is busy (another request, an external lock) it raises
                 # WouldBlock before any change, and the request goes to a worker thread: the loop never waits
@@ -176,7 +207,12 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
                 except WouldBlock:
                     pass
             if ans is None:  # large bodies (JSON parsing ~0.1 s per MB), slow defenses, a busy store
+                stage["at"] = ANSWERING
                 ans = await run_in_threadpool(service.handle, key, body, hl, rid, t0)
+        except asyncio.CancelledError:
+            # uvicorn cancels the requests still running when a shutdown exceeds shutdown_timeout_s; re-raised, the
+            # cancellation would be logged as "Exception in ASGI application" with a traceback (issue 37)
+            return await cancelled(key_name, rid, t0, stage["at"])
         except GuardError as e:
             return await refused(e, key_name, t0, rid)
         except ClientDisconnect:
@@ -193,9 +229,52 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
                          f"server log for request {rid}", rid)
         headers = {"X-Request-Id": rid}
         if ans.header_length is None:
-            return Response(ans.body, media_type="application/json", headers=headers)
-        headers["Inference-Header-Content-Length"] = str(ans.header_length)
-        return Response(ans.body, media_type="application/octet-stream", headers=headers)
+            resp = Response(ans.body, media_type="application/json", headers=headers)
+        else:
+            headers["Inference-Header-Content-Length"] = str(ans.header_length)
+            resp = Response(ans.body, media_type="application/octet-stream", headers=headers)
+        resp.guard_rows = ans.rows  # type: ignore[attr-defined] - for the metrics
+        return resp
+
+    async def proxied(key: Any, body: bytes, hl: str | None, rid: str, t0: float, stage: dict[str, str]) -> Any:
+        """Proxy mode: parse, await the upstream's answer for the batch (no lock held, nothing charged yet), then
+        answer as in direct mode with that answer prefetched (inline when small and fast, else in a thread)."""
+        assert upstream is not None
+        small = len(body) <= INLINE_BYTES
+        stage["at"] = "parsing its body"
+        req = service.parse_request(body, hl) if small else await run_in_threadpool(service.parse_request, body, hl)
+        stage["at"] = "waiting for the model server"
+        t_up = time.perf_counter()
+        try:
+            logits = await upstream.fetch(req.x)
+        finally:
+            metrics.upstream.observe(time.perf_counter() - t_up)
+        with prefetched(req.x, logits, body, req):
+            if small and service.defense.fast:
+                try:
+                    return service.handle(key, body, hl, rid, t0, wait=False)
+                except WouldBlock:
+                    pass
+            stage["at"] = ANSWERING
+            return await run_in_threadpool(service.handle, key, body, hl, rid, t0)
+
+    async def cancelled(key_name: str | None, rid: str, t0: float, stage: str) -> JSONResponse:
+        """A request cancelled at shutdown: one log line (no traceback), a log row when nothing else will write
+        one, and a 503 if the connection still takes it."""
+        took = time.perf_counter() - t0
+        if stage == ANSWERING:  # the worker thread cannot be stopped: it commits (or not) as usual, and logs it
+            log.warning("guard: request %s (key %s) cancelled by the shutdown after %.1f s while it was being "
+                        "answered in a worker thread: that thread completes it (charged and logged if it commits), "
+                        "but the client will not receive the answer", rid, key_name, took)
+        else:
+            log.warning("guard: request %s (key %s) cancelled by the shutdown after %.1f s while %s; nothing was "
+                        "charged", rid, key_name, took, stage)
+            try:  # on the loop, on purpose: the server stops right after, a worker thread might never run
+                service.log.log(key_name, 0, 499, "cancelled", None, took * 1e3, rid)
+            except Exception as e:  # noqa: BLE001 - the store may already be closed
+                log.warning("guard: request %s: no log row for the cancellation (%s)", rid, e)
+        return error(503, "shutting_down", "the server is shutting down; nothing was charged unless answered; retry "
+                     "on another replica", rid)
 
     @app.get("/v2/guard/status")
     async def guard_status(request: Request):
@@ -204,13 +283,38 @@ def create_app(service: GuardService):  # -> fastapi.FastAPI
             key = service.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
             if not key.operator:
                 raise GuardError("forbidden", f"key {key.name!r} is not an operator key (operator = true)")
+            mark_authenticated(request.scope)
         except GuardError as e:
             return await refused(e)
         return await run_in_threadpool(service.status)
 
+    @app.get("/metrics")
+    async def prometheus(request: Request):
+        """Prometheus metrics (operator keys only, unless server.metrics_public)."""
+        if not service.cfg.server.metrics_public:
+            try:
+                key = service.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+                if not key.operator:
+                    raise GuardError("forbidden", f"key {key.name!r} is not an operator key (operator = true); "
+                                     "or set server.metrics_public = true where only the cluster reaches the port")
+                mark_authenticated(request.scope)
+            except GuardError as e:
+                return await refused(e)
+        body = await run_in_threadpool(metrics.render)  # reads the store: off the loop
+        return Response(body, media_type=CONTENT_TYPE)
+
     model_route("", model_metadata, methods=["GET"])
     model_route("/ready", model_ready, methods=["GET"])
     model_route("/infer", infer, methods=["POST"], openapi_extra={"requestBody": _INFER_BODY}, responses=_ERRORS)
+
+    # the request path without FastAPI's per-request parameter machinery (its dependency solving took ~0.3 ms of a
+    # ~1 ms request, measured in process): plain Starlette routes, matched before the documented FastAPI ones
+    # (which still give /openapi.json its infer operation and answer what these do not match, e.g. a 405)
+    async def infer_route(request: Request):
+        return await infer(request.path_params["name"], request, request.path_params.get("version"))
+
+    for path in ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"):
+        app.router.routes.insert(0, Route(path, infer_route, methods=["POST"]))
     return app
 
 
@@ -252,6 +356,8 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     try:  # bind before uvicorn, so a busy port is a clear error (exit 2), not uvicorn's log line and exit 3
         sock = bind_socket(host, port)
         refuse_placeholder_keys(service.cfg, config_path)
+        if isinstance(service.model, UpstreamModel):  # proxy mode: the model server must serve what [model] says
+            _check_upstream(service.model, config_path)
     except ConfigError:
         if "sock" in locals():
             sock.close()
@@ -266,15 +372,33 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
         print(f"READY {name} {host}:{sock.getsockname()[1]}", flush=True)
         limits = ConnectionLimits(header_timeout=cfg.header_timeout_s, body_timeout=cfg.body_timeout_s,
                                   idle_timeout=cfg.idle_timeout_s, max_per_client=cfg.max_connections_per_client,
-                                  max_total=cfg.max_connections)
+                                  max_total=cfg.max_connections, reserve=cfg.reserve)
+        protocol = limited_h11_protocol(limits)
+        app = create_app(service)
+        conns: Any = protocol
+        app.state.metrics.connections = lambda: {"open": sum(conns.per_client.values()), **conns.state}
         server = uvicorn.Server(uvicorn.Config(
-            create_app(service), log_level="warning", access_log=False, http=limited_h11_protocol(limits),
+            app, log_level="warning", access_log=False, http=protocol,
             timeout_keep_alive=cfg.idle_timeout_s,
             timeout_graceful_shutdown=cfg.shutdown_timeout_s))
         server.run(sockets=[sock])
     finally:
         sock.close()
         service.close()
+
+
+def _check_upstream(upstream: UpstreamModel, config_path: str | Path) -> None:
+    """At start: the upstream's metadata must agree with [model] (else exit 2, naming the differences); an upstream
+    that does not answer within its timeout is a warning (readiness says 503 until it answers)."""
+    try:
+        problems = wait_ready(upstream, upstream.cfg.timeout_s)
+    except GuardError as e:
+        log.warning("guard: proxy mode: %s; serving anyway (GET /v2/health/ready answers 503 until it answers)",
+                    e.message)
+        return
+    if problems:
+        raise ConfigError(f"{config_path}: [upstream] {upstream.cfg.url}{upstream.client.model_path} does not "
+                          f"serve what [model] says: {'; '.join(problems)}")
 
 
 def _log_to_stderr() -> None:

@@ -1,7 +1,8 @@
 """The guard's ownership side: it watermarks answers, records the marked rows, and runs the PRADA detector per
 API key. Its rows live in the guard's store (``state_dir/queries.sqlite``) and are written inside the request's
 own transaction — with the charge, the centroids and the log row — so an answer that left the server always has
-its marks and detector events on disk, and a failed request leaves none (kill -9 loses nothing that was served).
+its marks and detector state on disk, and a failed request leaves none (kill -9 loses nothing that was served).
+The detector's state is bounded per key and in memory (:mod:`modelward.extraction.ownership.detector`).
 The watermark key lives in ``state_dir`` (mode 0600) and never leaves it; the fingerprint, when made
 (``modelward guard fingerprint``), is stored beside it.
 
@@ -12,13 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import sqlite3
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -28,8 +27,10 @@ from torch import Tensor
 from modelward.core.config import StrictModel
 from modelward.core.data import DataConfig
 from modelward.core.train import TrainConfig
-from modelward.errors import DataError
-from modelward.extraction.ownership.detector import PradaDetector, PradaEvent
+from modelward.errors import ConfigError, DataError
+from modelward.extraction.guard.errors import GuardError
+from modelward.extraction.guard.store import SQLStore, Transaction
+from modelward.extraction.ownership.detector import DetectorVerdict, KeyState, PradaDetector, PradaUpdate
 from modelward.extraction.ownership.verify import WatermarkRecords
 from modelward.extraction.ownership.watermark import MAX_FRACTION, AnswerWatermark, load_or_create_key
 
@@ -45,13 +46,21 @@ class WatermarkSection(StrictModel):
 
 
 class DetectorSection(StrictModel):
-    """``[ownership.detector]``: PRADA per API key; ``action``: log | alert (status endpoint) | refuse."""
+    """``[ownership.detector]``: PRADA per API key; ``action``: log | alert (status endpoint) | refuse.
+
+    The defaults are the calibration of docs/guard.md (``bench/prada_calibration.py``): at most 1 false alarm in 100
+    natural streams of each shape measured, JBDA streams flagged after about 200 queries."""
 
     enabled: bool = True
-    delta: float = Field(0.93, gt=0.0, lt=1.0)
+    delta: float = Field(0.92, gt=0.0, lt=1.0)  # Shapiro–Wilk threshold on log distances
     min_queries: int = Field(100, ge=3)
     action: Literal["log", "alert", "refuse"] = "alert"
-    max_stored_rows: int = Field(5000, ge=10)  # per key: PRADA's growing sets stop growing here
+    max_stored_rows: int = Field(2000, ge=10)  # per key: PRADA's growing sets stop growing here
+    window: int = Field(1000, ge=3)  # distances tested (the latest)
+    consecutive: int = Field(6, ge=1)  # successive tests below delta that flag (at or above it: that clear)
+    test_every: int = Field(32, ge=1)  # new distances between two tests
+    clear_after_minutes: float = Field(60.0, ge=0.0)  # a flag (and a refusal) ends after this; 0 = only by tests
+    max_memory_mb: float = Field(256.0, gt=0.0)  # all keys' states in memory; the least recently used are evicted
 
 
 class FingerprintSection(StrictModel):
@@ -76,21 +85,12 @@ class OwnershipSection(StrictModel):
     fingerprint: FingerprintSection = Field(default_factory=FingerprintSection)
 
 
-class ExtractionSuspected(Exception):
-    """A key the detector flagged, under ``action = "refuse"``."""
+class ExtractionSuspected(GuardError):
+    """A key the detector flagged, under ``action = "refuse"`` (code ``extraction_suspected``, HTTP 403)."""
 
     def __init__(self, key: str, at: int | None) -> None:
-        super().__init__(f"API key {key!r} is refused: its query stream looks like a model-extraction attack "
-                         f"(PRADA, flagged after {at} queries); ask the operator")
-
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS marks (digest BLOB PRIMARY KEY, key TEXT, time REAL, shape TEXT, x BLOB,
-                                  mark INTEGER, top1 INTEGER);
-CREATE TABLE IF NOT EXISTS prada_events (key TEXT, seq INTEGER, cls INTEGER, d_min REAL, admitted INTEGER,
-                                         batch_end INTEGER, vec BLOB, PRIMARY KEY (key, seq));
-CREATE TABLE IF NOT EXISTS prada_flags (key TEXT PRIMARY KEY, flagged_at INTEGER, shapiro_w REAL, time REAL);
-"""
+        super().__init__("extraction_suspected", f"API key {key!r} is refused: its query stream looks like a "
+                         f"model-extraction attack (PRADA, flagged after {at} queries); ask the operator")
 
 
 @dataclass(frozen=True)
@@ -99,135 +99,147 @@ class KeyStatus:
     queries: int
     shapiro_w: float | None
     flagged: bool
-    flagged_at: int | None
+    flagged_at: int | None  # first flagged at this query count (kept when the flag clears)
+    flags: int  # times flagged
 
 
 class GuardOwnership:
-    """Watermark + detector for one guard, persisted in ``state_dir/ownership.sqlite``.
+    """Watermark + detector for one guard, persisted in the guard's store (shared by replicas on PostgreSQL).
+
+    A request runs :meth:`begin` (inside its transaction, before the model: reads the key's detector state, refuses
+    a flagged key under ``action = "refuse"``), then :meth:`after` (watermarks the answers, judges the batch, writes
+    the marks and the detector's rows into the same transaction) and, once the transaction committed,
+    :meth:`commit`. A request that fails never calls :meth:`commit`: its detector update is dropped, memory still
+    matches the store, and nothing is re-read (an error costs O(1), whatever the history).
 
     Args:
         cfg: the ``[ownership]`` section.
-        state_dir: the guard's state folder.
+        state_dir: the guard's state folder (the watermark key file).
         num_classes: K.
+        store: the guard's store.
 
     Returns:
-        ``before(key)`` (raises :class:`ExtractionSuspected` for a refused key), ``after(key, x, probs, y_hat)``
-        → the answers to send, ``status()``, ``records()``, ``close()``.
+        ``before(key)``, ``begin(txn, key)``, ``after(txn, key, x, probs, y_hat)`` → (answers, pending update),
+        ``commit(pending)``, ``status()``, ``marked_rows()``.
     """
 
-    def __init__(self, cfg: OwnershipSection, state_dir: Path, num_classes: int, db: sqlite3.Connection) -> None:
+    def __init__(self, cfg: OwnershipSection, state_dir: Path, num_classes: int, store: SQLStore) -> None:
         self.cfg, self.num_classes = cfg, num_classes
         self.state_dir = Path(state_dir)
-        self.watermark = (AnswerWatermark(load_or_create_key(self.state_dir / cfg.watermark.key_file),
-                                          cfg.watermark.fraction) if cfg.watermark.enabled else None)
-        self._db = db  # the guard's store; the caller serialises access to it
-        for stmt in _SCHEMA.strip().split(";"):
-            if stmt.strip():
-                self._db.execute(stmt)
-        self._lock = threading.Lock()
-        self._reload()
+        self.store = store
+        self.watermark = None
+        if cfg.watermark.enabled:
+            key = load_or_create_key(self.state_dir / cfg.watermark.key_file)
+            digest = hashlib.sha256(key).hexdigest()
+            pinned = store.pin("watermark_key_sha256", digest) if store.shared else None
+            if pinned is not None and pinned != digest:
+                raise ConfigError(
+                    f"ownership.watermark.key_file: {self.state_dir / cfg.watermark.key_file} is not the watermark "
+                    f"key the other replicas of this store use (SHA-256 {pinned[:12]}…); copy their key file here "
+                    "(mode 0600) so every replica marks answers with one key")
+            self.watermark = AnswerWatermark(key, cfg.watermark.fraction)
+        d = cfg.detector
+        self._txn: Transaction | None = None  # the request's open transaction (the detector reads through it)
+        self.detector = PradaDetector(
+            d.delta, d.min_queries, d.max_stored_rows, window=d.window, consecutive=d.consecutive,
+            test_every=d.test_every, clear_after_s=d.clear_after_minutes * 60.0 or None,
+            max_memory_mb=d.max_memory_mb, loader=self._load) if d.enabled else None
 
-    def _reload(self) -> None:
-        d = self.cfg.detector
-        self.detector = PradaDetector(d.delta, d.min_queries, d.max_stored_rows) if d.enabled else None
-        self._seq: dict[str, int] = {}
-        if self.detector is not None:
-            self._replay()
-
-    # -- persistence ------------------------------------------------------------------------------------------
-    def _replay(self) -> None:
-        assert self.detector is not None
-        rows = self._db.execute("SELECT key, seq, cls, d_min, admitted, batch_end, vec FROM prada_events "
-                                "ORDER BY key, seq").fetchall()
-        by_key: dict[str, list[PradaEvent]] = {}
-        for key, seq, cls, d_min, admitted, batch_end, vec in rows:
-            v = np.frombuffer(vec, dtype="<f4").copy() if vec is not None else None
-            by_key.setdefault(key, []).append(PradaEvent(int(cls), math.nan if d_min is None else float(d_min),
-                                                         bool(admitted), v, bool(batch_end)))
-            self._seq[key] = int(seq) + 1
-        for key, events in by_key.items():
-            self.detector.replay(key, events)
+    def _load(self, key: str, cached: KeyState | None) -> KeyState | None:
+        if self._txn is not None:
+            return self._txn.detector_state(key, cached)
+        return cached  # outside a request (a pre-check): what memory holds
 
     # -- the request path -------------------------------------------------------------------------------------
     def before(self, key: str) -> None:
-        """Refuse a flagged key when the action is ``refuse`` (nothing charged)."""
+        """Refuse a key flagged under ``action = "refuse"`` from memory, before any work (nothing charged). The
+        authoritative check is :meth:`begin`'s, on the stored state."""
         if self.detector is not None and self.cfg.detector.action == "refuse":
-            v = self.detector.verdict(key)
-            if v.flagged:
-                raise ExtractionSuspected(key, v.flagged_at)
+            self._refuse_if_flagged(key, self.detector.verdict(key))
 
-    def after(self, key: str, x: Tensor, probs: Tensor, y_hat: Tensor) -> Tensor:
-        """Watermark the answers and observe the queries; their rows are written on the guard's store inside the
-        caller's open transaction (which commits or rolls back with the request). Returns the answers to send.
-        If the transaction rolls back, call :meth:`rollback` so memory matches the store again."""
+    def _refuse_if_flagged(self, key: str, v: DetectorVerdict) -> None:
+        if not v.flagged or v.flag_time is None:
+            return
+        hold = self.detector.clear_after_s if self.detector is not None else None
+        if hold is None or time.time() - v.flag_time < hold:
+            raise ExtractionSuspected(key, v.flagged_at)
+
+    def begin(self, txn: Transaction, key: str) -> None:
+        """Inside the request's transaction, before the model runs: read the key's detector state (current, also
+        when another replica changed it) and refuse a flagged key under ``action = "refuse"``."""
+        if self.detector is None:
+            return
+        self._txn = txn
+        try:
+            self.detector.state(key)
+        finally:
+            self._txn = None
+        if self.cfg.detector.action == "refuse":
+            self._refuse_if_flagged(key, self.detector.verdict(key))
+
+    def after(self, txn: Transaction, key: str, x: Tensor, probs: Tensor,
+              y_hat: Tensor) -> tuple[Tensor, PradaUpdate | None]:
+        """Watermark the answers and judge the queries; their rows are written into the request's open
+        transaction. Returns the answers to send and the detector update to :meth:`commit` once it committed."""
         top1 = probs.argmax(1)
         out = y_hat
-        marked_rows: list[tuple[Any, ...]] = []
         if self.watermark is not None:
             marked = self.watermark.apply(x, y_hat)
             out = marked.probs
             if marked.marked.any():
                 xs = x.detach().to("cpu", torch.float32)
                 shape = ",".join(str(s) for s in xs.shape[1:])
+                rows = []
                 for i in marked.marked.nonzero().flatten().tolist():
                     blob = xs[i].numpy().astype("<f4").tobytes()
-                    marked_rows.append((hashlib.sha256(blob).digest(), key, time.time(), shape, blob,
-                                        int(marked.labels[i]), int(top1[i])))
-        with self._lock:
-            events: list[PradaEvent] = []
-            flag_row = None
-            if self.detector is not None:
-                before = self.detector.verdict(key).flagged
-                verdict, events = self.detector.observe(key, x, top1)
-                if verdict.flagged and not before:
-                    flag_row = (key, verdict.flagged_at, verdict.shapiro_w, time.time())
-                    log.warning("extraction detector: key %r flagged after %s queries (Shapiro-Wilk W = %.3f < %s); "
-                                "action: %s", key, verdict.flagged_at, verdict.shapiro_w or float("nan"),
-                                self.cfg.detector.delta, self.cfg.detector.action)
-            seq0 = self._seq.get(key, 0)
-            ev_rows = [(key, seq0 + j, e.cls, None if math.isnan(e.d_min) else e.d_min, int(e.admitted),
-                        int(e.batch_end), None if e.vector is None else e.vector.astype("<f4").tobytes())
-                       for j, e in enumerate(events)]
-            self._seq[key] = seq0 + len(events)
-        if marked_rows:
-            self._db.executemany("INSERT OR IGNORE INTO marks VALUES (?, ?, ?, ?, ?, ?, ?)", marked_rows)
-        if ev_rows:
-            self._db.executemany("INSERT INTO prada_events VALUES (?, ?, ?, ?, ?, ?, ?)", ev_rows)
-        if flag_row is not None:
-            self._db.execute("INSERT OR REPLACE INTO prada_flags VALUES (?, ?, ?, ?)", flag_row)
-        return out
+                    rows.append((hashlib.sha256(blob).digest(), key, time.time(), shape, blob,
+                                 int(marked.labels[i]), int(top1[i])))
+                txn.insert_marks(rows)
+        update = None
+        if self.detector is not None:
+            self._txn = txn
+            try:
+                update = self.detector.prepare(key, x, top1)
+            finally:
+                self._txn = None
+            txn.write_detector(update, self.detector.window)
+            if update.newly_flagged:
+                log.warning("extraction detector: key %r flagged after %s queries (Shapiro-Wilk W = %.3f < %s in %d "
+                            "tests); action: %s", key, update.queries, update.last_w or float("nan"),
+                            self.cfg.detector.delta, self.cfg.detector.consecutive, self.cfg.detector.action)
+        return out, update
 
-    def rollback(self) -> None:
-        """The request's transaction rolled back: rebuild the detector from the rows the store holds."""
-        with self._lock:
-            self._reload()
+    def commit(self, update: PradaUpdate | None) -> None:
+        """The request's transaction committed: apply its detector update in memory (O(its rows))."""
+        if update is not None and self.detector is not None:
+            self.detector.apply(update)
 
     # -- operators --------------------------------------------------------------------------------------------
     def status(self) -> list[KeyStatus]:
-        """Every key the detector has seen, with its verdict."""
+        """Every key the detector has a state for (in the store: also keys evicted from memory), with its verdict."""
         if self.detector is None:
             return []
-        out = []
-        for k in self.detector.clients():
-            v = self.detector.verdict(k)
-            out.append(KeyStatus(k, v.queries, v.shapiro_w, v.flagged, v.flagged_at))
-        return out
+        return [KeyStatus(*row) for row in self.store.detector_summary()]
 
     def marked_rows(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM marks").fetchone()[0])
+        return self.store.marked_rows()
 
 
-def read_marks(store: Path, num_classes: int) -> WatermarkRecords:
-    """The marked rows recorded in the guard's store (opened read-only: safe beside a running server)."""
-    path = Path(store)
-    if not path.is_file():
-        raise DataError(f"{path}: no guard store there (serve the model with [ownership.watermark] enabled first)")
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
-    try:
-        has = db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='marks'").fetchone()
-        rows = db.execute("SELECT shape, x, mark, top1 FROM marks ORDER BY time, digest").fetchall() if has else []
-    finally:
-        db.close()
+def read_marks(store: Path | SQLStore, num_classes: int) -> WatermarkRecords:
+    """The marked rows recorded in the guard's store: an SQLite file (opened read-only: safe beside a running
+    server) or an open store (PostgreSQL)."""
+    if isinstance(store, SQLStore):
+        rows = store.marks()
+    else:
+        path = Path(store)
+        if not path.is_file():
+            raise DataError(f"{path}: no guard store there (serve the model with [ownership.watermark] enabled first)")
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
+        try:
+            has = db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='marks'").fetchone()
+            rows = db.execute("SELECT shape, x, mark, top1 FROM marks ORDER BY time, digest").fetchall() if has else []
+        finally:
+            db.close()
     if not rows:
         return WatermarkRecords(torch.empty(0), torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long),
                                 num_classes)

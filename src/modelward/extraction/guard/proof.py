@@ -19,6 +19,7 @@ from modelward.errors import ConfigError, DataError
 from modelward.extraction.guard.config import GuardConfig, load_guard_config
 from modelward.extraction.guard.ownership import read_marks
 from modelward.extraction.guard.service import load_weights
+from modelward.extraction.guard.store import open_store
 from modelward.extraction.ownership.fingerprint import Fingerprint, make_fingerprint, random_seeds
 from modelward.extraction.ownership.verify import (
     HttpSuspect,
@@ -30,6 +31,10 @@ from modelward.extraction.ownership.verify import (
 
 
 def _owner(cfg: GuardConfig, base: Path) -> nn.Module:
+    if cfg.model.checkpoint is None:  # proxy mode: the weights stay with the model server
+        raise ConfigError("model.checkpoint: the fingerprint is made from the served model's weights, and this guard "
+                          "is in proxy mode ([upstream]): run `guard fingerprint` on a config naming the checkpoint "
+                          "the model server serves (the answer watermark and the detector work in proxy mode)")
     model = build_model(cfg.model.net, tuple(cfg.model.input_shape), cfg.model.num_classes)
     load_weights(model, base / cfg.model.checkpoint, "model.checkpoint")
     return model.eval()
@@ -128,7 +133,14 @@ def verify_suspect(config_path: str | Path, suspect: str | Suspect, *, overrides
                                                                      api_key=api_key, labels_only=labels_only)
     marks = None
     store = state / cfg.server.query_log
-    if cfg.ownership.watermark.enabled and store.is_file():
+    if cfg.ownership.watermark.enabled and cfg.server.store_url:  # replicas: the marks are in PostgreSQL
+        shared = open_store(cfg.server.store_url, store)
+        try:
+            marks = read_marks(shared, cfg.model.num_classes)
+        finally:
+            shared.close()
+        marks = marks if len(marks) else None
+    elif cfg.ownership.watermark.enabled and store.is_file():
         marks = read_marks(store, cfg.model.num_classes)
         marks = marks if len(marks) else None
     fp_path = state / cfg.ownership.fingerprint.file

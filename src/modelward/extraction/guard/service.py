@@ -21,14 +21,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from modelward.core.device import resolve_device
-from modelward.core.io import load_state_dict, load_tensors, save_tensors
+from modelward.backdoor.detect.input.strip import StripMonitor
+from modelward.core.io import load_tensors, save_tensors
 from modelward.core.lock import FolderLock
 from modelward.core.records import atomic_write_text
 from modelward.core.seed import seeded
+from modelward.core.text import load_tokenizer, token_embedding
 from modelward.core.zoo import build_model
 from modelward.errors import ConfigError, DataError
 from modelward.extraction.defenses import IncrementalState, PredictionDefense, build_defense
+from modelward.extraction.guard.backend import load_weights, open_model
 from modelward.extraction.guard.config import (
     GuardConfig,
     KeySection,
@@ -36,10 +38,11 @@ from modelward.extraction.guard.config import (
     load_guard_config,
     state_fingerprint,
 )
-from modelward.extraction.guard.errors import GuardError, WouldBlock
-from modelward.extraction.guard.oip import InferRequest, encode_response, model_metadata
-from modelward.extraction.guard.ownership import ExtractionSuspected, GuardOwnership
-from modelward.extraction.guard.querylog import QueryLog, key_digest
+from modelward.extraction.guard.errors import BudgetExceeded, GuardError, WouldBlock
+from modelward.extraction.guard.oip import InferRequest, TextInput, encode_response, model_metadata
+from modelward.extraction.guard.ownership import GuardOwnership
+from modelward.extraction.guard.proxy import parsed
+from modelward.extraction.guard.store import SQLStore, Transaction, key_digest, open_store
 
 T = TypeVar("T")
 log = logging.getLogger("modelward.guard")
@@ -55,21 +58,27 @@ class InferAnswer:
     max_l1: float
 
 
-def load_weights(model: nn.Module, path: Path, field: str) -> None:
-    """Load a safetensors state dict into ``model`` (eval mode); ConfigError naming ``field`` on a mismatch or on
-    non-finite weights (a model with NaN/inf weights answers NaN, which every request would see as its own fault)."""
-    state, _ = load_state_dict(path)
-    bad = [f"{name} ({int(torch.isnan(t).sum())} NaN, {int(torch.isinf(t).sum())} inf)"
-           for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
-        raise ConfigError(f"{field}: {path} has non-finite weights in {len(bad)} tensor(s): {', '.join(bad[:5])}"
-                          f"{' ...' if len(bad) > 5 else ''}; the model cannot answer — retrain it or restore a good "
-                          "checkpoint")
+def text_input(cfg: GuardConfig, base_dir: Path, model: nn.Module) -> TextInput | None:
+    """How a text model's requests arrive (``[model] input_datatype`` INT64 or BYTES), or None for FP32 inputs."""
+    m = cfg.model
+    if m.input_datatype == "FP32":
+        return None
     try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise ConfigError(f"{field}: {path} does not match the configured architecture: {e}") from None
-    model.eval()
+        vocab: int | None = token_embedding(model).num_embeddings
+    except ConfigError:  # proxy mode: the model is behind a server; it checks its own ids
+        vocab = None
+    pad = m.pad_id if m.pad_id is not None else getattr(model, "pad_token_id", 0)
+    if m.input_datatype == "INT64":
+        return TextInput("INT64", pad, vocab)
+    tok = load_tokenizer(base_dir / str(m.tokenizer))
+    if tok.pad_token_id is not None and tok.pad_token_id != pad:
+        raise ConfigError(f"model.tokenizer pads with id {tok.pad_token_id}, the model with {pad}")
+
+    def tokenize(texts: list[str]) -> np.ndarray:
+        enc = tok(texts, padding="longest", truncation=True, max_length=m.input_shape[0])
+        return np.asarray(enc["input_ids"], dtype=np.int64).reshape(len(texts), -1)
+
+    return TextInput("BYTES", pad, vocab, tokenize)
 
 
 def service_defense(cfg: GuardConfig, base_dir: Path) -> PredictionDefense:
@@ -111,15 +120,20 @@ class GuardService:
     """
 
     def __init__(self, cfg: GuardConfig, base_dir: Path, reset: bool = False, check_only: bool = False) -> None:
+        net = cfg.model.net
+        if net.path and not Path(net.path).is_absolute():  # a Hugging Face folder, relative to the config file
+            net = net.model_copy(update={"path": str(base_dir / net.path)})
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"net": net})})
         self.cfg = cfg
         self.name = cfg.model.name
         self.input_shape = tuple(cfg.model.input_shape)
         self.num_classes = cfg.model.num_classes
-        self.model = build_model(cfg.model.net, self.input_shape, self.num_classes)
-        load_weights(self.model, base_dir / cfg.model.checkpoint, "model.checkpoint")
-        self.device = resolve_device(cfg.model.device)  # an unusable device is refused before serving
-        self.model.to(self.device)
+        # local weights, or the model server of proxy mode ([upstream]): the same nn.Module interface
+        self.model, self.device = open_model(cfg, base_dir)
+        self.text = text_input(cfg, base_dir, self.model)  # INT64 / BYTES inputs of a text model, else None
         self.defense = service_defense(cfg, base_dir)
+        # issue 41: STRIP on every request's rows (None unless [strip] enabled); fitted on the operator's clean data
+        self.strip = StripMonitor.from_section(cfg.strip, self.model, base_dir, self.input_shape)
         self.base_dir = base_dir
         self.state_dir = base_dir / cfg.server.state_dir
         self.state_path = self.state_dir / f"{self.name}.{self.defense.name}.state.safetensors"
@@ -127,6 +141,7 @@ class GuardService:
         self._stored: dict[str, KeySection] = {}  # sha256 of an operator-added key -> its section
         self._revoked: set[str] = set()  # names of revoked keys (config or operator)
         self._stop = threading.Event()
+        self._spent: dict[str, int] = {}  # keys a request found spent: their usage is read before the next
         self._lock = threading.Lock()  # model and defense state change together
         self._closed = check_only  # check_only: no lock, no state, no log (``guard check`` beside a running server)
         self.ownership: GuardOwnership | None = None  # watermark + detector, opened with the state
@@ -144,16 +159,24 @@ class GuardService:
         try:
             self.changes = self.fingerprint_changes()  # again: another server may have changed it meanwhile
             self._check_fingerprint(reset)
-            self._load_snapshot()
             s = cfg.server
-            self.log = QueryLog(self.state_dir / s.query_log, busy_timeout=s.busy_timeout_s,
-                                retention_days=s.log_retention_days, max_rows=s.log_max_rows)
-            if self._incremental is not None:
-                if reset:
-                    self.log.clear_centroids(self._centroid_table)
-                self._replay_centroids(self._incremental)
-            self.refresh_keys()
-            self.ownership = GuardOwnership(cfg.ownership, self.state_dir, self.num_classes, self.log.db)
+            self.log: SQLStore = open_store(s.store_url, self.state_dir / s.query_log, busy_timeout=s.busy_timeout_s,
+                                            retention_days=s.log_retention_days, max_rows=s.log_max_rows,
+                                            detector_window=cfg.ownership.detector.window)
+            try:
+                if self.log.shared:  # replicas: the settings are pinned in the store, the state is its rows
+                    reset = self._check_shared_fingerprint(reset)
+                else:
+                    self._load_snapshot()
+                if self._incremental is not None:
+                    if reset:
+                        self.log.clear_centroids(self._centroid_table)
+                    self._replay_centroids(self._incremental)
+                self.refresh_keys()
+                self.ownership = GuardOwnership(cfg.ownership, self.state_dir, self.num_classes, self.log)
+            except BaseException:
+                self.log.close()
+                raise
         except BaseException:
             self._folder_lock.__exit__(None, None, None)
             raise
@@ -169,6 +192,23 @@ class GuardService:
         except ValueError:
             old = {}
         return fingerprint_diff(old, state_fingerprint(self.cfg))
+
+    def _check_shared_fingerprint(self, reset: bool) -> bool:
+        """A shared store (replicas) records the state settings itself: a replica with other settings is refused
+        (it would answer from another defense state), unless ``reset`` (stop every replica first). Returns whether
+        the defense state must be reset."""
+        mine = json.dumps(state_fingerprint(self.cfg), sort_keys=True)
+        pinned = self.log.pin("state_fingerprint", mine)
+        if pinned is None or pinned == mine:
+            return False
+        changes = fingerprint_diff(json.loads(pinned), state_fingerprint(self.cfg))
+        if not reset:
+            raise ConfigError(
+                f"server.store_url {self.log.where}: its state was built with different settings "
+                f"({'; '.join(changes)}). Replicas of one store must serve the same settings; restore them, or stop "
+                "every replica and start one with --reset (discards the defense state, keeps the log and budgets)")
+        self.log.set_meta("state_fingerprint", mine)
+        return True
 
     def _check_fingerprint(self, reset: bool) -> None:
         path = self.state_dir / "service.json"
@@ -191,7 +231,7 @@ class GuardService:
     def metadata(self) -> dict[str, Any]:
         """The Open Inference Protocol model metadata."""
         return model_metadata(self.name, self.input_shape, self.num_classes, self.defense.name,
-                              self.cfg.server.max_batch)
+                              self.cfg.server.max_batch, self.cfg.model.input_datatype)
 
     def check_model(self, name: str, version: str | None) -> None:
         """GuardError ``unknown_model`` / ``unknown_version`` unless the request names this model (version 1)."""
@@ -236,6 +276,7 @@ class GuardService:
             while not self._stop.wait(every):
                 try:
                     self.refresh_keys()
+                    self.log.maintain()  # retention, off the request path
                 except Exception:  # noqa: BLE001 - a locked store: keep the last keys, try again
                     log.warning("guard: could not refresh the API keys from the store", exc_info=True)
 
@@ -243,7 +284,9 @@ class GuardService:
 
     def parse_request(self, body: bytes, header_length: str | None = None) -> InferRequest:
         """Parse one request body for this model (:meth:`InferRequest.parse`)."""
-        return InferRequest.parse(body, header_length, self.input_shape, self.cfg.server.max_batch)
+        req = parsed(body)  # proxy mode: the HTTP layer parsed this very body already
+        return req if req is not None else InferRequest.parse(body, header_length, self.input_shape,
+                                                              self.cfg.server.max_batch, self.text)
 
     def answer(self, key: KeySection, x: torch.Tensor, request_id: str | None = None,
                t0: float | None = None) -> tuple[torch.Tensor, float]:
@@ -306,24 +349,30 @@ class GuardService:
         n = int(x.shape[0])
         inc = self._incremental
         own = self.ownership
+        self._refuse_if_spent(key, n, wait)  # O(1): a key known spent never waits for the model or the store
         if own is not None:
-            try:
-                own.before(key.name)  # a key the detector flagged under action = "refuse": nothing is charged
-            except ExtractionSuspected as e:
-                raise GuardError("extraction_suspected", str(e)) from None
+            own.before(key.name)  # a key the detector flagged under action = "refuse": nothing is charged
         if not self._lock.acquire(blocking=wait):
             raise WouldBlock
         try:
+            if self._closed:  # shut down while this request waited (its thread outlived the cancelled task)
+                raise GuardError("shutting_down", "the server is shutting down; nothing was charged; retry")
+            if self.strip is not None and bool(self.strip.check(key.name, self.model, x).any()) \
+                    and self.strip.action == "refuse":  # issue 41: refused before any charge
+                raise GuardError("backdoor_trigger_suspected", "an input of this request looks like it carries a "
+                                 "backdoor trigger (STRIP); it was not answered and nothing was charged")
             before = inc.num_centroids if inc is not None else 0
             snapshot = self.defense.state_dict() if inc is None and self.defense.stateful else None
+            pending = None  # the detector's judgement of this batch, applied only once the transaction committed
             try:
                 with self.log.transaction(wait) as txn:  # COMMIT when the block ends; ROLLBACK if anything raises
-                    txn.charge(key.name, n, key.budget)  # BudgetExceeded before any work when the budget is spent
+                    self._charge(txn, key, n)  # BudgetExceeded before any work when the budget is spent
+                    before = self._sync_shared_state(txn, key, before)
                     # the model runs on its device; the defense (its post-process) works on CPU probabilities
                     probs = torch.softmax(self.model(x.to(self.device)).float(), dim=1).cpu()
                     y_hat = self.defense.defend(probs, x) if self.defense.needs_inputs else self.defense.defend(probs)
                     if own is not None:  # watermark + detector rows join this transaction
-                        y_hat = own.after(key.name, x, probs, y_hat)
+                        y_hat, pending = own.after(txn, key.name, x, probs, y_hat)
                     max_l1 = float(np.abs(y_hat.numpy().astype(np.float64) - probs.numpy()).sum(1).max())
                     if inc is not None and inc.num_centroids != before:
                         labels, vecs = inc.centroids_since(before)
@@ -332,17 +381,51 @@ class GuardService:
                         self.save_state()
                     out = finish(y_hat.float(), max_l1)
                     txn.log(key.name, n, 200, "ok", max_l1, (time.perf_counter() - t0) * 1e3, request_id)
-            except BaseException:  # nothing was committed: memory goes back to what the store holds
-                if own is not None:
-                    own.rollback()
+            except BaseException:  # nothing was committed: memory goes back to what the store holds, in O(1):
+                # the detector's update is dropped (never applied), the defense drops the centroids it added
                 if inc is not None:
                     inc.truncate_centroids(before)
                 elif snapshot is not None:
                     self.defense.load_state_dict(snapshot)
                 raise
+            if own is not None:
+                own.commit(pending)
         finally:
             self._lock.release()
         return out
+
+    def _refuse_if_spent(self, key: KeySection, n: int, wait: bool) -> None:
+        """A key a request found spent: its usage is read again (one indexed read, no lock of the model or of the
+        store's writer; an operator may have reset it) and, still spent, refused at once — a client retrying a spent
+        key costs O(1) and never queues behind the others."""
+        if key.budget is None or key.name not in self._spent:
+            return
+        used = self.log.used(key.name) if wait else self.log.used_nowait(key.name)
+        if used is None:
+            raise WouldBlock
+        if used + n > key.budget:
+            raise BudgetExceeded(key.name, used, key.budget, n)
+        self._spent.pop(key.name, None)
+
+    def _charge(self, txn: Transaction, key: KeySection, n: int) -> None:
+        try:
+            txn.charge(key.name, n, key.budget)
+        except BudgetExceeded as e:
+            self._spent[key.name] = e.used
+            raise
+
+    def _sync_shared_state(self, txn: Transaction, key: KeySection, before: int) -> int:
+        """Inside the request's transaction, before the model: the centroids other replicas added (a shared store;
+        in order) and the key's detector state (a refused key stops here). Returns the centroid count to undo to."""
+        inc = self._incremental
+        if inc is not None:
+            labels, vecs = txn.sync_centroids(self._centroid_table, inc.num_centroids, self.num_classes)
+            if len(labels):
+                inc.extend_centroids(labels, vecs)
+            before = inc.num_centroids
+        if self.ownership is not None:
+            self.ownership.begin(txn, key.name)
+        return before
 
     # --------------------------------------------------------- state
     def _load_snapshot(self) -> None:
@@ -383,17 +466,18 @@ class GuardService:
     def status(self) -> dict[str, Any]:
         """The operator's view: the detector's verdict per key and the watermark's state (no secrets)."""
         own = self.ownership
+        strip = {"strip": self.strip.status()} if self.strip is not None else {}  # issue 41
         if own is None:
-            return {"detector": None, "watermark": None}
+            return {"detector": None, "watermark": None, **strip}
         det = own.cfg.detector
         wm = own.cfg.watermark
-        with self.log._lock:  # the store's connection is shared with the request path
-            marked = own.marked_rows() if wm.enabled else 0
+        marked = own.marked_rows() if wm.enabled else 0
         return {
             "detector": {"enabled": det.enabled, "action": det.action, "delta": det.delta,
                          "keys": [vars(k) for k in own.status()]} if det.enabled else None,
             "watermark": {"enabled": wm.enabled, "fraction": wm.fraction,
                           "marked_rows": marked} if wm.enabled else None,
+            **strip,
         }
 
     def close(self) -> None:
@@ -415,7 +499,7 @@ class GuardService:
                     log.error("guard: could not write the defense snapshot %s (%s); %s", self.state_path, e,
                               "the centroid rows in the store hold every centroid: nothing is lost"
                               if self._incremental is not None else "the state since the last snapshot is lost")
-            self.log.close()
+                self.log.close()  # under the model lock: a request still waiting for it finds the service closed
         finally:
             self._folder_lock.__exit__(None, None, None)
 

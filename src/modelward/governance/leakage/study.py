@@ -35,6 +35,13 @@ from modelward.core.train import TrainConfig, batch_order, evaluate, make_optimi
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ConfigError, ModelwardError
 from modelward.governance.leakage.attacks import LeakageMeter
+from modelward.governance.leakage.inputs import (
+    InputAuditSettings,
+    defense_label,
+    reconstructions_plot,
+    simulate_inputs,
+)
+from modelward.governance.party.input_protection import InputProtectionConfig
 from modelward.governance.party.label_protection import LabelProtectionConfig, Method, protect_gradient
 from modelward.governance.party.tensors import CompressionConfig, TensorCompression
 from modelward.governance.plan import make_plan, model_layers, segment_of
@@ -75,6 +82,9 @@ class LeakageAuditConfig(StrictModel):
         audit: the sweep (``methods``, noise ``scales``, ``seeds``, the ``positive`` class, ``init``).
         compression: what crosses the cut compressed, as the parties' ``[compression]`` (Alice's activations,
             Bob's gradients after his protection); the attacks score the gradient Alice decodes. Default none.
+        inputs: the other direction, Bob reconstructing Alice's inputs (``governance.leakage.inputs``: the
+            attacks, Alice's defenses to compare, seeds); off unless the file has an ``[inputs]`` table (or
+            ``inputs.attacks`` is set).
 
     Returns:
         A strict config for :func:`run_audit` (``modelward.governance.run_leakage_audit``).
@@ -91,6 +101,7 @@ class LeakageAuditConfig(StrictModel):
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(steps=300))
     audit: AuditSettings = Field(default_factory=AuditSettings)
     compression: CompressionConfig = Field(default_factory=CompressionConfig)
+    inputs: InputAuditSettings = Field(default_factory=lambda: InputAuditSettings(attacks=[]))
 
 
 def load_audit_config(path: str | Path, overrides: list[str] | None = None) -> LeakageAuditConfig:
@@ -172,6 +183,13 @@ def execute_run(run_id: str, spec: dict, deps: dict, root: str | None = None) ->
     """
     cfg = LeakageAuditConfig.model_validate(spec["config"])
     t0 = time.perf_counter()
+    if spec.get("kind") == "inputs":  # Bob reconstructing Alice's inputs (governance.leakage.inputs)
+        data = load_data(cfg.data)
+        defense = InputProtectionConfig.model_validate(spec["defense"])
+        res = simulate_inputs(data, cfg.model, cfg.cut, cfg.train, defense, cfg.inputs, spec["seed"], cfg.audit.init,
+                              keep=INPUT_EXAMPLES if spec.get("examples") else 0)
+        return {"kind": "inputs", "defense": defense_label(defense), "seed": spec["seed"], **res,
+                "seconds": time.perf_counter() - t0}
     if spec.get("transport", "inprocess") == "parties":
         # (here, not at the top: only this transport needs gRPC, the party servers and the driver)
         from modelward.governance.leakage.parties import audit_over_parties
@@ -195,9 +213,60 @@ def plan_runs(cfg: LeakageAuditConfig, positive: int, transport: Transport = "in
                  for s in dict.fromkeys(cfg.audit.scales) if s > 0]
     conf = cfg.model_dump(mode="json")
     prefix = "parties|" if transport == "parties" else ""
-    return [RunSpec(f"{prefix}{m}|{s:g}|{seed}", {"config": conf, "method": m, "scale": s, "seed": seed,
-                                                   "positive": positive, "transport": transport})
+    runs = [RunSpec(f"{prefix}{m}|{s:g}|{seed}", {"config": conf, "method": m, "scale": s, "seed": seed,
+                                                  "positive": positive, "transport": transport})
             for m, s in settings for seed in dict.fromkeys(cfg.audit.seeds)]
+    return runs + input_runs(cfg, transport)
+
+
+INPUT_EXAMPLES = 8  # private rows shown per defense in reconstructions*.png
+
+
+def input_runs(cfg: LeakageAuditConfig, transport: Transport = "inprocess") -> list[RunSpec]:
+    """The input-reconstruction runs (``[inputs]``): one per defense and seed, in process (the attacks need Bob's
+    part and what he received; the ``parties`` transport measures labels only)."""
+    if not cfg.inputs.attacks or transport != "inprocess":
+        return []
+    conf = cfg.model_dump(mode="json")
+    seeds = list(dict.fromkeys(cfg.inputs.seeds))
+    return [RunSpec(f"inputs|{defense_label(d)}|{seed}", {"config": conf, "kind": "inputs", "seed": seed,
+                                                          "defense": d.model_dump(mode="json"),
+                                                          "examples": seed == seeds[0]})
+            for d in cfg.inputs.defenses for seed in seeds]
+
+
+INPUT_COLUMNS = ["defense", "attack", "seeds", "test_accuracy", "accuracy_cost", "ssim", "ssim_sd", "mse", "mse_sd",
+                 "other_ssim", "other_mse", "mean_ssim", "mean_mse", "canary_auc", "grad_norm", "seconds"]
+
+
+def aggregate_inputs(runs: list[dict]) -> list[dict]:
+    """One row per (defense, attack): means (and SDs) over seeds of the reconstruction scores, the no-leak
+    references next to them, and the defense's test accuracy and its cost against the first defense listed
+    (points)."""
+    rows: list[dict] = []
+    ref: float | None = None
+    for defense in dict.fromkeys(r["defense"] for r in runs):
+        group = [r for r in runs if r["defense"] == defense]
+        acc = summarize([r.get("test_accuracy") for r in group], skip_missing=True).mean
+        ref = acc if ref is None else ref
+        attacks = [k[:-4] for k in group[0] if k.endswith("_mse") and not k.startswith(("mean", "other"))
+                   and not k.endswith("_other_mse")]
+        for attack in attacks:
+            row: dict = {"defense": defense, "attack": attack, "seeds": len(group), "test_accuracy": acc,
+                         "accuracy_cost": 100 * (ref - acc)}
+            training = attack if attack.startswith("fsha") else "honest"  # whose gradients Alice saw
+            for key, col in ((f"{attack}_ssim", "ssim"), (f"{attack}_mse", "mse"),
+                             (f"{attack}_other_ssim", "other_ssim"), (f"{attack}_other_mse", "other_mse"),
+                             ("mean_ssim", "mean_ssim"), ("mean_mse", "mean_mse"),
+                             (f"{training}_canary_auc", "canary_auc"), (f"{training}_grad_norm", "grad_norm")):
+                st = summarize([r.get(key) for r in group], skip_missing=True)
+                if st.n:
+                    row[col] = st.mean
+                    if col in ("ssim", "mse"):
+                        row[f"{col}_sd"] = st.sd if st.n > 1 else None
+            row["seconds"] = sum(r.get("seconds", 0.0) for r in group)
+            rows.append(row)
+    return rows
 
 
 def aggregate(runs: list[dict]) -> list[dict]:
@@ -280,7 +349,10 @@ class LeakageStudy(Study[LeakageAuditConfig, list[dict]]):
             raise ModelwardError(f"{len(outcome.failed)} of {len(plan)} runs failed (re-run to retry); first: "
                                  f"{first[0]}: {first[1].strip().splitlines()[-1]}")
         results = ctx.ledger.results()
-        runs = [results[r.run_id] for r in plan]
+        runs = [results[r.run_id] for r in plan if r.spec.get("kind") != "inputs"]
+        inputs = [results[r.run_id] for r in plan if r.spec.get("kind") == "inputs"]
+        if inputs:
+            write_inputs(ctx.out, cfg, data, inputs)
         rows = aggregate(runs)
         suffix = "_parties" if self.transport == "parties" else ""
         notes = audit_notes(cfg, data, positive)
@@ -292,6 +364,43 @@ class LeakageStudy(Study[LeakageAuditConfig, list[dict]]):
         atomic_write_json(ctx.out / f"runs{suffix}.json", runs)
         tradeoff_plot(ctx.out / f"tradeoff{suffix}.png", rows, f"label leakage vs accuracy: {data.name}")
         return rows
+
+
+def write_inputs(out: Path, cfg: LeakageAuditConfig, data: DataSplit, runs: list[dict]) -> list[dict]:
+    """``inputs.{csv,md,json}``, ``inputs_runs.json`` and one ``reconstructions_<defense>.png`` per defense."""
+    rows = aggregate_inputs(runs)
+    images = data.is_image and data.x_train.dim() == 4
+    notes = [
+        f"- data {data.describe()}; model {cfg.model.arch}, Alice holds the layers up to {cfg.cut or 'the first'}; "
+        f"{cfg.train.steps} steps of batch {cfg.train.batch_size}; seeds {cfg.inputs.seeds}; "
+        f"{cfg.inputs.aux_fraction:.0%} of the training rows are public (Bob's auxiliary data), Alice trains on "
+        f"the rest; {cfg.inputs.rows} of her rows reconstructed per run from the last activation Bob received.",
+        "- attacks: decoder = He et al. 2019 query-free (surrogate of Alice's part through Bob's frozen part + "
+        "decoder trained on the auxiliary data; adaptive: trained on equally noisy features); unsplit = Erdogan et "
+        "al. 2022 (inputs and surrogate optimised jointly); fsha = Pasquini et al. 2021 (Bob returns his "
+        "adversarial gradient instead of the task's, every step).",
+        ("- ssim: mean per-row SSIM (1 = identical, images in [0, 1]); mse per pixel. No-leak references: "
+         "mean_* = the auxiliary mean image for every row; other_* = the attack's own reconstructions scored "
+         "against other rows (looking like a typical input, with no row-specific information)." if images else
+         "- mse per (standardised) feature; no-leak references: mean_mse = the auxiliary mean for every row, "
+         "other_mse = the attack's reconstructions scored against other rows."),
+        "- test_accuracy: the honest training with Alice's defense (for fsha the task is never trained); "
+        "accuracy_cost: points below the first defense listed.",
+        f"- what Alice sees of the gradients (a hijacking detector's inputs), in the training the attack used: "
+        f"canary_auc = do the epoch-averaged gradients of {cfg.inputs.canaries} public canary rows mixed into the "
+        "training (labels known to Alice) point more alike for the same label than for different labels (AUC, "
+        "0.5 = no; the Gradient Scrutinizer's test); grad_norm = mean gradient row norm over the last tenth of "
+        "the steps.",
+    ]
+    write_table(out, "inputs", rows, INPUT_COLUMNS, title=f"Input reconstruction audit: {data.name}", notes=notes)
+    atomic_write_json(out / "inputs_runs.json", [{k: v for k, v in r.items() if k != "examples"} for r in runs])
+    for r in runs:
+        if r.get("examples"):
+            slug = r["defense"].replace(" + ", "_").replace(" ", "")
+            reconstructions_plot(out / f"reconstructions_{slug}.png", r["examples"],
+                                 f"{data.name}: Bob's reconstructions of Alice's private rows, Alice's defense: "
+                                 f"{r['defense']} (seed {r['seed']})")
+    return rows
 
 
 def run_audit(cfg: LeakageAuditConfig, out_dir: str | Path, progress: ProgressSink | None = None, *,

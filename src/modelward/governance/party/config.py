@@ -25,6 +25,7 @@ from modelward.core.zoo import ModelConfig
 from modelward.errors import ConfigError
 from modelward.governance.consent import Policy
 from modelward.governance.integrity import IntegrityConfig
+from modelward.governance.party.input_protection import InputProtectionConfig
 from modelward.governance.party.label_protection import LabelProtectionConfig
 from modelward.governance.party.tensors import CompressionConfig
 from modelward.governance.trust.certs import check_name, read_pem
@@ -122,7 +123,10 @@ class PartyConfig(StrictModel):
         label_protection: the label holder's gradient perturbation (default Marvell, scale 4; ``method = "none"``
             opts out); compression: int8 / top-k compression of the activations it sends and the gradients it
             returns (:class:`~modelward.governance.party.tensors.CompressionConfig`, default none); integrity: outlier refusal (:class:`~modelward.governance.integrity.IntegrityConfig`);
-            anchor_every_s: the bound on how long an audit record stays unanchored in the next party's log.
+            input_protection: the first party's defence of its inputs against reconstruction by the next one
+            (:class:`~modelward.governance.party.input_protection.InputProtectionConfig`: activation noise,
+            NoPeek; default off);
+            anchor_every_s: the bound on how long an audit record stays unanchored in a neighbour's log.
         threads / timeout_s: torch threads, and the time limit of a request to the next party.
         update_priority: ``"idle"`` (default) runs the late part of a step (weight gradients, optimizer step and
             check, after the answer) at the lowest CPU priority, where the OS has one (Linux ``SCHED_IDLE``), so
@@ -181,7 +185,10 @@ class PartyConfig(StrictModel):
     # opt-in int8 / top-k compression of the activations this party sends and the gradients it returns (default
     # none: exact, bit-identical); the receiver decodes what the message's spec names
     compression: CompressionConfig = Field(default_factory=CompressionConfig)
-    anchor_every_s: float = Field(10.0, gt=0)  # every audit record anchored in the next party's log within this
+    # opt-in: the first party perturbs (noise) or decorrelates (NoPeek) the activations it sends, against input
+    # reconstruction by the next party (governance.party.input_protection; measured by split audit-leakage)
+    input_protection: InputProtectionConfig = Field(default_factory=InputProtectionConfig)
+    anchor_every_s: float = Field(10.0, gt=0)  # every audit record anchored in a neighbour's log within this
     threads: int = Field(0, ge=0)  # torch threads (0 = torch default)
     timeout_s: float = Field(60.0, gt=0)  # per request to the next party
     connect_timeout_s: float = Field(20.0, gt=0)  # one connection attempt to the next party

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from modelward.errors import ModelwardError
-from modelward.governance.audit import AuditLog
+from modelward.governance.audit import ANCHOR_OP, AuditLog
 from modelward.governance.consent import ConsentChecker, PassRequest, purpose_of
 from modelward.governance.flow_policy import request_fields
 from modelward.governance.protocol import DATA_OPS, OPS, ConsentDenied, PartyError, anchors_of
@@ -80,7 +80,8 @@ def peer_pin(gate: Gate, req: Request, call_next: CallNext) -> bytes:
     """Refuse a caller that is not an allowed pinned peer, or whose pinned certificate is revoked, before a single
     byte of the body is interpreted."""
     peer = gate.consent.check_peer(req.caller)
-    if not peer.allowed:
+    # (the next party is pinned by the chain itself: role() admits its one operation, the anchor exchange)
+    if not peer.allowed and req.caller != gate.next_party:
         gate.audit.refusal(req.caller, "(undecoded)", peer.reason, gate.refusals_every_s, batch=len(req.data))
         raise ConsentDenied(f"party {gate.name}: {peer.reason}")
     # a revoked certificate (the deny-list is re-read when it changes: a peer revoked while a session runs is
@@ -167,6 +168,8 @@ def consent(gate: Gate, req: Request, call_next: CallNext) -> bytes:
     """The party's consent policy decides this pass (from the operation it executes, never from a field the
     caller sends)."""
     msg = req.msg
+    if msg.op == ANCHOR_OP and req.caller == gate.next_party:  # (no pass: the anchor exchange, admitted by role())
+        return call_next(req)
     split, distinct, metric = request_fields(msg.op, msg.meta, msg.tensors)
     decision = gate.consent.check(PassRequest(gate.name, req.caller, msg.op, req.purpose, msg.session, msg.step,
                                               req.batch, split, distinct, metric))
@@ -197,7 +200,7 @@ def audit(gate: Gate, req: Request, call_next: CallNext) -> bytes:
     down = reply.meta.pop("_anchors", {})
     if down:
         rec["anchors"] = {**rec["anchors"], **down}
-    if op == "anchor":  # the exchange records itself, and only when it anchors a decision not anchored yet
+    if op == ANCHOR_OP:  # the exchange records itself, and only when it anchors a decision not anchored yet
         reply.meta["audit_head"] = gate.audit.head_ref
         return encode(reply)
     gate.audit.append(req.caller, op, **rec, decision="allow",
@@ -223,7 +226,8 @@ class Gate:
 
     Args:
         handler: the party's operations (:class:`Handler`).
-        name: the party's name; driver / prev: who may send control / data operations.
+        name: the party's name; driver / prev: who may send control / data operations; next_party: the next
+            party, admitted for the anchor exchange only.
         audit: the party's audit log; consent: its consent checker (policy and peer allow-list).
         lock: the party's state lock (held from :func:`in_order` to the end of the chain).
         max_message_bytes: the size limit of a request; refusals_every_s: at most one record per peer per this
@@ -241,8 +245,10 @@ class Gate:
     def __init__(self, handler: Handler, *, name: str, driver: str, prev: str | None, audit: AuditLog,
                  consent: ConsentChecker, lock: threading.RLock, max_message_bytes: int = 64 * 2**20,
                  refusals_every_s: float = 10.0, max_sessions_per_peer: int = 8,
-                 checks: tuple[Check, ...] = CHECKS, revoked: Callable[[str], str | None] | None = None) -> None:
+                 checks: tuple[Check, ...] = CHECKS, revoked: Callable[[str], str | None] | None = None,
+                 next_party: str | None = None) -> None:
         self.handler, self.name, self.driver, self.prev = handler, name, driver, prev
+        self.next_party = next_party
         self.audit, self.consent, self.lock = audit, consent, lock
         self.max_message_bytes, self.refusals_every_s = max_message_bytes, refusals_every_s
         self.revoked = revoked
@@ -263,8 +269,8 @@ class Gate:
         the first), ``open`` and ``status`` from the driver or the previous party, the rest from the driver."""
         if op in DATA_OPS:
             return caller == (self.prev if self.prev is not None else self.driver)
-        if op == "anchor":
-            return caller == self.prev
+        if op == ANCHOR_OP:  # both neighbours exchange heads (and where they listen: audit.Anchoring)
+            return caller is not None and caller in (self.prev, self.next_party)
         if op in ("open", "status"):
             return caller in (self.driver, self.prev)
         return caller == self.driver

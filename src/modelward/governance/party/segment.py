@@ -21,9 +21,9 @@ import torch
 
 from modelward.core.data import load_data
 from modelward.core.init import init_model_
-from modelward.core.io import load_tensors
+from modelward.core.io import load_into, load_tensors
 from modelward.core.zoo import build_model
-from modelward.errors import ConfigError
+from modelward.errors import ConfigError, DataError
 from modelward.governance.party.config import PartyConfig
 from modelward.governance.party.tensors import layout, max_abs
 from modelward.governance.plan import check_segment, model_layers, run_ops, segment_of
@@ -104,10 +104,10 @@ class Holding:
                 loaded = {k: f.get_tensor(k) for k in own}  # read only our own entries
         except (OSError, ValueError) as e:
             raise ConfigError(f"init.checkpoint {path}: cannot read ({e})") from None
-        try:
-            self.segment.load_state_dict(loaded)
-        except RuntimeError as e:
-            raise ConfigError(f"init.checkpoint {path}: tensors do not fit the model ({e})") from None
+        try:  # the project's one strict loader: shapes, dtypes (no silent cast), finite values, all named
+            load_into(self.segment, loaded, f"init.checkpoint {path}")
+        except DataError as e:
+            raise ConfigError(str(e)) from None
 
     def _load_data(self) -> None:
         self.x_train = self.x_test = self.y_train = self.y_test = None

@@ -40,9 +40,10 @@ from modelward.governance.trust.rotation import PeerTrust, RotationStore
 class PartyServer:
     """Serve one :class:`Party` over gRPC with mutual TLS (see the module docstring)."""
 
-    def __init__(self, party: Party, workers: int = 8) -> None:
+    def __init__(self, party: Party, workers: int = 8, port: int | None = None) -> None:
         self.party = party
         cfg = party.cfg
+        port = cfg.port if port is None else port
         # the largest legitimate message (rows x the widest tensor, party.message_limit, at most max_message_mb):
         # gRPC drops a longer one from its length prefix, before buffering it and before any identity check
         limit = party.message_limit
@@ -62,11 +63,11 @@ class PartyServer:
         self.pair = KeyPairFiles(cfg.tls.key, cfg.tls.cert)
         creds = server_credentials(cfg.tls, self.pair, self.trust)
         try:
-            self.port = self.server.add_secure_port(f"{cfg.host}:{cfg.port}", creds)
+            self.port = self.server.add_secure_port(f"{cfg.host}:{port}", creds)
         except RuntimeError:  # grpcio >= 1.60 raises instead of returning 0
             self.port = 0
         if self.port == 0:
-            raise ConfigError(f"party {cfg.name}: cannot listen on {cfg.host}:{cfg.port}: the address is in use "
+            raise ConfigError(f"party {cfg.name}: cannot listen on {cfg.host}:{port}: the address is in use "
                               "(another party server?) or not local; set `port` (0 = any free port) or `host`")
 
     def identify(self, pem: bytes) -> str:
@@ -222,6 +223,25 @@ def _write_address(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def _port_file(cfg: PartyConfig) -> Path:
+    """Where a party with ``port = 0`` keeps the port it last listened on (its neighbours know it by it)."""
+    return Path(cfg.checkpoint_dir) / "port"
+
+
+def _server(party: Party) -> PartyServer:
+    """The party's server. With ``port = 0`` it first tries the port it listened on before (a restart is then
+    found where it was, by neighbours that are themselves restarting too); when that one is taken, any free
+    port, which the party announces to its neighbours in its anchor exchange (audit.Anchoring)."""
+    cfg = party.cfg
+    last = _port_file(cfg)
+    if cfg.port == 0 and last.is_file() and last.read_text().strip().isdigit():
+        try:
+            return PartyServer(party, port=int(last.read_text().strip()))
+        except ConfigError:
+            pass  # taken meanwhile: a new one
+    return PartyServer(party)
+
+
 def _lock(cfg: PartyConfig):
     """The party's state folder is used by one server at a time (a second `party serve` is refused, naming the
     holder; a lock left by a killed server on this host is taken over)."""
@@ -346,12 +366,15 @@ def serve(cfg: PartyConfig, log=print, stop_event: threading.Event | None = None
     with _lock(cfg):
         party = party_type(cfg, connect=grpc_link(cfg))
         try:
-            server = PartyServer(party)
+            server = _server(party)
         except BaseException:
             party.close()
             raise
         with TLSRefusalMonitor(party) if audit_tls else nullcontext():
             port = server.start()
+            party.listen_address = f"{cfg.host}:{port}"  # given to its neighbours in the anchor exchange
+            if cfg.port == 0:
+                _write_address(_port_file(cfg), f"{port}\n")
             if cfg.address_file:
                 _write_address(Path(cfg.address_file), f"{cfg.host}:{port}\n")
             log(describe(party, port))

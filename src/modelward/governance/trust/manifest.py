@@ -1,10 +1,11 @@
 """Signed kit manifests: every file of a party's start-up kit, hashed, signed with the consortium's Ed25519 key.
 
-A kit (``modelward party provision``, :mod:`modelward.governance.trust.provision`) is a folder holding a party's
+A kit (``modelward party provision``, :mod:`modelward.governance.provisioning`) is a folder holding a party's
 configuration, policy, its peers' certificates and pins, its deny-list and start command. ``MANIFEST.json`` lists
-every other file of the folder with its SHA-256, names the consortium, the party it is for, its role and its
-creation time, and carries the consortium's public key; ``MANIFEST.sig`` is the Ed25519 signature (RFC 8032) of
-the exact bytes of ``MANIFEST.json``, base64. :func:`verify_kit` accepts a kit only if
+every other file of the folder with its SHA-256, names the consortium, the party it is for, its role, its
+creation time and the consortium's **version** (monotonic: a host refuses a kit older than one it has accepted,
+:mod:`modelward.governance.trust.versions`), and carries the consortium's public key; ``MANIFEST.sig`` is the
+Ed25519 signature (RFC 8032) of the exact bytes of ``MANIFEST.json``, base64. :func:`verify_kit` accepts a kit only if
 
 1. the public key in the manifest is the one the party expects — its ``spki-sha256:`` fingerprint, obtained out
    of band from the provisioner (never from the kit itself: a kit re-signed with another key carries that key);
@@ -44,6 +45,7 @@ from modelward.core.config import StrictModel
 from modelward.errors import ConfigError, ModelwardError
 from modelward.governance.trust.certs import write_new_file
 from modelward.governance.trust.identity import SPKI_PREFIX, normalize_fingerprint
+from modelward.governance.trust.versions import check_kit_version
 
 MANIFEST = "MANIFEST.json"
 SIGNATURE = "MANIFEST.sig"
@@ -64,6 +66,8 @@ class KitManifest(StrictModel):
         format: ``"modelward-kit/1"``.
         consortium: the consortium's name; party / role: whom the kit is for and its role.
         created: UTC creation time (ISO 8601).
+        version: the consortium's version: one more at every provisioning by the same signing key, so a kit
+            that revokes a party is newer than every kit that still trusts it (0: a kit from before versions).
         dev_generated_key: the party's private key was made by the provisioner and is in the kit (dev/test only).
         signing_key: the consortium's Ed25519 public key (PEM); files: relative path -> ``sha256:<hex>``.
     """
@@ -73,6 +77,7 @@ class KitManifest(StrictModel):
     party: str
     role: str
     created: str
+    version: int = Field(0, ge=0)
     dev_generated_key: bool = False
     signing_key: str
     files: dict[str, str] = Field(default_factory=dict)
@@ -181,7 +186,7 @@ def kit_files(kit: Path) -> list[str]:
 
 
 def write_manifest(kit: str | Path, key: Ed25519PrivateKey, *, consortium: str, party: str, role: str,
-                   dev_generated_key: bool = False, created: str | None = None) -> KitManifest:
+                   dev_generated_key: bool = False, created: str | None = None, version: int = 0) -> KitManifest:
     """Hash every file in `kit`, write ``MANIFEST.json`` and its Ed25519 signature ``MANIFEST.sig``.
 
     Args:
@@ -190,13 +195,14 @@ def write_manifest(kit: str | Path, key: Ed25519PrivateKey, *, consortium: str, 
         consortium / party / role: what the manifest names.
         dev_generated_key: the kit holds a private key made by the provisioner.
         created: the creation time (default now, UTC).
+        version: the consortium's version (:mod:`modelward.governance.trust.versions`).
     Returns:
         The signed :class:`KitManifest`.
     """
     kit = Path(kit)
     files = {rel: sha256_file(kit / rel) for rel in kit_files(kit)}
     m = KitManifest(consortium=consortium, party=party, role=role,
-                    created=created or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    created=created or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), version=version,
                     dev_generated_key=dev_generated_key, signing_key=public_key_pem(key.public_key()), files=files)
     data = (json.dumps(m.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
     (kit / MANIFEST).write_bytes(data)
@@ -285,6 +291,11 @@ def verify_kit(kit: str | Path, expected_key: str, party: str | None = None) -> 
     return m
 
 
+def signer_fingerprint(m: KitManifest) -> str:
+    """The ``spki-sha256:`` fingerprint of the consortium key that signed a verified manifest."""
+    return key_fingerprint(serialization.load_pem_public_key(m.signing_key.encode()))  # type: ignore[arg-type]
+
+
 def find_kit(config: str | Path) -> Path | None:
     """The kit folder `config` belongs to (`config` is a folder, or a file next to a ``MANIFEST.json``), or None."""
     p = Path(config)
@@ -305,7 +316,8 @@ def expected_party_from_env(option: str | None) -> str | None:
 def check_kit_of(config: str | Path, option_key: str | None = None, option_party: str | None = None,
                  overrides: list[str] | None = None) -> KitManifest | None:
     """The one rule for a command started on a configuration (``party serve``, ``split train``): a configuration
-    in a kit (a folder with ``MANIFEST.json``) is used only once the kit verifies against the consortium key;
+    in a kit (a folder with ``MANIFEST.json``) is used only once the kit verifies against the consortium key and
+    is not older than a kit this host has accepted (its consortium version; nothing recorded here);
     with a consortium key given (``--consortium-key`` or ``MODELWARD_CONSORTIUM_KEY`` on the host) only kits are
     accepted; ``--set`` overrides are refused for a kit (its configuration is signed).
 
@@ -331,4 +343,6 @@ def check_kit_of(config: str | Path, option_key: str | None = None, option_party
     if overrides:
         raise KitError(f"kit {kit}: --set {overrides[0]}: a kit's configuration is signed; change it in the "
                        "consortium file and provision again")
-    return verify_kit(kit, key, expected_party_from_env(option_party))
+    m = verify_kit(kit, key, expected_party_from_env(option_party))
+    check_kit_version(kit, m, record=False)
+    return m

@@ -16,7 +16,14 @@ from modelward.privacy.shadows import logits_of
 
 
 def per_example_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
-    return F.cross_entropy(logits_of(model, x), y, reduction="none").numpy().astype(np.float64)
+    """Cross-entropy per example, computed in float64 from the model's logits.
+
+    In float32 the loss of a confident prediction rounds to exactly 0 once the logit margin passes ≈ 17 (e^−17 is
+    below float32's resolution at 1), so an overfit model's members and its confidently-right non-members all tie
+    at the top of the score order, and no threshold can separate them at a low FPR (issue 38: an overfit model
+    read as TPR 0 at 1 % FPR). In float64 the same logits keep their order up to margins of ≈ 700.
+    """
+    return F.cross_entropy(logits_of(model, x).double(), y, reduction="none").numpy()
 
 
 class LossAttack(MembershipAttack):

@@ -44,6 +44,16 @@ for _name, _target in zip(ATTACK_NAMES + AUTOATTACK_NAMES, _CLASSES.values(), st
     ATTACKS.add(_name, _target)
 del _name, _target
 
+#: attacks beside AutoAttack's members that are not part of any standard suite
+_EXTRA: dict[str, tuple[str, str]] = {
+    # the Square Attack with windows reaching every pixel: stronger than the reference AutoAttack runs (issue 38)
+    "square_full": ("SquareFull", "modelward.robustness.attacks.square_full:SquareFull"),
+}
+for _name, (_cls, _target) in _EXTRA.items():
+    ATTACKS.add(_name, _target)
+    _CLASSES[_cls] = _target
+del _name, _cls, _target
+
 __getattr__, __dir__ = lazy_exports(__name__, _CLASSES)
 
 

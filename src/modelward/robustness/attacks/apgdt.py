@@ -1,5 +1,9 @@
 """APGD-T: Auto-PGD on the targeted DLR loss, over the top target classes (Croce & Hein 2020, §4 and eq. 7).
 
+``loss="ce"`` uses the reference code's targeted cross-entropy ``−CE(z, t)`` (``ce_loss_targeted`` of
+fra31/auto-attack) instead: it is defined for any number of classes, while the targeted DLR loss needs four, and
+is what AutoAttack runs on 2-class models (issue 38 item 4).
+
 For each of the ``n_target_classes`` classes with the highest clean logits other than the label (AutoAttack
 standard: 9), Algorithm 1 maximises the targeted DLR loss ``−(z_y − z_t)/(z_π1 − (z_π3 + z_π4)/2)`` on the points not
 broken yet (here all targets run side by side, one row per point and target; a point's rows stop as soon as one of
@@ -34,6 +38,7 @@ class APGDT(EvasionAttack):
         clip: the input box.
         seed: seeds every random choice.
         batch_size: attack this many points at a time (default: all).
+        loss: ``"dlr"`` (targeted DLR, eq. 7; ≥ 4 classes) or ``"ce"`` (targeted cross-entropy, any number).
 
     Returns:
         ``attack(x, y)`` returns an :class:`~modelward.robustness.attacks.base.AttackResult` (success =
@@ -56,9 +61,13 @@ class APGDT(EvasionAttack):
     def __init__(self, model: nn.Module, eps: float = 8 / 255, norm: Norm = "linf", steps: int = 100,
                  n_target_classes: int = 9, restarts: int = 1, rho: float = 0.75,
                  clip: tuple[float, float] = (0.0, 1.0), seed: int = 0, batch_size: int | None = None,
-                 eot_iter: int = 1) -> None:
+                 eot_iter: int = 1, loss: str = "dlr") -> None:
         if norm not in ("linf", "l2"):
             raise ConfigError(f"{self.name}: norm must be 'linf' or 'l2', got {norm!r}")
+        if loss not in ("dlr", "ce"):
+            raise ConfigError(f"{self.name}: loss must be 'dlr' (targeted DLR) or 'ce' (targeted cross-entropy), "
+                              f"got {loss!r}")
+        self.loss = loss
         if steps < 1 or restarts < 1 or n_target_classes < 1 or eot_iter < 1:
             raise ConfigError(f"{self.name}: steps, restarts, n_target_classes and eot_iter must be >= 1")
         self.eot_iter = eot_iter
@@ -82,7 +91,8 @@ class APGDT(EvasionAttack):
                 break
             xr = x[rows].repeat(k, *([1] * (x.dim() - 1)))
             group = torch.arange(len(rows), device=x.device).repeat(k)
-            adv, broken = apgd_search(self.model, xr, y[rows].repeat(k), losses.dlr_targeted, self.eps or 0.0,
+            objective = losses.dlr_targeted if self.loss == "dlr" else losses.ce_targeted
+            adv, broken = apgd_search(self.model, xr, y[rows].repeat(k), objective, self.eps or 0.0,
                                       self.norm, self.steps, self.clip, gen, target=targets[rows].t().flatten(),
                                       rho=self.rho, eot_iter=self.eot_iter, group=group)
             hit = broken.view(k, len(rows))

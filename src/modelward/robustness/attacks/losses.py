@@ -5,6 +5,7 @@ margin is the exception: Square minimises it, as in Andriushchenko et al. 2020).
 
 - ``DLR(z, y) = −(z_y − max_{i≠y} z_i) / (z_π1 − z_π3)`` (eq. 6), shift- and scale-invariant in the logits;
 - targeted ``DLR(z, y, t) = −(z_y − z_t) / (z_π1 − (z_π3 + z_π4)/2)`` (eq. 7);
+- targeted cross-entropy ``−CE(z, t)`` (the reference code's, for fewer than 4 classes);
 - ``margin(z, y) = z_y − max_{i≠y} z_i`` (negative iff misclassified).
 
 Example:
@@ -55,6 +56,12 @@ def dlr_targeted(z: torch.Tensor, y: torch.Tensor, target: torch.Tensor) -> torc
     top = z.sort(1, descending=True).values
     gap = z.gather(1, y[:, None]).squeeze(1) - z.gather(1, target[:, None]).squeeze(1)
     return -gap / (top[:, 0] - 0.5 * (top[:, 2] + top[:, 3]) + _TINY)
+
+
+def ce_targeted(z: torch.Tensor, y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Targeted cross-entropy ``−CE(z, t)`` per row (the reference code's ``ce_loss_targeted``): maximised as the
+    target's log-probability rises; defined for any number of classes."""
+    return -F.cross_entropy(z, target, reduction="none")
 
 
 def top_other_classes(z: torch.Tensor, y: torch.Tensor, k: int) -> torch.Tensor:
