@@ -21,7 +21,8 @@ tentative step, holding); ``transport/`` (gRPC server and client, in-process cli
 ``extraction_audit``, ``provision`` (one signed start-up kit per party at a consortium version; ``verify_kit``
 checks one, ``start_kit`` verifies one completely and runs its start.sh).
 ``flow_policy``, ``bounded_influence`` and ``trend_detector`` sit in the bottom layer, ``integrity`` just below the
-party, ``neighbour_audit`` beside ``consent``, ``poisoning_audit`` beside ``extraction_audit``.
+party, ``neighbour_audit`` beside ``consent``, ``poisoning_audit`` just below ``extraction_audit`` (its registry runs
+the slow poisoning).
 """
 
 from modelward.core.registry import lazy_exports

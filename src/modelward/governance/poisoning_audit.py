@@ -20,6 +20,10 @@ Example:
     ...                         bob_dir="runs/audit/parties/bob/checkpoints")
     >>> record.stopped, record.accuracy_before - record.accuracy_at_stop  # doctest: +SKIP
     (True, 0.0)
+
+In the self-audit (``modelward split audit-extraction``) the attack is the registry entry ``slow_poisoning``
+(:func:`run`, settings in ``[attacks.options.slow_poisoning]``, keys of :class:`SlowPoisoning`); it commits steps
+on Bob, so it runs last.
 """
 
 from __future__ import annotations
@@ -28,18 +32,20 @@ import json
 import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from pydantic import Field
 from torch import nn
 
-from modelward.core.config import StrictModel
+from modelward.core.config import StrictModel, validate
 from modelward.core.data import DataSplit
 from modelward.core.io import load_metadata, load_tensors
 from modelward.core.progress import ProgressSink, as_sink
 from modelward.errors import ModelwardError
 from modelward.governance.integrity import HALTED_DIR
+from modelward.governance.neighbour_audit import Point
+from modelward.governance.party.config import load_party_config
 from modelward.governance.protocol import PartyClient, PartyError, StepRolledBack
 from modelward.governance.wire import Message
 
@@ -83,12 +89,12 @@ class PoisoningRecord:
         return asdict(self)
 
 
-def _accuracy(alice_part: nn.Module, bob_part: nn.Module, data: DataSplit, state: dict[str, torch.Tensor]) -> float:
+def _accuracy(bob_part: nn.Module, h_test: torch.Tensor, y_test: torch.Tensor, state: dict[str, torch.Tensor]) -> float:
+    """Bob's part in `state` behind Alice's honest activations of the test split."""
     bob_part.load_state_dict(state)
-    alice_part.eval()
     bob_part.eval()
     with torch.no_grad():
-        return float((bob_part(alice_part(data.x_test)).argmax(1) == data.y_test).float().mean())
+        return float((bob_part(h_test).argmax(1) == y_test).float().mean())
 
 
 def _export(control: PartyClient) -> dict[str, torch.Tensor]:
@@ -126,28 +132,37 @@ def slow_poisoning(data: PartyClient, control: PartyClient, alice_part: nn.Modul
     Returns:
         A :class:`PoisoningRecord`.
     """
+    alice_part.eval()
+    with torch.no_grad():  # (what Alice holds: her part's activations of her own images)
+        h_train, h_test = alice_part(split.x_train), alice_part(split.x_test)
+    return poison_through(data, control, h_train, h_test, split.y_test, bob_part, bob_dir, settings, progress)
+
+
+def poison_through(data: PartyClient, control: PartyClient, h_train: torch.Tensor, h_test: torch.Tensor,
+                   y_test: torch.Tensor, bob_part: nn.Module, bob_dir: str | Path,
+                   settings: SlowPoisoning | None = None, progress: ProgressSink | None = None) -> PoisoningRecord:
+    """:func:`slow_poisoning` from Alice's activations of her training and test images (`h_train`, `h_test`) and
+    the test labels (the auditor's, to score)."""
     s = settings or SlowPoisoning()
     sink = as_sink(progress)
     bob_dir = Path(bob_dir)
     gen = torch.Generator().manual_seed(s.seed)
-    n_train = len(split.x_train)
-    before = _accuracy(alice_part, bob_part, split, _export(control))
+    n_train = len(h_train)
+    before = _accuracy(bob_part, h_test, y_test, _export(control))
     session = "poison-" + secrets.token_hex(4)
     opened = data.call(Message("open", session)).meta
     step, seq = int(opened["step"]), int(opened["last_seq"])
     frac, accepted, refused, fractions = s.start_fraction, 0, 0, []
     stopped_at, reason = None, ""
     sink.start(PROGRESS_KEY, s.attempts, "slow poisoning of the label holder")
-    alice_part.eval()
     for attempt in range(s.attempts):
         idx = torch.randperm(n_train, generator=gen)[: s.batch_size]
         b = len(idx)
         n = min(b, max(1, round(frac * b)))
         rows = torch.randperm(b, generator=gen)[:n]
         others = torch.randint(0, n_train, (n,), generator=gen)
-        with torch.no_grad():
-            h = alice_part(split.x_train[idx]).clone()
-            h[rows] = alice_part(split.x_train[others])  # other training images' real activations
+        h = h_train[idx].clone()
+        h[rows] = h_train[others]  # other training images' real activations
         fractions.append(n / b)
         seq += 1
         try:
@@ -177,9 +192,9 @@ def slow_poisoning(data: PartyClient, control: PartyClient, alice_part: nn.Modul
         accepted += 1
         frac = min(1.0, frac * s.growth)
         sink.advance(PROGRESS_KEY, 1, f"attempt {attempt}: {n} of {b} rows swapped, accepted")
-    after = _accuracy(alice_part, bob_part, split, _export(control))
+    after = _accuracy(bob_part, h_test, y_test, _export(control))
     evidence = _evidence(bob_dir) if stopped_at is not None else None
-    at_stop = _accuracy(alice_part, bob_part, split, evidence[0]) if evidence is not None else after
+    at_stop = _accuracy(bob_part, h_test, y_test, evidence[0]) if evidence is not None else after
     rolled = None
     if stopped_at is not None:
         st = control.call(Message("status")).meta
@@ -187,3 +202,42 @@ def slow_poisoning(data: PartyClient, control: PartyClient, alice_part: nn.Modul
     sink.done(PROGRESS_KEY, f"stopped at attempt {stopped_at}" if stopped_at is not None else "not stopped")
     return PoisoningRecord("slow_poisoning", len(fractions), accepted, refused, before, at_stop, after,
                            stopped_at is not None, stopped_at, rolled, reason, fractions)
+
+
+class _Context(Protocol):
+    """What :func:`run` reads of the self-audit's ``extraction_audit.AuditContext`` (named here, not imported: the
+    registry sits above this module)."""
+
+    oracle: Any  # .data (Alice's data key on Bob), .control (the operator's control key)
+    victim: Any  # .part (its name), .make_surrogate() (a module with Bob's layers, to load his states into)
+    data: DataSplit
+    h_train: torch.Tensor
+    h_test: torch.Tensor
+    settings: Any  # .options["slow_poisoning"]: SlowPoisoning keys
+    seed: int
+    split: Any  # .party_configs: the running parties' PARTY.toml files, in chain order
+
+
+def run(ctx: _Context) -> list[Point]:
+    """The self-audit's entry (``extraction_audit.ATTACKS``): the slow poisoning against the running label holder
+    with Alice's data key and the operator's control key, scored on Bob's real states.
+
+    Returns:
+        One :class:`~modelward.governance.neighbour_audit.Point`: ``rows`` = the rows of the attacker's committed
+        steps, ``agreement`` = the test accuracy Bob lost by the time the attack stopped (before - at the stop;
+        0 is none; chance 0), ``refused`` = Bob halted it; the note has before / at the stop / after.
+    """
+    options = dict(ctx.settings.options.get("slow_poisoning", {}))
+    options.setdefault("seed", ctx.seed)
+    s = validate(SlowPoisoning, options, "[attacks.options.slow_poisoning]")
+    bob = list(ctx.split.party_configs)[-1]
+    bob_dir = load_party_config(ctx.split.party_configs[bob]).checkpoint_dir
+    rec = poison_through(ctx.oracle.data, ctx.oracle.control, ctx.h_train, ctx.h_test, ctx.data.y_test,
+                         ctx.victim.make_surrogate(), bob_dir, s)
+    where = (f"halted at attempt {rec.stopped_at} of {s.attempts}, rolled back to step {rec.rolled_back_to}"
+             if rec.stopped else f"not halted in {rec.attempts} attempts")
+    note = (f"agreement column = test accuracy lost at the stop; bob's accuracy {rec.accuracy_before:.3f} before, "
+            f"{rec.accuracy_at_stop:.3f} at the stop, {rec.accuracy_after:.3f} after; {rec.accepted} steps "
+            f"accepted, {rec.refused} refused; {where}")
+    lost = max(0.0, rec.accuracy_before - rec.accuracy_at_stop)
+    return [Point(ctx.victim.part, "slow_poisoning", rec.accepted * s.batch_size, lost, rec.stopped, 0.0, note)]

@@ -42,13 +42,15 @@ Forward = Callable[[Message, dict, dict], Message]
 
 
 class TrainingStep:
-    """The ``step`` operation of one party and the integrity check of its update.
+    """The ``step`` operation of one party and the integrity of its update (bounded influence, the trend
+    detector).
 
     Args:
         name: the party's name.
         holding: its segment and data column; tentative: its tentative step; two_phase: its commits.
         window: its staleness window (the first party's pipelined steps).
-        integrity: its running statistics of incoming activations, updates and losses.
+        integrity: its :class:`~modelward.governance.integrity.StepIntegrity` (the label holder's rows clipped and
+            watched, every party's step capped and its running statistics bounded; a halt refuses every step).
         release: its release path (the gradient leaves through it; the label holder's loss is held there).
         forward: ``forward(msg, meta, tensors)``: the step continued to the next party (the party's
             ``_next_call``).
