@@ -2,6 +2,7 @@
 step can change whatever the rows, drift at the documented rate at most, and leave an unclipped step bit for bit
 as it was."""
 
+import copy
 import math
 
 import pytest
@@ -110,3 +111,20 @@ def test_off_means_off_and_the_state_round_trips():
     again = BoundedInfluence(InfluenceConfig(), seg, label_holder=True, receives=True)
     again.load_state(on.state())
     assert again.state() == on.state()
+
+
+def test_the_part_keeps_nothing_of_a_step_and_stays_copyable():
+    """The features the per-row norms need are read once per training forward: no graph tensor stays on the part
+    (a copy.deepcopy of it works after a step) and an evaluation pass keeps nothing."""
+    seg = mlp()
+    bi = BoundedInfluence(InfluenceConfig(), seg, label_holder=True, receives=True)
+    root, _ = bi.loss(seg(torch.randn(64, 6)), torch.randint(0, 4, (64,)))
+    root.backward()
+    assert bi._features is None
+    seg.train()
+    seg(torch.randn(8, 6, requires_grad=True))  # a forward whose loss never comes (an aborted step)
+    assert bi._features is not None and bi._features.grad_fn is None
+    copy.deepcopy(seg)
+    seg.eval()
+    seg(torch.randn(500, 6))
+    assert bi._features is None

@@ -117,7 +117,10 @@ class BoundedInfluence:
                       if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats] if receives else []
 
     def _keep_features(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
-        self._features = inputs[0] if inputs and torch.is_tensor(inputs[0]) else None
+        # training forwards only, detached (the same storage): nothing of the graph or of an evaluation pass is
+        # kept alive on the module, which stays copyable (copy.deepcopy)
+        ok = module.training and inputs and torch.is_tensor(inputs[0])
+        self._features = inputs[0].detach() if ok else None
 
     # ----------------------------------------------------------------- 1. per-row clipping (label holder)
     def row_norms(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -147,6 +150,7 @@ class BoundedInfluence:
         if not self.cfg.enabled or len(y) == 0:
             return F.cross_entropy(out, y), per_row
         r = self.row_norms(out, y)
+        self._features = None  # (not kept past the step)
         finite = torch.isfinite(r)
         if self.clip is None:
             if not bool(finite.any()):
