@@ -20,7 +20,9 @@ running statistics bounded), the largest CUSUM value seen, and the final test ac
         [--seeds 10] [--steps 5000] [--out runs/bench/false_refusals]
 
 Resumable: a job's result is ``<out>/<config>/<mode>/seed<k>/result.json``; a finished job is skipped, an
-interrupted one resumes from its parties' checkpoints (their audit logs keep the counts). Progress goes to the
+interrupted one resumes from its parties' checkpoints (their audit logs keep the counts). ``--summary-only`` runs
+nothing: it summarises the finished jobs and lists the unfinished ones with the steps their label holder has
+checkpointed and the refusals and halts in their audit logs so far (what a run stopped at a deadline covered). Progress goes to the
 log (``MODELWARD_PROGRESS_SECONDS``), one line per job as it finishes, and the summary to ``<out>/summary.json``.
 """
 
@@ -152,6 +154,16 @@ def run_job(folder: Path, cfg: dict[str, Any], mode: str, seed: int, steps: int,
     return out
 
 
+def partial_job(folder: Path, config: str, mode: str, seed: int) -> dict[str, Any]:
+    """An unfinished job: the steps its label holder has checkpointed (a lower bound of the steps run) and the
+    refusals and halts its parties' audit logs hold so far."""
+    ckpts = sorted((folder / "bob" / "checkpoints").glob("step_*.safetensors"))
+    steps = int(ckpts[-1].stem.split("_")[1]) if ckpts else 0
+    counts = {n: audit_counts(folder / n / "audit.db") for n in ("alice", "bob") if (folder / n / "audit.db").is_file()}
+    return {"config": config, "mode": mode, "seed": seed, "steps": steps,
+            "refusals": sum(c["refused"] for c in counts.values()), "halts": sum(c["halts"] for c in counts.values())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default="digits,breast_cancer")
@@ -160,6 +172,7 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=5000)
     ap.add_argument("--out", default=str(ROOT / "runs/bench/false_refusals"))
+    ap.add_argument("--summary-only", action="store_true", help="run nothing; summarise what is there")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(1)
@@ -169,10 +182,14 @@ def main() -> None:
             for s in range(args.first_seed, args.first_seed + args.seeds)]
     progress = RichProgress()
     progress.start("jobs", len(jobs), "false refusals: jobs")
-    results = []
+    results, partial = [], []
     for c, m, s in jobs:
         folder = out / c / m / f"seed{s}"
         done = folder / "result.json"
+        if args.summary_only and not done.is_file():
+            if (folder / "bob" / "audit.db").is_file():
+                partial.append(partial_job(folder, c, m, s))
+            continue
         if not done.is_file():
             atomic_write_json(done, run_job(folder, cfgs[c], m, s, args.steps, progress))
         r = json.loads(done.read_text())
@@ -204,7 +221,10 @@ def main() -> None:
     total = {"steps": sum(s["steps"] for s in summary.values()),
              "refusals": sum(s["refusals"] for s in summary.values()),
              "halts": sum(s["halts"] for s in summary.values())}
-    atomic_write_json(out / "summary.json", {"by_config_mode": summary, "total": total})
+    unfinished = {"jobs": len(partial), "steps": sum(p["steps"] for p in partial),
+                  "refusals": sum(p["refusals"] for p in partial), "halts": sum(p["halts"] for p in partial)}
+    atomic_write_json(out / ("summary_so_far.json" if args.summary_only else "summary.json"),
+                      {"by_config_mode": summary, "total": total, "unfinished": partial})
     print(f"{'config/mode':28s} {'jobs':>4s} {'steps':>7s} {'refused':>7s} {'halts':>5s} {'rows clipped':>13s} "
           f"{'caps b/a':>9s} {'bn bounded':>10s} {'max S':>6s} {'test error (mean)':>17s}")
     for k, s in summary.items():
@@ -213,6 +233,12 @@ def main() -> None:
               f"{s['rows_clipped'] / max(1, s['rows']):13.4f} {s['bob_steps_capped']:4d}/{s['alice_steps_capped']:<4d} "
               f"{s['buffers_bounded']:10d} {s['max_cusum']:6.2f} {sum(errs) / max(1, len(errs)):17.4f}")
     print(f"total: {total['refusals']} refusals and {total['halts']} halts in {total['steps']} honest steps")
+    for p in partial:
+        print(f"unfinished: {p['config']} {p['mode']} seed {p['seed']}: {p['steps']} steps checkpointed, "
+              f"{p['refusals']} refused, {p['halts']} halts")
+    if partial:
+        print(f"with the unfinished jobs: {total['refusals'] + unfinished['refusals']} refusals and "
+              f"{total['halts'] + unfinished['halts']} halts in {total['steps'] + unfinished['steps']} honest steps")
 
 
 if __name__ == "__main__":
