@@ -18,7 +18,8 @@ def test_audit_extraction_on_the_example_under_the_defaults(tmp_path):
     sets = ["train.steps=23", "train.eval_every=23", "attacks.checkpoints=[64]", 'attacks.predict_pools=["natural"]',
             "attacks.eval_points=[80]", "attacks.labels_rows=64", "attacks.fit_steps=20",
             "attacks.differencing_points=[640]", "attacks.loss_probes=16",
-            'attacks.skip=["eval_differencing_repeated", "label_only", "loss_oracle_committed"]']
+            'attacks.skip=["eval_differencing_repeated", "label_only", "loss_oracle_committed"]',
+            "attacks.options.slow_poisoning.attempts=12"]  # (the full attack: tests/e2e/test_governance_poisoning.py)
     r = CliRunner().invoke(app, ["split", "audit-extraction", str(EX / "audit_extraction_digits.toml"), "--out",
                                  str(tmp_path / "out"), *[a for s in sets for a in ("--set", s)]],
                            env={"COLUMNS": "200"})
@@ -36,6 +37,10 @@ def test_audit_extraction_on_the_example_under_the_defaults(tmp_path):
     assert all(float(row["agreement"]) <= 0.30 for row in rows), rows
     assert by["eval_differencing"]["refused"] == "True" and "privacy budget" in by["eval_differencing"]["note"]
     assert by["loss_oracle"]["rows"] == str(8 * 26) and "no loss released" in by["loss_oracle"]["note"]
+    # issue 36 item 2: the slow poisoning is listed too, scored as the test accuracy Bob lost (chance 0)
+    poison = by["slow_poisoning"]
+    assert poison["chance"] == "0.0" and int(poison["rows"]) % 64 == 0 and "at the stop" in poison["note"], poison
+    assert "slow poisoning: " in r.output
     summary = json.loads((tmp_path / "out/extraction.json").read_text())
     assert summary["policy"]["predict"]["result_receiver"] == "owner" and summary["test_accuracy"] > 0.5
     assert all(v is None or v > 0 for v in summary["completion_rows"].values())

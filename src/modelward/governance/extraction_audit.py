@@ -12,7 +12,8 @@ The run, all on 127.0.0.1 with mutual TLS:
    of her choosing; with the *control* key of her organisation she tries to fetch the answers, and commits or aborts
    her steps. Every attack of :data:`ATTACKS` (one entry each, ``run(AuditContext) -> [Point]``: surrogates from
    ``predict``, the duplicate-index ``eval`` oracle, issue 36's eval differencing, label-only active learning and
-   training-loss oracle, labels from answers and from gradients) runs until Bob refuses or withholds; one that
+   training-loss oracle, labels from answers and from gradients, the slow poisoning of
+   :mod:`~modelward.governance.poisoning_audit`) runs until Bob refuses, withholds or halts; one that
    spends a day's budget runs against Bob restarted from his trained checkpoint on a fresh audit log.
 4. The auditor, who stands in for both organisations, scores: agreement of each surrogate with Bob's real part on
    held-out activations, labels recovered from answers and from the recorded gradients, and the labelled rows a
@@ -46,6 +47,7 @@ from modelward.core.progress import ProgressSink
 from modelward.core.train import TrainConfig, evaluate
 from modelward.core.zoo import ModelConfig, build_model
 from modelward.errors import ModelwardError
+from modelward.governance import poisoning_audit
 from modelward.governance.consent import Policy
 from modelward.governance.neighbour_audit import (
     Point,
@@ -327,6 +329,8 @@ ATTACKS: list[Attack] = [
     Attack("loss_oracle_committed", _loss_oracle(True), lambda a: a.loss_probes_committed > 0, fresh_budget=True,
            changes_bob=True),
 ]
+# issue 36 item 2: the slow poisoning of Bob's part through activations (settings: [attacks.options.slow_poisoning])
+ATTACKS.append(Attack("slow_poisoning", poisoning_audit.run, changes_bob=True))
 
 
 def run_extraction_audit(cfg: ExtractionAuditConfig, out_dir: str | Path,

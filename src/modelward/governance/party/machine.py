@@ -15,11 +15,9 @@ gradients, optimizer step, check) is done, so that it runs while the parties bef
 with the next request (see :mod:`.training`). Evaluation and prediction travel the same chain, so every
 party, the label holder included, consents to every pass.
 
-What leaves a party — to its neighbours or to the driver — passes its release path (:mod:`.release`): the
-gradient (the label holder's protection), evaluation sums and the training loss (noisy, accounted per receiver,
-the loss only summed over committed steps: a step's loss never leaves with it), prediction outputs (the owner's
-form). The driver thus sees batch indices, noisy metrics and committed-window losses, never an activation, a
-gradient or the loss of one step.
+What leaves a party passes its release path (:mod:`.release`): the driver sees batch indices, noisy metrics and
+committed-window losses, never an activation, a gradient or the loss of one step. What one step can change is
+bounded, and the label holder's trend detector halts sustained damage (:mod:`~modelward.governance.integrity`).
 
 Consent is decided from the operation the party executes (:data:`consent.OP_PURPOSE`), never from a field the
 caller sends. Who may ask for what is fixed by the chain: data operations (step, eval, predict) come from the
@@ -34,15 +32,13 @@ The party is wiring; each part owns its state and has one job:
   the committed step, carried commits, votes, aborts; :class:`~.state.PartyState`: checkpoints;
 - :class:`~.pipeline.StalenessWindow`: the first party's steps in flight (bounded staleness);
 - :class:`~.release.ReleasePath`: what leaves; :class:`~.link.NextLink`: the link to the next party;
-- :class:`~.training.TrainingStep`: the training step (phase 1); :class:`~.inference.Inference`: evaluation,
-  prediction, fetch;
+- :class:`~.training.TrainingStep`: the training step (phase 1); :class:`~.inference.Inference`: evaluation...;
 - this class: the wiring, the dispatch table (:attr:`Party.ops`) and the control operations.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -51,12 +47,11 @@ from typing import Any
 import torch
 
 from modelward.core.config import validate
-from modelward.core.io import save_tensors
 from modelward.core.train import TrainConfig, make_optimizer
 from modelward.governance.audit import ANCHOR_OP, Anchoring, AuditLog
 from modelward.governance.consent import ConsentChecker, purpose_of
 from modelward.governance.flow_policy import Release, role_warnings
-from modelward.governance.integrity import StepIntegrity
+from modelward.governance.integrity import PoisoningSuspected, StepIntegrity
 from modelward.governance.party.checkpoints import Checkpoints
 from modelward.governance.party.commits import TwoPhase
 from modelward.governance.party.config import PartyConfig, pins, revoked_path
@@ -125,10 +120,13 @@ class Party:
         if connect is not None and hasattr(connect, "max_bytes"):
             connect.max_bytes = self.message_limit
         self.warnings = role_warnings(cfg.name, cfg.prev, cfg.driver, self.is_first)
-        # outlier steps (incoming activations, update norm, loss) are refused and rolled back (integrity)
-        self.integrity = StepIntegrity(cfg.integrity)
+        # what one step can change is bounded; the label holder's trend detector halts sustained damage (integrity)
+        self.integrity = StepIntegrity(cfg.integrity, self.segment, name=cfg.name, label_holder=self.is_last,
+                                       receives=not self.is_first, num_classes=cfg.num_classes,
+                                       state_dir=cfg.checkpoint_dir)
         self.tentative = t = TentativeStep(cfg.name, self.segment, lambda: self.cfg.max_abs_param,
                                            cfg.update_priority)
+        t.pre_update = self.integrity.before_optimizer_step
         self.audit = AuditLog(cfg.audit_db, cfg.name)
         self.consent = ConsentChecker(cfg.policy, self.audit)
         self.lock = threading.RLock()
@@ -146,6 +144,7 @@ class Party:
         self.link = NextLink(cfg.name, cfg.next, cfg.peers[cfg.next].address if cfg.next else None, connect,
                              self.audit, cfg.max_sessions_per_peer)
         self.ckpt = Checkpoints(cfg.checkpoint_dir, cfg.keep_checkpoints)
+        self.ckpt.pinned = lambda: self.integrity.trend.good_step  # the last good state survives pruning
         self.state = PartyState(cfg.name, cfg.layers, self.segment, t, self.integrity, self.ckpt, self.audit)
         # bounded-staleness pipelining (the first party): the steps in flight, oldest first, and their senders
         self.window = StalenessWindow(cfg.name, cfg.next, h, t, self.audit,
@@ -191,23 +190,10 @@ class Party:
     next_client = property(lambda self: self.link.client, doc="The data link's client, once connected.")
     link_seq = property(lambda self: self.link.seq, doc="Session -> last sequence number towards the next party.")
 
-    @property
-    def _connect(self) -> Connect | None:
-        """How the next party is reached (tests swap it for a flaky link, then :meth:`reconnect`)."""
-        return self.link.connect
-
-    @_connect.setter
-    def _connect(self, connect: Connect | None) -> None:
-        self.link.connect = connect
-
-    @property
-    def next_address(self) -> str | None:
-        """Where the next party listens (None: unknown until the driver says)."""
-        return self.link.address
-
-    @next_address.setter
-    def next_address(self, addr: str | None) -> None:
-        self.link.address = addr
+    _connect = property(lambda self: self.link.connect, lambda self, c: setattr(self.link, "connect", c),
+                        doc="How the next party is reached (tests swap it for a flaky link, then reconnect()).")
+    next_address = property(lambda self: self.link.address, lambda self, a: setattr(self.link, "address", a),
+                            doc="Where the next party listens (None: unknown until the driver says).")
 
     @property
     def note(self) -> str:
@@ -237,7 +223,21 @@ class Party:
         err = self.ckpt.take_error()
         if err:
             raise PartyError(f"party {self.cfg.name}: {err}")
-        return self.ops[op](msg, caller)
+        try:
+            return self.ops[op](msg, caller)
+        except PoisoningSuspected:
+            if self.integrity.halt is not None and self.integrity.halt.restored_step is None:
+                self._halt()  # once: the first refusal of a halt rolls back (also after a restart in between)
+            raise
+
+    def _halt(self) -> None:
+        """After the trend detector's alarm (the suspect step is undone already): the state the accepted steps left
+        is kept as evidence, the checkpoints after the last step in control are set aside, and the party goes back
+        to the last good one (integrity.StepIntegrity.roll_back_to_good)."""
+        self.rest(save=False)
+        self._restore(self.integrity.roll_back_to_good(self.checkpoints(), lambda: self._state_tensors()))
+        self.audit.append(self.cfg.name, "halt", step=self.step, decision="error",
+                          reason=self.integrity.halt.message(), purpose=purpose_of("step"))  # type: ignore[union-attr]
 
     def settle(self) -> None:
         """Wait for the late part of the prepared step; a failed check is rolled back and recorded (the step is
@@ -245,6 +245,7 @@ class Party:
         failed = self.tentative.settle()
         if failed is not None:
             self.out.aborted(failed.step)
+            self.integrity.rewind(failed.step)
             caller, session, seq = failed.request
             self.audit.append(caller, "step", session, failed.step, seq, decision="error",
                               reason=f"{failed.reason} (found by the check after the input gradient was sent; the "
@@ -280,6 +281,7 @@ class Party:
                 "prepared": t.all_prepared()[0].step if t.count() else None,
                 "in_flight": self.window.in_flight(), "update_priority": t.update_priority,
                 "checkpoints": self.checkpoints(), "audit_head": self.audit.head_ref,
+                "halted": None if self.integrity.halt is None else self.integrity.halt.message(),
                 "digest": self.state_digest() if digest else None,
                 "params": {k: list(v.shape) for k, v in self.params.items()}, "link": self.link.stats(),
                 "train_cfg": t.train_cfg.model_dump(mode="json") if t.train_cfg else None}
@@ -347,6 +349,7 @@ class Party:
         """Phase 2 on a refusal: restore the state before the prepared step s (no-op if nothing is prepared); in a
         pipelined session every step prepared or in flight from s on is undone with it."""
         self.two.abort(msg.step)
+        self.integrity.rewind(self.step + self.tentative.count())
         return self._reply_status("abort", caller, {"step": self.step})
 
     def op_anchor(self, msg: Message, caller: str) -> Message:
@@ -368,25 +371,21 @@ class Party:
         if self.tentative.prepared is not None or self.window.flight:
             busy = self.tentative.prepared.step if self.tentative.prepared is not None else self.window.flight[0].step
             raise PartyError(f"party {self.cfg.name}: step {busy} is prepared or in flight; commit or abort first")
-        path = self._save_checkpoint()
-        meta: dict[str, Any] = {"step": self.step, "path": str(path)}
+        meta: dict[str, Any] = {"step": self.step, "path": str(self._save_checkpoint())}
         if msg.meta.get("export"):
-            exp = self.ckpt.dir / "export.safetensors"
-            save_tensors(exp, self.segment.state_dict(), {"modelward": json.dumps({"step": self.step,
-                                                                                    "party": self.cfg.name})})
-            meta["export"] = str(exp)
+            meta["export"] = str(self.state.export(self.step))
         return self._reply_status("checkpoint", caller, meta)
 
     # ----------------------------------------------------------------- stopping
-    def rest(self) -> None:
+    def rest(self, save: bool = True) -> None:
         """A clean stop's state: the late part of an uncommitted step waited for, then rolled back (the driver
-        will abort or restore it anyway), and a checkpoint of the current step."""
+        will abort or restore it anyway), and (`save`) a checkpoint of the current step."""
         with self.lock:
             self.settle()  # a late update still running would otherwise apply itself after the rollback below
             self.window.reset(0)
             self.tentative.drop()
             self.out.aborted()
-            if self.step not in self.checkpoints():
+            if save and self.step not in self.checkpoints():
                 self._save_checkpoint()
 
     def close(self) -> None:

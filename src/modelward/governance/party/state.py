@@ -16,12 +16,13 @@ Example:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from modelward.core.io import load_into, optimizer_from_tensors, optimizer_to_tensors
+from modelward.core.io import load_into, optimizer_from_tensors, optimizer_to_tensors, save_tensors
 from modelward.core.train import TrainConfig, make_optimizer
 from modelward.governance.audit import AuditLog
 from modelward.governance.integrity import StepIntegrity
@@ -52,8 +53,9 @@ class PartyState:
         """A checkpoint's tensors and metadata: of the live state at committed step `step` (`buffers`: the buffers
         of an earlier moment), or of the state the prepared step `snap` starts from."""
         t = self.tentative
-        meta: dict[str, Any] = {"step": step if snap is None else snap.step, "party": self.name,
-                                "layers": self.layers, "integrity": self.integrity.monitor.state()}
+        at = step if snap is None else snap.step
+        meta: dict[str, Any] = {"step": at, "party": self.name, "layers": self.layers,
+                                "integrity": self.integrity.state(at)}
         if snap is not None:
             assert t.train_cfg is not None
             tensors, meta["opt"] = prepared_state(snap, list(self.params), t.train_cfg)
@@ -77,6 +79,13 @@ class PartyState:
         tensors, meta = self.tensors(step, buffers, snap)
         return self.ckpt.save(step if snap is None else snap.step, tensors, meta, background, before=self.audit.sync)
 
+    def export(self, step: int) -> Path:
+        """Write export.safetensors (parameters and buffers only) into the party's own checkpoint folder; returns
+        its path (nothing but the path leaves the party)."""
+        path = self.ckpt.dir / "export.safetensors"
+        save_tensors(path, self.segment.state_dict(), {"modelward": json.dumps({"step": step, "party": self.name})})
+        return path
+
     def restore(self, step: int) -> int:
         """Load the checkpoint of step `step` (the prepared step, if any, is forgotten); returns its step."""
         got = self.ckpt.load(step)
@@ -89,7 +98,7 @@ class PartyState:
         t.prepared = None
         t.rolled_back = None
         if isinstance(meta.get("integrity"), dict):
-            self.integrity.monitor.load_state(meta["integrity"])
+            self.integrity.load_state(meta["integrity"])
         if "train_cfg" in meta:
             t.train_cfg = TrainConfig.model_validate(meta["train_cfg"])
             t.opt = make_optimizer(list(self.params.values()), t.train_cfg)

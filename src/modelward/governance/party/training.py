@@ -26,7 +26,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from modelward.errors import ModelwardError
 from modelward.governance.integrity import StepIntegrity
 from modelward.governance.party.backward import input_gradient
 from modelward.governance.party.commits import TwoPhase
@@ -36,20 +35,22 @@ from modelward.governance.party.release import ReleasePath
 from modelward.governance.party.segment import Holding
 from modelward.governance.party.step import TentativeStep
 from modelward.governance.party.tensors import format_of, layout
-from modelward.governance.protocol import NumericError, PartyError, anchors_of
+from modelward.governance.protocol import PartyError, anchors_of
 from modelward.governance.wire import Codec, Message, expect
 
 Forward = Callable[[Message, dict, dict], Message]
 
 
 class TrainingStep:
-    """The ``step`` operation of one party and the integrity check of its update.
+    """The ``step`` operation of one party and the integrity of its update (bounded influence, the trend
+    detector).
 
     Args:
         name: the party's name.
         holding: its segment and data column; tentative: its tentative step; two_phase: its commits.
         window: its staleness window (the first party's pipelined steps).
-        integrity: its running statistics of incoming activations, updates and losses.
+        integrity: its :class:`~modelward.governance.integrity.StepIntegrity` (the label holder's rows clipped and
+            watched, every party's step capped and its running statistics bounded; a halt refuses every step).
         release: its release path (the gradient leaves through it; the label holder's loss is held there).
         forward: ``forward(msg, meta, tensors)``: the step continued to the next party (the party's
             ``_next_call``).
@@ -65,23 +66,14 @@ class TrainingStep:
         self.name, self.holding, self.tentative, self.two, self.window = name, holding, tentative, two_phase, window
         self.integrity, self.out, self.forward, self.send_codecs = integrity, release, forward, send_codecs
         self.inputs = inputs  # the first party's input protection (noise / NoPeek on what it sends), or None
-        self.loss: float | None = None  # the label holder's loss of the step being checked (integrity)
         self.note = ""
         tentative.extra_check = self.check
 
     def check(self, step: int, snap: Any) -> None:
-        """After the numeric check of a tentative update: the update norm (and the label holder's loss) against
-        the party's running statistics; an outlier rolls the step back and refuses it (integrity)."""
-        if not self.integrity.enabled:
-            return
+        """After the numeric check of a tentative update: the change of the running statistics is bounded
+        (integrity: bounded influence)."""
         t = self.tentative
-        keys, bufs = t.param_keys, t.buffer_keys
-        try:
-            self.integrity.after_update([snap.model[k] for k in keys], [t.live[k] for k in keys], self.loss,
-                                        [snap.model[k] for k in bufs], [t.live[k] for k in bufs])
-        except ModelwardError as e:
-            raise NumericError(f"party {self.name}: step {step}: {e}; the step is rolled back and refused") \
-                from None
+        self.integrity.after_update({k: snap.model[k] for k in t.buffer_keys}, {k: t.live[k] for k in t.buffer_keys})
 
     def step(self, msg: Message, caller: str) -> Message:
         """Phase 1 of training step s (module docstring). The state before the step is kept until commit(s) or
@@ -90,12 +82,13 @@ class TrainingStep:
         if t.opt is None:
             raise PartyError(f"party {self.name}: open a training session first")
         stale = self.window.staleness(msg)
-        if stale and h.is_first:  # (its update is checked without a loss: the first party holds no labels)
-            self.loss = None
+        if stale and h.is_first:  # (the first party holds no labels: its steps are bounded, not watched)
             done, down = self.window.step(msg, stale)
             self.note += f"; pipelined (staleness {stale}): finished steps {done}"
             return self.out.reply("step", msg.step, meta={"done": self.out.release(caller, "status", done)},
                                   anchors=down)
+        if h.is_last:  # a halt of the training (integrity) refuses every step until the operator lifts it
+            self.note += self.integrity.refuse_if_halted()
         carried, held = two.carried(msg)
         at = two.step + t.count()
         if msg.step != at:
@@ -106,14 +99,9 @@ class TrainingStep:
                              f"committed nor aborted{' (too many steps prepared at once)' if stale else ''}")
         t.rolled_back = None
         idx, x = h.input(msg, "train", h.limit())
-        self.loss = None
-        if not h.is_first:  # an outlier activation is refused before anything is computed (integrity)
-            try:
-                self.integrity.incoming("h", x)
-            except ModelwardError as e:
-                raise NumericError(f"party {self.name}: step {msg.step}: {e}; nothing computed") from None
         snapshot = t.begin(msg.step)
         per_row: torch.Tensor | None = None
+        loss = 0.0  # (the label holder's, below)
         try:
             h.segment.train()
             inp = None if h.is_first else layout(x).requires_grad_(True)
@@ -123,8 +111,8 @@ class TrainingStep:
             down: dict[str, list] = {}
             if h.is_last:
                 y = h.y_train[idx]
-                root = F.cross_entropy(out, y)
-                self.loss = float(root.item())  # checked against its running statistics with the update
+                # rows clipped, and their losses watched by the trend detector first (integrity)
+                root, loss = self.integrity.training_loss(msg.step, out, y)
                 with torch.no_grad():  # (what may leave once the step commits, summed: release.hold_loss)
                     per_row = F.cross_entropy(out.detach(), y, reduction="none")
             else:
@@ -146,10 +134,11 @@ class TrainingStep:
                 weight_pass = weights.run
         except BaseException:
             t.rollback(snapshot())  # the state before this step (a held commit stays prepared)
+            self.integrity.rewind(msg.step)
             raise
         t.push(snapshot())
         if per_row is not None:
-            self.out.hold_loss(msg.step, per_row, self.loss, idx)  # type: ignore[arg-type]
+            self.out.hold_loss(msg.step, per_row, loss, idx)
         # the first party's caller (the driver) waits for nothing but the answer, and no party's work overlaps its
         # update (the next step starts with it): it runs the update here, saving the hand-over to the update
         # thread (measured: docs/benchmarks/governance.md). Its check is still this party's late vote
