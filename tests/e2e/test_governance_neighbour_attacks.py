@@ -236,7 +236,10 @@ def test_the_60_mib_message_is_dropped_before_it_is_buffered(parties, legit):
             carol.call(big)
     took = time.monotonic() - t0
     carol.close()
-    assert took < 20 and peak_rss_mib() - before < 40, (took, before, peak_rss_mib())
+    # a message buffered whole would raise bob's peak by at least its 60 MiB (one of the three at a time); what
+    # arrives before the size check (HTTP/2 flow-control windows) and bob's own background work (an asynchronous
+    # checkpoint, the anchor exchange) stays below that: 43 MiB seen once under a loaded two-worker run
+    assert took < 20 and peak_rss_mib() - before < 60, (took, before, peak_rss_mib())
 
 
 def test_records_after_the_last_step_cannot_be_deleted_unseen(parties, tmp_path):
