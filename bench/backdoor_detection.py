@@ -31,7 +31,9 @@ layer access needs):
 Detection is counted twice: at the papers' thresholds (anomaly index > 2, p < 0.05), and at thresholds calibrated
 on ``--calibration-seeds`` *other* clean models per data set (seeds 100, 101, ...; ``<out>/calibration``): each
 detector's threshold is the largest statistic it gave there, an expected false-positive rate of 1/(n + 1)
-(``modelward.backdoor.study.calibrated_tables``).
+(``modelward.backdoor.study.calibrated_tables``), and class by class against the same clean models
+(``modelward.backdoor.detect.model.reference.CleanReference``, p < 0.05 per detector, 0.025 each for "either";
+``reference.*``; bench/backdoor_reference.py recomputes it from the ledgers).
 
 Writes ``summary_*.csv/md/json`` (modelward), ``calibrated.*``, ``art_*.csv/md/json`` (side by side) and prints
 them.
@@ -423,6 +425,14 @@ def main() -> None:
         rows = calibrated_tables([r for r in results.values() if isinstance(r, dict) and "dataset" in r], cal)
         write_table(out, "calibrated", rows, title="detection at thresholds calibrated on other clean models")
         tables["calibrated"] = rows
+        # the class-wise calibration against the same clean models (bench/backdoor_reference.py reads it back)
+        from backdoor_reference import evaluate as reference_tables  # noqa: PLC0415 - the sibling bench script
+
+        study = [r for r in results.values() if isinstance(r, dict) and "dataset" in r]
+        rows = reference_tables(cal, [r for r in study if not r["backdoored"]], [r for r in study if r["backdoored"]],
+                                0.05)
+        write_table(out, "reference", rows, title="detection calibrated class by class on other clean models")
+        tables["reference"] = rows
     sbs = side_by_side(results)
     for name, rows in sbs.items():
         if rows:
