@@ -45,6 +45,10 @@ def test_a_naturally_easy_class_is_not_a_backdoor_a_target_is() -> None:
     got = cal.test(nc(bd))
     assert got.backdoored and got.suspect_class == 2 and got.statistic > got.threshold
     assert len(got.per_class) == K and int(np.argmax(got.per_class)) == 2
+    far = clean_norms(rng, 1)[0]
+    far[2] = 30.0  # far out in the tail: p is tiny but positive and exact, not a rounded 1 − 1
+    p, _ = cal.p_value(far)
+    assert 0.0 < p < 1e-10
 
 
 def test_mmbd_is_oriented_the_other_way() -> None:

@@ -111,8 +111,9 @@ class CleanReference:
         """p = 1 − Φ(max z)^K and the class of the largest z."""
         z = self.z_scores(per_class)
         k = int(np.argmax(z))
-        phi = 0.5 * math.erfc(-float(z[k]) / math.sqrt(2.0))
-        return float(-math.expm1(len(z) * math.log(max(phi, 1e-300)))), k
+        # through the upper tail Q = 1 − Φ(T) (erfc, exact far out): 1 − (1 − Q)^K without cancellation
+        q = 0.5 * math.erfc(float(z[k]) / math.sqrt(2.0))
+        return float(min(max(-math.expm1(len(z) * math.log1p(-min(q, 1.0 - 1e-16))), 0.0), 1.0)), k
 
     def test(self, verdict: ModelVerdict) -> ModelVerdict:
         """The calibrated verdict of ``verdict`` (same detector, same per-class numbers)."""
