@@ -77,13 +77,17 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench/backdoor_reference")
     ap.add_argument("--refs", type=int, default=10, help="reference models used (the first N)")
     ap.add_argument("--alpha", type=float, default=0.05)
+    ap.add_argument("--backdoored", default=None, metavar="RUN2",
+                    help="take the backdoored models from RUN2's ledger instead (a run with --set-attack of the same "
+                         "data sets, model and training; its clean models are ignored)")
     a = ap.parse_args()
     run, out = Path(a.run), Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     main_rs, cal_rs = results(run / "ledger.sqlite"), results(run / "calibration" / "ledger.sqlite")
     study_clean = sorted((r for r in main_rs if not r["backdoored"]), key=lambda r: r["seed"])
     cal_clean = sorted((r for r in cal_rs if not r["backdoored"]), key=lambda r: r["seed"])
-    backdoored = [r for r in main_rs if r["backdoored"]]
+    bd_rs = results(Path(a.backdoored) / "ledger.sqlite") if a.backdoored else main_rs
+    backdoored = [r for r in bd_rs if r["backdoored"]]
 
     def first(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [r for ds in sorted({x["dataset"] for x in rs}) for r in [x for x in rs if x["dataset"] == ds][: a.refs]]
