@@ -69,7 +69,7 @@ def detect_cmd(
                              "reversed_triggers.safetensors."),
     reference: list[Path] = typer.Option(None, "--reference", help="A clean reference model's detect.json (or its "
                                          "folder), repeatable, ≥ 3: calibrate each detector class by class against "
-                                         "them (adds to [detect] reference)."),
+                                         "them (added to the config's detect.reference)."),
     set_: list[str] = typer.Option(None, "--set", help=SET_HELP),
     device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
