@@ -31,7 +31,9 @@ layer access needs):
 Detection is counted twice: at the papers' thresholds (anomaly index > 2, p < 0.05), and at thresholds calibrated
 on ``--calibration-seeds`` *other* clean models per data set (seeds 100, 101, ...; ``<out>/calibration``): each
 detector's threshold is the largest statistic it gave there, an expected false-positive rate of 1/(n + 1)
-(``modelward.backdoor.study.calibrated_tables``).
+(``modelward.backdoor.study.calibrated_tables``), and class by class against the same clean models
+(``modelward.backdoor.detect.model.reference.CleanReference``, p < 0.05 per detector, 0.025 each for "either";
+``reference.*``; bench/backdoor_reference.py recomputes it from the ledgers).
 
 Writes ``summary_*.csv/md/json`` (modelward), ``calibrated.*``, ``art_*.csv/md/json`` (side by side) and prints
 them.
@@ -89,11 +91,32 @@ DATA = {"digits": DataConfig(source="digits"),
         "rgb": DataConfig(source="synthetic_images", channels=3, image_size=16, n_samples=3000)}
 
 
+def attack_overrides(items: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
+    """``DATA.ATTACK.KEY=VALUE`` (``--set-attack``): ``rate`` or a trigger parameter of one attack of one data set."""
+    import json
+
+    got: dict[tuple[str, str], dict[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        parts = key.split(".")
+        if not sep or len(parts) != 3 or parts[0] not in ATTACKS or parts[1] not in {a.name for a in ATTACKS[parts[0]]}:
+            raise SystemExit(f"--set-attack {item!r}: expected DATA.ATTACK.KEY=VALUE with DATA in {sorted(ATTACKS)} "
+                             "and ATTACK one of badnets, blend, wanet, clean_label")
+        got.setdefault((parts[0], parts[1]), {})[parts[2]] = json.loads(value)
+    return got
+
+
 def study_config(datasets: list[str], attacks: list[str], seeds: int, threads: int,
-                 clean_seeds: list[int] | None = None) -> BackdoorStudyConfig:
+                 clean_seeds: list[int] | None = None,
+                 overrides: dict[tuple[str, str], dict[str, Any]] | None = None) -> BackdoorStudyConfig:
+    def spec(d: str, a: AttackSpec) -> AttackSpec:
+        o = dict((overrides or {}).get((d, a.name), {}))
+        rate = o.pop("rate", a.rate)
+        return a.model_copy(update={"rate": rate, "params": {**a.params, **o}})
+
     return BackdoorStudyConfig(
         datasets=[DatasetSpec(name=d, data=DATA[d], model=MODEL, train=TRAIN,
-                              attacks=[a for a in ATTACKS[d] if a.name in attacks]) for d in datasets],
+                              attacks=[spec(d, a) for a in ATTACKS[d] if a.name in attacks]) for d in datasets],
         clean_seeds=clean_seeds if clean_seeds is not None else list(range(seeds)),
         attack_seeds=[] if clean_seeds is not None else list(range(seeds)), save_models=clean_seeds is None,
         threads=threads)
@@ -402,9 +425,18 @@ def main() -> None:
     ap.add_argument("--detect-only", metavar="RUN", default=None,
                     help="re-run only the model-level detectors on the saved models of RUN (an earlier --out, read "
                          "only; nothing trained), writing <out>/detect_only.*")
+    ap.add_argument("--set-attack", action="append", default=[], metavar="DATA.ATTACK.KEY=VALUE",
+                    help="change one attack's rate or trigger parameter (JSON value), e.g. rgb.wanet.rate=0.1; "
+                         "repeatable (use another --out: the ledger refuses a changed config)")
+    ap.add_argument("--clean-seeds", type=int, default=None,
+                    help="clean models per data set (default: --seeds; ≥ 1)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    cfg = study_config(args.datasets.split(","), args.attacks.split(","), args.seeds, args.threads)
+    overrides = attack_overrides(args.set_attack)
+    cfg = study_config(args.datasets.split(","), args.attacks.split(","), args.seeds, args.threads,
+                       overrides=overrides)
+    if args.clean_seeds is not None:
+        cfg = cfg.model_copy(update={"clean_seeds": list(range(args.clean_seeds))})
     out = Path(args.out)
     if args.detect_only:
         detect_only(cfg, Path(args.detect_only), out)
@@ -416,13 +448,21 @@ def main() -> None:
     results = RunLedger(out / "ledger.sqlite").results()
     if args.calibration_seeds:
         ccfg = study_config(args.datasets.split(","), args.attacks.split(","), 0, args.threads,
-                            clean_seeds=list(range(100, 100 + args.calibration_seeds)))
+                            clean_seeds=list(range(100, 100 + args.calibration_seeds)), overrides=overrides)
         with RichProgress() as progress:
             run_study(BenchStudy(False), ccfg, out / "calibration", progress=progress)
         cal = [r for r in RunLedger(out / "calibration" / "ledger.sqlite").results().values() if "dataset" in r]
         rows = calibrated_tables([r for r in results.values() if isinstance(r, dict) and "dataset" in r], cal)
         write_table(out, "calibrated", rows, title="detection at thresholds calibrated on other clean models")
         tables["calibrated"] = rows
+        # the class-wise calibration against the same clean models (bench/backdoor_reference.py reads it back)
+        from backdoor_reference import evaluate as reference_tables  # noqa: PLC0415 - the sibling bench script
+
+        study = [r for r in results.values() if isinstance(r, dict) and "dataset" in r]
+        rows = reference_tables(cal, [r for r in study if not r["backdoored"]], [r for r in study if r["backdoored"]],
+                                0.05)
+        write_table(out, "reference", rows, title="detection calibrated class by class on other clean models")
+        tables["reference"] = rows
     sbs = side_by_side(results)
     for name, rows in sbs.items():
         if rows:

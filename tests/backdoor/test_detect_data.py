@@ -86,3 +86,26 @@ def test_spectre_auto_k_is_the_authors_search() -> None:
     assert roc_auc(scan.scores[in_class], poisoned[in_class]) > 0.97
     fixed = Spectre(dims=3, epsilon=0.2).scan(None, torch.zeros(len(y)), y, features=f)
     assert all(c["dims"] == 3 for c in fixed.per_class)
+
+
+def test_layer_option_reads_the_named_representation_and_refuses_others(backdoored: Trained) -> None:
+    """``layer="last_conv"`` (the default) reads the last convolutional block's flattened output, ``"penultimate"``
+    the last linear layer's input; a detector given the model reads the layer it was told; anything else is a
+    ConfigError naming the choices (and a config validation error in ``[scan]``)."""
+    from pydantic import ValidationError
+
+    from modelward.backdoor.features import last_conv, penultimate, representation
+    from modelward.errors import ConfigError
+
+    m, x, y = backdoored.model, backdoored.x_train[:300], backdoored.y_train[:300]
+    conv, pen = representation(m, x, "last_conv"), representation(m, x, "penultimate")
+    assert torch.equal(conv, last_conv(m, x)) and torch.equal(pen, penultimate(m, x))
+    assert pen.shape == (300, 32) and conv.shape[0] == 300 and conv.shape[1] != pen.shape[1]
+    for layer, feats in (("last_conv", conv), ("penultimate", pen)):
+        direct = Spectre(layer=layer).scan(m, x, y)
+        given = Spectre().scan(None, x, y, features=feats.numpy())
+        np.testing.assert_array_equal(direct.scores, given.scores)
+    with pytest.raises(ConfigError, match="last_conv"):
+        representation(m, x, "logits")
+    with pytest.raises(ValidationError, match="layer"):
+        ScanOptions(layer="logits")  # type: ignore[arg-type]

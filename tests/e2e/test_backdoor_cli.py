@@ -54,6 +54,26 @@ def test_attack_detect_scan_mitigate(tmp_path: Path) -> None:
     assert all(det["self_test"]["suspects_match"].values())  # both detectors name the attack's target
     assert det["reversed_trigger"]["attack_success_rate"] > 0.8
 
+    # clean references (detect.json files, as `detect` writes them for clean models): the same per-class numbers
+    # with the suspect class brought back to the others' median, 3 % noise each; the calibrated verdict decides
+    rng = np.random.default_rng(0)
+    refs = []
+    for i in range(3):
+        verdicts = []
+        for v in det["verdicts"]:
+            pc = np.asarray(v["per_class"], float)
+            pc[v["suspect_class"]] = np.median(pc)
+            verdicts.append({**v, "per_class": list(pc * np.exp(0.03 * rng.standard_normal(len(pc))))})
+        (tmp_path / f"ref{i}").mkdir()
+        (tmp_path / f"ref{i}" / "detect.json").write_text(json.dumps({"verdicts": verdicts}))
+        refs += ["--reference", str(tmp_path / f"ref{i}")]
+    out = _run("backdoor", "detect", cfg, "--model", str(run), "--out", str(run / "detect_ref"), *refs, *FAST)
+    cal = json.loads((run / "detect_ref" / "detect.json").read_text())
+    assert cal["backdoored"] and "verdict decided by the clean references" in out
+    ref_v = {v["detector"]: v for v in cal["verdicts"] if v["detector"].endswith("_reference")}
+    assert set(ref_v) == {"neural_cleanse_reference", "mmbd_reference"}
+    assert all(v["backdoored"] and v["suspect_class"] == det["self_test"]["target"] for v in ref_v.values())
+
     _run("backdoor", "scan", cfg, "--model", str(run), "--data", str(run / "train_data.npz"),
          "--truth", str(run / "poisoned_rows.npy"), "--out", str(run / "scan"), *FAST)
     scan = json.loads((run / "scan" / "scan.json").read_text())

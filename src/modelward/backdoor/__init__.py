@@ -6,7 +6,8 @@ The main verbs, imported lazily (``from modelward.backdoor import BadNets, Neura
   ``CleanLabel``, or by name ``make_backdoor_attack("blend", rate=0.05)``; ``backdoor_effect`` measures clean
   accuracy and the attack success rate;
 - model-level detection without the training data (:mod:`.detect.model`): ``NeuralCleanse`` (trigger
-  reverse-engineering, MAD anomaly index), ``MMBD`` (data-free maximum-margin statistic);
+  reverse-engineering, MAD anomaly index), ``MMBD`` (data-free maximum-margin statistic); ``CleanReference`` calibrates
+  either against clean reference models, class by class;
 - data-level detection when the training data is given (:mod:`.detect.data`): ``ActivationClustering``,
   ``SpectralSignature``, ``Spectre``;
 - input-level detection at the API (:mod:`.detect.input`): ``STRIP`` (and its ``guard serve`` monitor);
@@ -27,6 +28,7 @@ _EXPORTS = {
     "WarpTrigger": f"{_B}.triggers:WarpTrigger", "MaskTrigger": f"{_B}.triggers:MaskTrigger",
     "NeuralCleanse": f"{_B}.detect.model.neural_cleanse:NeuralCleanse", "MMBD": f"{_B}.detect.model.mmbd:MMBD",
     "ModelVerdict": f"{_B}.detect.model.base:ModelVerdict",
+    "CleanReference": f"{_B}.detect.model.reference:CleanReference",
     "ActivationClustering": f"{_B}.detect.data.activation_clustering:ActivationClustering",
     "SpectralSignature": f"{_B}.detect.data.spectral:SpectralSignature", "Spectre": f"{_B}.detect.data.spectre:Spectre",
     "DataScan": f"{_B}.detect.data.base:DataScan",

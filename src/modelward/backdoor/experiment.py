@@ -39,7 +39,8 @@ from modelward.backdoor.detect.data.spectre import Spectre
 from modelward.backdoor.detect.model.base import ModelVerdict
 from modelward.backdoor.detect.model.mmbd import MMBD
 from modelward.backdoor.detect.model.neural_cleanse import NeuralCleanse, ReversedTriggers
-from modelward.backdoor.features import penultimate
+from modelward.backdoor.detect.model.reference import ORIENTATION, reference_from_detect_json
+from modelward.backdoor.features import Layer, representation
 from modelward.backdoor.mitigate.base import Mitigation
 from modelward.backdoor.mitigate.fine_pruning import effect_of, fine_prune
 from modelward.backdoor.mitigate.unlearning import unlearn
@@ -115,11 +116,19 @@ class DetectOptions(StrictModel):
     clean_points: int = Field(200, ge=10)
     neural_cleanse: NeuralCleanseOptions = Field(default_factory=NeuralCleanseOptions)
     mmbd: MMBDOptions = Field(default_factory=MMBDOptions)
+    #: clean reference models' ``detect.json`` (files or the folders holding them; ≥ 3): each detector's per-class
+    #: statistic is then also tested against the same class in them (``detect.model.reference``), and that
+    #: calibrated verdict decides ``backdoored``
+    reference: list[str] = Field(default_factory=list)
+    reference_alpha: float = Field(0.05, gt=0.0, lt=1.0)
 
 
 class ScanOptions(StrictModel):
-    """``[scan]``: data-level detection; ``epsilon`` is the expected poisoned share of a class (spectral methods)."""
+    """``[scan]``: data-level detection; ``epsilon`` is the expected poisoned share of a class (spectral methods);
+    ``layer`` the representation the detectors read: ``"last_conv"`` (the last convolutional block's output,
+    flattened) or ``"penultimate"`` (the input of the last linear layer)."""
 
+    layer: Layer = "last_conv"
     methods: list[ScanMethod] = Field(default_factory=lambda: list(SCAN_METHODS), min_length=1)
     epsilon: float = Field(0.1, gt=0.0, lt=1.0)
     dims: int = Field(10, ge=1)
@@ -278,8 +287,9 @@ def detect_model(model: nn.Module, data: DataSplit, opts: DetectOptions, seed: i
 
 
 def scan_data(model: nn.Module, x: torch.Tensor, y: torch.Tensor, opts: ScanOptions, seed: int) -> list[DataScan]:
-    """Every ``opts.methods`` data-level detector on the training set ``(x, y)`` (features computed once)."""
-    feats = penultimate(model, x).numpy()
+    """Every ``opts.methods`` data-level detector on the training set ``(x, y)`` (the representation at
+    ``opts.layer`` computed once)."""
+    feats = representation(model, x, opts.layer).numpy()
     made = {"activation_clustering": lambda: ActivationClustering(dims=opts.dims, size_threshold=opts.size_threshold,
                                                                    seed=seed),
             "spectral_signature": lambda: SpectralSignature(epsilon=opts.epsilon),
@@ -346,6 +356,12 @@ def run_detect(cfg: BackdoorConfig, model_path: str | Path, out: str | Path) -> 
     verdicts, rev = detect_model(model, data, cfg.detect, cfg.seed)
     res: dict[str, Any] = {"model": str(model_path), "verdicts": [v.to_dict() for v in verdicts],
                            "backdoored": any(v.backdoored for v in verdicts)}
+    if cfg.detect.reference:
+        calibrated = calibrate_verdicts(verdicts, read_references(cfg.detect.reference), cfg.detect.reference_alpha)
+        verdicts = verdicts + calibrated
+        res["verdicts"] += [v.to_dict() for v in calibrated]
+        res["backdoored"] = any(v.backdoored for v in calibrated)
+        res["decided_by"] = "clean references (" + ", ".join(v.detector for v in calibrated) + ")"
     if rev is not None:
         nc = verdicts[0]
         _, (xe, ye) = defender_split(data, cfg.seed)
@@ -361,6 +377,30 @@ def run_detect(cfg: BackdoorConfig, model_path: str | Path, out: str | Path) -> 
     write_table(out, "detect", _verdict_rows(verdicts), title=f"{cfg.name}: model-level backdoor detection")
     atomic_write_json(out / "detect.json", res)
     return res
+
+
+def read_references(paths: list[str]) -> list[dict[str, Any]]:
+    """The ``detect.json`` of each clean reference model (a file, or a folder holding one); JSON, no pickle."""
+    out = []
+    for p in map(Path, paths):
+        f = p / "detect.json" if p.is_dir() else p
+        try:
+            res = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"detect.reference: {f} is not a readable detect.json ({e})") from None
+        if not isinstance(res, dict) or not isinstance(res.get("verdicts"), list):
+            raise ConfigError(f"detect.reference: {f} has no 'verdicts' list (write it with `modelward backdoor "
+                              "detect` on a clean reference model)")
+        out.append(res)
+    return out
+
+
+def calibrate_verdicts(verdicts: list[ModelVerdict], references: list[dict[str, Any]], alpha: float
+                       ) -> list[ModelVerdict]:
+    """Each verdict tested against the same detector's per-class statistics on the clean ``references``
+    (:class:`~modelward.backdoor.detect.model.reference.CleanReference`)."""
+    return [reference_from_detect_json(references, v.detector, alpha).test(v) for v in verdicts
+            if v.detector in ORIENTATION]
 
 
 def read_training_set(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:

@@ -67,6 +67,9 @@ def detect_cmd(
     model: Path = typer.Option(..., "--model", help=MODEL_HELP),
     out: Path = typer.Option(..., "--out", help="Output folder: detect.json, detect.csv/md, "
                              "reversed_triggers.safetensors."),
+    reference: list[Path] = typer.Option(None, "--reference", help="A clean reference model's detect.json (or its "
+                                         "folder), repeatable, ≥ 3: calibrate each detector class by class against "
+                                         "them (added to the config's detect.reference)."),
     set_: list[str] = typer.Option(None, "--set", help=SET_HELP),
     device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
@@ -74,6 +77,8 @@ def detect_cmd(
     from modelward.backdoor.experiment import run_detect
 
     cfg = _config(config, set_, device)
+    if reference:
+        cfg.detect.reference = [*cfg.detect.reference, *map(str, reference)]
     check_out_dir(out)
     with console.status("reverse-engineering triggers (Neural Cleanse) and maximum margins (MM-BD)"):
         res = run_detect(cfg, model, out)
@@ -85,6 +90,9 @@ def detect_cmd(
                       "BACKDOORED" if v["backdoored"] else "no backdoor found", str(v["suspect_class"]),
                       "–" if v["p_value"] is None else f"{v['p_value']:.3g}")
     console.print(table)
+    if "decided_by" in res:
+        console.print(f"verdict decided by the {res['decided_by']}: "
+                      f"{'BACKDOORED' if res['backdoored'] else 'no backdoor found'}")
     rt = res.get("reversed_trigger")
     if rt:
         console.print(f"Neural Cleanse's smallest trigger (class {rt['class']}, mask L1 {rt['mask_l1']:.1f}) sends "

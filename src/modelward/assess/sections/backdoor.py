@@ -35,7 +35,7 @@ from modelward.backdoor.detect.data.spectre import Spectre
 from modelward.backdoor.detect.model.mmbd import MMBD
 from modelward.backdoor.detect.model.neural_cleanse import NeuralCleanse
 from modelward.backdoor.experiment import box_of, defender_split
-from modelward.backdoor.features import penultimate
+from modelward.backdoor.features import last_conv
 from modelward.backdoor.mitigate.fine_pruning import effect_of
 from modelward.backdoor.mitigate.unlearning import unlearn
 from modelward.core.data import DataSplit
@@ -162,7 +162,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
 def _data_level(res: SectionResult, model: nn.Module, d: DataSplit, b: Budget, seed: int, out: Path,
                 target: Target) -> None:
     x, y = d.x_train[: b.scan_rows], d.y_train[: b.scan_rows]
-    feats = penultimate(model, x).numpy()
+    feats = last_conv(model, x).numpy()  # the layer that ranks poisoned rows best (docs/backdoor.md)
     ac = ActivationClustering(seed=seed).scan(None, x, y, features=feats)
     sp = Spectre(seed=seed).scan(None, x, y, features=feats)
     names = d.class_names

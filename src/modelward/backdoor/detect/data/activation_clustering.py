@@ -1,7 +1,8 @@
 """Activation clustering (Chen, Carvalho, Baracaldo, Ludwig, Edwards, Lee, Molloy & Srivastava 2019, "Detecting
 Backdoor Attacks on Deep Neural Networks by Activation Clustering", §4).
 
-For every class label, the penultimate activations of the rows carrying it are reduced to ``dims`` dimensions
+For every class label, the activations of the rows carrying it (the paper: the last hidden layer; here by default
+the last convolutional block's output, ``layer``) are reduced to ``dims`` dimensions
 (PCA here; the paper uses ICA, ART offers both) and split into two clusters by k-means. Poisoned rows of a class
 form their own cluster, because the network reaches the label through the trigger rather than through the class's
 features. The paper's rules read a class as poisoned when the smaller cluster holds less than ``size_threshold``
@@ -26,7 +27,7 @@ from modelward.backdoor.detect.data.base import DataScan, class_features
 
 
 class ActivationClustering:
-    """Two-means clustering of each class's penultimate activations.
+    """Two-means clustering of each class's activations.
 
     Args:
         dims: dimensions kept by PCA before clustering (10, as the paper and ART).
@@ -34,6 +35,9 @@ class ActivationClustering:
         size_threshold: the smaller cluster's share below which a class is poisoned (0.35, ART's default).
         silhouette_threshold: the silhouette score above which a class is poisoned.
         seed: seeds k-means.
+        layer: the representation read when ``scan`` is given the model, not features: ``"last_conv"`` (the last
+            convolutional block's output, flattened; the default) or ``"penultimate"`` (the input of the last
+            linear layer; ``modelward.backdoor.features``).
 
     Returns:
         A detector: ``scan(model, x, y)`` → :class:`~modelward.backdoor.detect.data.base.DataScan`.
@@ -46,19 +50,19 @@ class ActivationClustering:
     name = "activation_clustering"
 
     def __init__(self, dims: int = 10, rule: Literal["size", "silhouette"] = "size", size_threshold: float = 0.35,
-                 silhouette_threshold: float = 0.25, seed: int = 0) -> None:
+                 silhouette_threshold: float = 0.25, seed: int = 0, layer: str = "last_conv") -> None:
         self.dims, self.rule, self.size_threshold = dims, rule, size_threshold
-        self.silhouette_threshold, self.seed = silhouette_threshold, seed
+        self.silhouette_threshold, self.seed, self.layer = silhouette_threshold, seed, layer
 
     def scan(self, model: nn.Module | None, x: torch.Tensor, y: torch.Tensor,
              features: np.ndarray | None = None) -> DataScan:
-        """Score every row of ``(x, y)`` (or of the given penultimate ``features``)."""
+        """Score every row of ``(x, y)`` (or of the given ``features``)."""
         from sklearn.cluster import KMeans
         from sklearn.decomposition import PCA
         from sklearn.metrics import silhouette_score
 
         t0 = time.perf_counter()
-        feats, labels = class_features(model, x, y, features)
+        feats, labels = class_features(model, x, y, features, self.layer)
         scores = np.zeros(len(labels))
         suspected = np.zeros(len(labels), bool)
         per_class = []

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from modelward.backdoor.features import penultimate
+from modelward.backdoor.features import representation
 from modelward.errors import ConfigError
 
 
@@ -41,12 +41,12 @@ class DataScan:
 
 
 def class_features(model: nn.Module | None, x: torch.Tensor, y: torch.Tensor,
-                   features: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The penultimate features of every row (or the given ``features``) and the labels, as numpy arrays."""
+                   features: np.ndarray | None = None, layer: str = "last_conv") -> tuple[np.ndarray, np.ndarray]:
+    """The representation at ``layer`` of every row (or the given ``features``) and the labels, as numpy arrays."""
     if features is None:
         if model is None:
-            raise ConfigError("a data-level detector needs the model (its penultimate features) or the features")
-        features = penultimate(model, x).numpy()
+            raise ConfigError("a data-level detector needs the model (its representations) or the features")
+        features = representation(model, x, layer).numpy()
     feats = np.asarray(features, dtype=np.float64)
     labels = np.asarray(y.numpy() if isinstance(y, torch.Tensor) else y)
     if len(feats) != len(labels):

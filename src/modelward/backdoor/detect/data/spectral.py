@@ -1,6 +1,6 @@
 """Spectral signatures (Tran, Li & Madry, NeurIPS 2018, "Spectral Signatures in Backdoor Attacks", Alg. 1).
 
-For every class label, the penultimate representations R of its rows are centred; the score of a row is its
+For every class label, the representations R (by default the last convolutional block's output, flattened) of its rows are centred; the score of a row is its
 squared projection on the top right singular vector v of the centred matrix, τ_i = ((R_i − R̄)·v)². Poisoned rows
 shift the class's mean along a direction no clean row varies in as much, so they dominate the top singular
 direction; the algorithm removes the ``removal_factor`` · ε · n rows with the largest τ in each class (ε, the
@@ -28,6 +28,9 @@ class SpectralSignature:
     Args:
         epsilon: the expected share of poisoned rows in a class (the paper's ε).
         removal_factor: rows removed per class = ``removal_factor · epsilon · n`` (1.5).
+        layer: the representation read when ``scan`` is given the model, not features: ``"last_conv"`` (the last
+            convolutional block's output, flattened; the default) or ``"penultimate"`` (the input of the last
+            linear layer; ``modelward.backdoor.features``).
 
     Returns:
         A detector: ``scan(model, x, y)`` → :class:`~modelward.backdoor.detect.data.base.DataScan`.
@@ -38,14 +41,14 @@ class SpectralSignature:
 
     name = "spectral_signature"
 
-    def __init__(self, epsilon: float = 0.1, removal_factor: float = 1.5) -> None:
-        self.epsilon, self.removal_factor = epsilon, removal_factor
+    def __init__(self, epsilon: float = 0.1, removal_factor: float = 1.5, layer: str = "last_conv") -> None:
+        self.epsilon, self.removal_factor, self.layer = epsilon, removal_factor, layer
 
     def scan(self, model: nn.Module | None, x: torch.Tensor, y: torch.Tensor,
              features: np.ndarray | None = None) -> DataScan:
-        """Score every row of ``(x, y)`` (or of the given penultimate ``features``)."""
+        """Score every row of ``(x, y)`` (or of the given ``features``)."""
         t0 = time.perf_counter()
-        feats, labels = class_features(model, x, y, features)
+        feats, labels = class_features(model, x, y, features, self.layer)
         scores = np.zeros(len(labels))
         suspected = np.zeros(len(labels), bool)
         per_class = []

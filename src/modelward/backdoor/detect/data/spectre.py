@@ -39,6 +39,9 @@ class Spectre:
         alpha: the QUE parameter (4).
         epsilon, removal_factor: as :class:`~modelward.backdoor.detect.data.spectral.SpectralSignature`.
         seed: seeds the MCD's random subsets.
+        layer: the representation read when ``scan`` is given the model, not features: ``"last_conv"`` (the last
+            convolutional block's output, flattened; the default) or ``"penultimate"`` (the input of the last
+            linear layer; ``modelward.backdoor.features``).
 
     Returns:
         A detector: ``scan(model, x, y)`` → :class:`~modelward.backdoor.detect.data.base.DataScan`.
@@ -52,18 +55,19 @@ class Spectre:
     PCA_DIMS = 64  # the authors' code projects every class on its top 64 principal components first
 
     def __init__(self, dims: int | Literal["auto"] = 8, alpha: float = 4.0, epsilon: float = 0.1, removal_factor: float = 1.5,
-                 seed: int = 0) -> None:
+                 seed: int = 0, layer: str = "last_conv") -> None:
         self.dims, self.alpha, self.epsilon, self.removal_factor, self.seed = dims, alpha, epsilon, \
             removal_factor, seed
+        self.layer = layer
 
     def scan(self, model: nn.Module | None, x: torch.Tensor, y: torch.Tensor,
              features: np.ndarray | None = None) -> DataScan:
-        """Score every row of ``(x, y)`` (or of the given penultimate ``features``)."""
+        """Score every row of ``(x, y)`` (or of the given ``features``)."""
         from scipy.linalg import expm
         from sklearn.covariance import MinCovDet
 
         t0 = time.perf_counter()
-        feats, labels = class_features(model, x, y, features)
+        feats, labels = class_features(model, x, y, features, self.layer)
         scores = np.zeros(len(labels))
         suspected = np.zeros(len(labels), bool)
         per_class = []
