@@ -51,7 +51,7 @@ from torch import nn
 
 from modelward.backdoor.detect.data.base import roc_auc
 from modelward.backdoor.detect.model.neural_cleanse import anomaly_index
-from modelward.backdoor.experiment import AttackSpec, box_of, build_attack, defender_split
+from modelward.backdoor.experiment import AttackSpec, box_of, build_attack, defender_split, detect_model
 from modelward.backdoor.study import (
     BackdoorStudy,
     BackdoorStudyConfig,
@@ -361,6 +361,33 @@ def side_by_side(results: dict[str, dict[str, Any]]) -> dict[str, list[dict[str,
     return {"art_model_input": rows, "art_data": data_rows}
 
 
+def detect_only(cfg: BackdoorStudyConfig, models: Path, out: Path) -> list[dict[str, Any]]:
+    """Model-level detection (Neural Cleanse, MM-BD) re-run on the saved models of an earlier run (``models`` is
+    its ``--out``: ``config.json`` and ``models/``, read only); nothing is trained. One row per model, written to
+    ``out/detect_only.{csv,json,md}``; for a detector change, without re-running the whole study."""
+    saved = BackdoorStudyConfig.model_validate_json((models / "config.json").read_text())
+    rows: list[dict[str, Any]] = []
+    for ds in cfg.datasets:
+        for attack in ["clean", *[a.name for a in ds.attacks]]:
+            for seed in (saved.clean_seeds if attack == "clean" else saved.attack_seeds)[: len(cfg.attack_seeds)]:
+                rid = f"{ds.name}|{attack}|{seed}"
+                if not (run_folder(models, rid) / "model.safetensors").exists():
+                    logging.warning("no saved model for %s", rid)
+                    continue
+                model, data, rc = load_run_model(saved, models, rid)
+                verdicts, _ = detect_model(model, data, rc.detect, seed)
+                row: dict[str, Any] = {"dataset": ds.name, "attack": attack, "seed": seed}
+                for v in verdicts:
+                    row[f"{v.detector}_statistic"] = v.statistic
+                    row[f"{v.detector}_flagged"] = v.backdoored
+                    row[f"{v.detector}_suspect"] = v.suspect_class
+                rows.append(row)
+                logging.info("%s: %s", rid, {k: v for k, v in row.items() if k.endswith(("statistic", "flagged"))})
+    out.mkdir(parents=True, exist_ok=True)
+    write_table(out, "detect_only", rows, title=f"model-level detection re-run on the saved models of {models}")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "runs/bench/backdoor"))
@@ -372,10 +399,16 @@ def main() -> None:
     ap.add_argument("--calibration-seeds", type=int, default=10,
                     help="clean reference models (seeds 100, 101, ...) the calibrated thresholds are taken from "
                          "(<out>/calibration; 0: none)")
+    ap.add_argument("--detect-only", metavar="RUN", default=None,
+                    help="re-run only the model-level detectors on the saved models of RUN (an earlier --out, read "
+                         "only; nothing trained), writing <out>/detect_only.*")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     cfg = study_config(args.datasets.split(","), args.attacks.split(","), args.seeds, args.threads)
     out = Path(args.out)
+    if args.detect_only:
+        detect_only(cfg, Path(args.detect_only), out)
+        return
     with RichProgress() as progress:
         tables = run_study(BenchStudy(not args.no_art), cfg, out, progress=progress)
     from modelward.core.ledger import RunLedger

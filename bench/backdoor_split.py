@@ -16,8 +16,9 @@ sending bob activations of her frozen part (the attack of gov-poison's ``bench/s
   target-class image (activation swapping, which relabels them);
 - ``clean``: the same steps with the rows' own activations (the control: same path, no trigger).
 
-The parties' ``[integrity]`` is on (the shipped outlier refusals) or off: with it on, the planted steps are refused
-and the backdoor does not land; the detection question is asked of the backdoor that lands (integrity off), against
+The parties' ``[integrity]`` is on (the shipped defaults; the figures in docs/backdoor.md were measured with the
+outlier refusals of issue 26, since replaced by bounded influence and the trend detector) or off: with it on, the
+planted steps were refused and the backdoor did not land; the detection question is asked of the backdoor that lands (integrity off), against
 clean runs under the same settings. Arms: backdoored/on, backdoored/off, clean/off.
 
 Measured, per run: the backdoor's attack success (held-out images not of the target whose triggered activation bob

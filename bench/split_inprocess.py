@@ -6,7 +6,11 @@ loaded host than the wall time of ``bench/split_overhead.py`` (it measures the p
 one to compare two versions of the party code with, in alternation. The printed digest of Bob's final state must
 be the same for two versions that compute the same thing.
 
-    python bench/split_inprocess.py [--steps 41] [--channels 64,128] [--fc 256] [--batch 128]
+    python bench/split_inprocess.py [--steps 41] [--channels 64,128] [--fc 256] [--batch 128] [--integrity off|default]
+
+``--integrity default`` gives both parties the shipped ``[integrity]`` (bounded steps, the trend detector; the
+harness's default is the exact comparison, bounds off): alternate it with ``off`` to measure what the poisoning
+defence costs per step (issue 36).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ def main() -> None:
     ap.add_argument("--channels", default="64,128")
     ap.add_argument("--fc", type=int, default=256)
     ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--integrity", choices=["off", "default"], default="off",
+                    help="the parties' [integrity]: off (the exact harness) or the shipped defaults")
     args = ap.parse_args()
     torch.set_num_threads(1)
     data = load_data(DataConfig(source="digits", seed=0))
@@ -43,7 +49,8 @@ def main() -> None:
     names = ["alice", "bob"]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        split = prepare_local_split(root, model, data, names, ["conv1"], checkpoint_every=10)
+        extra = {n: {"integrity": {}} for n in names} if args.integrity == "default" else None
+        split = prepare_local_split(root, model, data, names, ["conv1"], checkpoint_every=10, extra=extra)
         parties: dict[str, Party] = {}
         for n in reversed(names):
             p = Party(load_party_config(split.party_configs[n]),

@@ -8,7 +8,7 @@ Both runs include the same evaluations. Every step is the full protocol: consent
 tentative update with its rollback copy, the numeric check and the two-phase commit.
 
     python bench/split_overhead.py [--steps 40] [--channels 64,128] [--fc 256] [--batch 128] [--cut conv1]
-                                   [--driver both|process|hosted]
+                                   [--driver both|process|hosted] [--integrity default|off|both]
 
 Two deployments of the driver are measured: ``process`` (the driver in its own process, as `split train`
 runs by default; one gRPC call driver→alice per step) and ``hosted`` (`split train --host alice.toml`: Alice's
@@ -17,6 +17,11 @@ organisation runs her party inside the driver's process, so a step crosses the n
 The compute-heavy configuration used for the goal is ``--channels 16,512 --fc 2048 --steps 30``: Bob holds 4.2 M
 parameters, and the activation crossing the cut is small (128 KB per batch). The parties checkpoint every 10 steps,
 as in production, and this is part of the measured split time.
+
+``--integrity both`` (issue 36: what the poisoning defence costs) measures, in the same run and alternating with
+the monolithic runs, each deployment with the parties' shipped ``[integrity]`` (bounded steps, the trend detector)
+and with ``integrity.enabled = false``, and prints the paired ratio defended/undefended (each defended run against
+the undefended run just before it) beside the fastest-run and CPU ratios.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads in every process (same for both runs)")
     ap.add_argument("--driver", choices=["both", "process", "hosted"], default="both",
                     help="where the driver runs: its own process, hosted with alice's party, or both (alternating)")
+    ap.add_argument("--integrity", choices=["default", "off", "both"], default="default",
+                    help="the parties' [integrity]: the shipped defaults (bounded steps, trend detector), off, or "
+                         "both (alternating: the defence's cost, paired)")
     ap.add_argument("--repeat", type=int, default=5, help="alternate monolithic and split runs this many times "
                                                           "(ratios: paired, fastest runs, medians)")
     args = ap.parse_args()
@@ -92,26 +100,34 @@ def main() -> None:
     # it is not busy with other work, but biased against the split runs where a core's speed varies from run to
     # run (the single-threaded monolithic run is more often lucky than three processes at once). Medians. CPU
     # seconds (this process + the party processes) are reported too: they do not depend on the load.
-    modes = ["process", "hosted"] if args.driver == "both" else [args.driver]
+    drivers = ["process", "hosted"] if args.driver == "both" else [args.driver]
+    arms = ["default", "off"] if args.integrity == "both" else [args.integrity]
+    # a mode: where the driver runs, and the parties' [integrity] ("process", or "process/off" with --integrity both)
+    modes = [d if a == arms[0] else f"{d}/{a}" for d in drivers for a in arms]
+    arm_of = {m: arms[0] if "/" not in m else m.split("/")[1] for m in modes}
     monos, cpu_mono = [], []
     splits: dict[str, list[float]] = {m: [] for m in modes}
     cpu_split: dict[str, list[float]] = {m: [] for m in modes}
     results = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        locals_ = {m: prepare_local_split(Path(tmp) / m, model, data, ["alice", "bob"], [args.cut],
-                                          threads=args.threads) for m in modes}
+        # exact gradients (no label protection), and each party's shipped [integrity] (bounded steps, the trend
+        # detector) unless --integrity off: what a step of a deployment costs
+        integrity = {a: {p: {"integrity": {} if a == "default" else {"enabled": False}} for p in ("alice", "bob")}
+                     for a in arms}
+        locals_ = {m: prepare_local_split(Path(tmp) / m.replace("/", "-"), model, data, ["alice", "bob"], [args.cut],
+                                          threads=args.threads, extra=integrity[arm_of[m]]) for m in modes}
         hosts = {}
         for m, split in locals_.items():
             stack.callback(split.stop)
-            split.start(None if m == "process" else ["bob"])
-            if m == "hosted":
+            split.start(None if m.startswith("process") else ["bob"])
+            if m.startswith("hosted"):
                 hosts[m] = stack.enter_context(hosted_party(load_party_config(split.party_configs["alice"])))
-        for _ in range(args.repeat):
+        for rep in range(args.repeat):
             c0 = time.process_time()
             t, mono_err = run_mono()
             monos.append(t)
             cpu_mono.append(time.process_time() - c0)
-            for m in modes:
+            for m in modes if rep % 2 == 0 else modes[::-1]:  # (neither mode always runs first after the baseline)
                 split = locals_[m]
                 cfg = split.split_config(tc, args.seed)
                 connect = hosted_connect(hosts[m], cfg) if m in hosts else None
@@ -130,9 +146,9 @@ def main() -> None:
           f"(runs: {', '.join(f'{t:.2f}' for t in monos)}s; CPU {min(cpu_mono):.2f}s)")
     for m in modes:
         split_s, res = min(splits[m]), results[m]
-        where = ("driver in its own process" if m == "process" else
+        where = ("driver in its own process" if m.startswith("process") else
                  "driver hosting alice's party (split train --host)")
-        print(f"split, {where}:")
+        print(f"split, {where}, integrity {arm_of[m]}:")
         print(f"    {split_s:.2f}s  ({1000 * split_s / args.steps:.1f} ms/step)  final error {res.curve[-1][1]:.4f}"
               f"  (runs: {', '.join(f'{t:.2f}' for t in splits[m])}s; CPU of driver + parties "
               f"{min(cpu_split[m]):.2f}s)")
@@ -142,6 +158,14 @@ def main() -> None:
               f"{min(paired):.2f}-{max(paired):.2f}x); {split_s / mono_s:.3f}x fastest runs; "
               f"{statistics.median(splits[m]) / statistics.median(monos):.3f}x medians")
         print(f"    CPU-time ratio {min(cpu_split[m]) / min(cpu_mono):.3f}x")
+    if len(arms) == 2:
+        for d in drivers:
+            on, off = splits[d], splits[f"{d}/off"]
+            paired = [a / b for a, b in zip(on, off, strict=True)]
+            print(f"integrity default / off, driver {'in its own process' if d == 'process' else 'hosting alice'} "
+                  f"(goal <= 1.05x): {statistics.median(paired):.3f}x paired ({min(paired):.2f}-{max(paired):.2f}x); "
+                  f"{min(on) / min(off):.3f}x fastest runs; {statistics.median(on) / statistics.median(off):.3f}x "
+                  f"medians; CPU {min(cpu_split[d]) / min(cpu_split[f'{d}/off']):.3f}x")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     res = results[modes[0]]
     link = res.links["alice<->bob"]

@@ -152,7 +152,8 @@ def test_assess_diff_cli_exits_1_past_a_gate(tmp_path: Path, monkeypatch: pytest
         d["findings"] = section_findings(d, "modelward assess x.toml --out y")
         return {"sections": [d], "findings": d["findings"]}
 
-    for name, k in (("old", 1600), ("same", 1598), ("worse", 1480)):
+    # 80 % → 70 % of 2000: the whole interval of the change is below −5 points (issue 38: the gate fires only then)
+    for name, k in (("old", 1600), ("same", 1598), ("worse", 1400)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "report.json").write_text(json.dumps(_report(k, 2000)))
     code, out, _ = _main("assess", "diff", "old", "same", "--fail-on", "robustness:-5", cwd=tmp_path,

@@ -73,3 +73,16 @@ def test_scan_of_a_backdoored_models_training_set(backdoored: Trained) -> None:
     in_target = (ps.y == ps.target).numpy()
     assert roc_auc(scans["activation_clustering"].scores[in_target], truth[in_target]) > 0.9
     assert all(len(s.scores) == len(ps.y) for s in scans.values())
+
+
+def test_spectre_auto_k_is_the_authors_search() -> None:
+    """``dims="auto"`` tries k ∈ round((1..8)²) within the class's cap and keeps one; on the planted
+    features (the poison along one direction) it still ranks the planted rows first within the class."""
+    f, y, poisoned = planted_features(0.2)
+    scan = Spectre(dims="auto", epsilon=0.2).scan(None, torch.zeros(len(y)), y, features=f)
+    # the candidates round((1, ..., 8)²) = 1, 4, 9, ..., 64 that fit the 16 feature dimensions
+    assert all(c["dims"] in {1, 4, 9, 16} for c in scan.per_class)
+    in_class = y.numpy() == 2
+    assert roc_auc(scan.scores[in_class], poisoned[in_class]) > 0.97
+    fixed = Spectre(dims=3, epsilon=0.2).scan(None, torch.zeros(len(y)), y, features=f)
+    assert all(c["dims"] == 3 for c in fixed.per_class)

@@ -3,11 +3,34 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+
+from modelward.core.config import to_toml
+
+EX = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="session")
+def exact_policy() -> Callable[..., str]:
+    """``exact_policy(root, name="bob")``: see :func:`_exact_policy`."""
+    return _exact_policy
+
+
+def _exact_policy(root: Path, name: str = "bob") -> str:
+    """A ``policy_file=…`` override for `name`: a copy of its shipped policy whose metrics and training losses leave
+    exact (``eval.noise`` and ``train_loss.noise`` 0, the owner's opt-out), for runs compared bit for bit with
+    monolithic training (as ``label_protection.method=none`` opts out of the gradient's noise)."""
+    policy = tomllib.loads((EX / f"policy_{name}.toml").read_text())
+    for table in ("eval", "train_loss"):
+        policy.setdefault(table, {})["noise"] = 0.0
+    path = Path(root) / f"policy_{name}_exact.toml"
+    path.write_text(to_toml(policy))
+    return f"policy_file={path}"
 
 
 @pytest.fixture()

@@ -93,5 +93,6 @@ def test_split_agrees_and_trains_like_plain(setup, tmp_path) -> None:
                               tmp_path)
     assert _agree(res, ref) <= 1e-5 * (1 + np.abs(ref).max())
     assert res.bytes_per_sample > 0
-    assert training is not None and training["loss_max_abs_diff"] < 1e-5
+    # float32 (parameters of order 1, one step: the kernels' rounding is far below this)
+    assert training is not None and training["param_max_abs_diff"] < 1e-5 * (1 + training["param_scale"])
     assert training["split_bytes_per_sample"] > 0

@@ -39,7 +39,7 @@ from modelward.governance.neighbour_audit import (
 )
 from modelward.governance.party.config import TLSConfig
 from modelward.governance.plan import segment_of
-from modelward.governance.protocol import ConsentDenied, NumericError
+from modelward.governance.protocol import ConsentDenied, PartyError
 from modelward.governance.transport.client import GrpcPartyClient
 from modelward.governance.trust.certs import ca_sign, keygen
 from modelward.governance.wire import Message, WireError
@@ -110,11 +110,13 @@ def legit(parties):
     out["victim"] = Victim("bob", bob, lambda: segment_of(build_model(MODEL, (1, 8, 8), 10),
                                                             ["conv2", "fc1", "logits"]), 10)
     out["accuracy"] = 1.0 - res.curve[-1][1]
-    # what the run left, read now (a later test poisons bob on purpose, and a shuffled order may run it first)
+    # what the run left, read now (a later test poisons bob on purpose, and a shuffled order may run it first): every
+    # training step refused or rolled back, and every halt (integrity)
     out["outliers"] = {}
     for p in ("alice", "bob"):
         db = sqlite3.connect(root / p / "audit.db")
-        out["outliers"][p] = db.execute("SELECT COUNT(*) FROM audit WHERE reason LIKE '%outlier%'").fetchone()[0]
+        out["outliers"][p] = db.execute("SELECT COUNT(*) FROM audit WHERE (op = 'step' AND decision IN ('error', "
+                                        "'deny')) OR op = 'halt'").fetchone()[0]
         db.close()
     out["kept_rows"] = sum(len(f.read_text().splitlines()) - 1
                            for f in sorted((root / "bob/checkpoints/predictions").glob("*.csv")))
@@ -137,7 +139,7 @@ def test_a_legitimate_run_under_the_defaults_trains_as_before(parties, legit):
     # draw moved by up to 0.06 across kernel paths. The bound is the protection's measured cost, below every draw
     # of the defaults measured, not a tolerance fitted to this draw
     assert acc >= min(mono) - 0.15, (acc, mono)
-    assert legit["outliers"] == {"alice": 0, "bob": 0}  # integrity refused nothing in a normal run
+    assert legit["outliers"] == {"alice": 0, "bob": 0}  # nothing refused or halted in a normal run
     assert legit["kept_rows"] == len(data.y_test)  # bob kept the predictions of every test row
 
 
@@ -196,14 +198,16 @@ def test_gradient_clustering_with_the_defaults_recovers_chance(parties, legit):
     assert got < chance + 0.15 and got < 0.35, (got, chance)
 
 
-def test_in_bounds_poisoning_is_refused_and_changes_nothing(parties, legit):
+def test_in_bounds_poisoning_is_halted_and_changes_nothing(parties, legit):
+    """h = 300·N(0,1), far inside max_abs_input: bob's trend detector halts the training at once, before anything
+    is computed (the slow poisoning of issue 36 is tests/e2e/test_governance_poisoning.py)."""
     split, _, root, _ = parties
     alice = GrpcPartyClient("bob", split.processes["bob"].address, _tls(root, "alice"), timeout=30)
     st = alice.call(Message("open", "poison")).meta
     digest = alice.call(Message("status", "poison", meta={"digest": True})).meta["digest"]
     h = 300 * torch.randn(64, 16, 4, 4)
     assert h.abs().max() < 1e6  # far inside max_abs_input
-    with pytest.raises(NumericError, match="outlier"):
+    with pytest.raises(PartyError, match="suspected poisoning"):
         alice.call(Message("step", "poison", st["step"], st["last_seq"] + 1, {},
                            {"h": h.contiguous(memory_format=torch.channels_last), "idx": torch.arange(64)}))
     assert alice.call(Message("status", "poison", meta={"digest": True})).meta["digest"] == digest
@@ -232,7 +236,10 @@ def test_the_60_mib_message_is_dropped_before_it_is_buffered(parties, legit):
             carol.call(big)
     took = time.monotonic() - t0
     carol.close()
-    assert took < 20 and peak_rss_mib() - before < 40, (took, before, peak_rss_mib())
+    # a message buffered whole would raise bob's peak by at least its 60 MiB (one of the three at a time); what
+    # arrives before the size check (HTTP/2 flow-control windows) and bob's own background work (an asynchronous
+    # checkpoint, the anchor exchange) stays below that: 43 MiB seen once under a loaded two-worker run
+    assert took < 20 and peak_rss_mib() - before < 60, (took, before, peak_rss_mib())
 
 
 def test_records_after_the_last_step_cannot_be_deleted_unseen(parties, tmp_path):

@@ -157,8 +157,7 @@ def test_kits_start_two_parties_and_train_and_a_revoked_server_is_refused_by_its
         cfg = load_split_config(hosts["operator"] / "kit/split.toml")
         assert cfg.retry_s == 0.0 and split_revoked_path(cfg) == hosts["operator"] / "operator-state/revoked.txt"
 
-        # the driver's kit trains over the two parties started from kits (the happy path: steps 1-3, losses
-        # finite); then the driver revokes bob: before the next step the driver checks every party of the chain
+        # the driver's kit trains over the two parties started from kits (the happy path: steps 1-3); then the driver revokes bob: before the next step the driver checks every party of the chain
         # against its deny-list and refuses (no request sent, although a step goes only to alice)
         done: list[tuple[int, float]] = []
 
@@ -171,7 +170,8 @@ def test_kits_start_two_parties_and_train_and_a_revoked_server_is_refused_by_its
             with pytest.raises(IdentityError, match=r"party bob at 127\.0\.0\.1:\d+ is refused by this side: its "
                                                     r"certificate sha256:[0-9a-f]+ is revoked \(bob, "):
                 drv.train(on_step=revoke_bob)
-        assert [s for s, _ in done] == [1, 2, 3] and all(0 < loss < 10 for _, loss in done)
+        # (no step's own loss leaves bob: the hook sees the last released window, none yet; issue 36)
+        assert [s for s, _ in done] == [1, 2, 3] and all(loss != loss for _, loss in done)
 
         # bob re-admitted by the driver; alice's organisation revokes bob: alice's client refuses to call him
         split_revoked_path(cfg).unlink()

@@ -31,7 +31,7 @@ def _mw(*args, cwd, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def quickstart(tmp_path_factory):
+def quickstart(tmp_path_factory, exact_policy):
     """Both parties started from the shipped examples, run from an unrelated folder; state under `root`."""
     root = tmp_path_factory.mktemp("quick")
     r = _mw("party", "certs", "--out", root / "certs", "--parties", "alice,bob,operator", cwd=root)
@@ -42,8 +42,11 @@ def quickstart(tmp_path_factory):
                    f"address_file={root / p / 'address'}", f"tls.ca={root / 'certs/ca.pem'}",
                    f"tls.cert={root / f'certs/{p}.pem'}", f"tls.key={root / f'certs/{p}.key'}",
                    f"peers.{other}.cert={root / f'certs/{other}.pem'}",
-                   f"peers.operator.cert={root / 'certs/operator.pem'}", "init.test_seed=0", "threads=1"]
-    sets["bob"].append("label_protection.method=none")  # exact gradients: the run is compared with monolithic
+                   f"peers.operator.cert={root / 'certs/operator.pem'}", "init.test_seed=0", "threads=1",
+                   # bounded influence scales some honest steps (BatchNorm's first running statistics, clipped
+                   # rows): a run compared with monolithic training turns it off, as label protection below
+                   "integrity.influence.enabled=false"]
+    sets["bob"] += [exact_policy(root), "label_protection.method=none"]  # exact gradients: the run is compared with monolithic
     spawned = {p: spawn_party(EX / f"party_{p}.toml", root / f"{p}.log", sets[p]) for p in sets}
     procs = {p: wait_ready(proc, EX / f"party_{p}.toml", root / f"{p}.log", off) for p, (proc, off) in spawned.items()}
     yield root, procs

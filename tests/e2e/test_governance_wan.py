@@ -31,7 +31,8 @@ def _mw(*args, cwd):
         os.chdir(old)
 
 
-def _train_through_proxies(root: Path, one_way_ms: float, train_args: list[str]) -> tuple[float, list]:
+def _train_through_proxies(root: Path, one_way_ms: float, train_args: list[str], exact: list[str] | None = None
+                           ) -> tuple[float, list]:
     """Certificates, the two shipped parties (alice, bob; driver "operator") each behind a ShapingProxy of
     `one_way_ms`, then ``split train`` with `train_args`; returns (seconds of split train, the proxies)."""
     r = _mw("party", "certs", "--out", root / "certs", "--parties", "alice,bob,operator", cwd=root)
@@ -42,8 +43,11 @@ def _train_through_proxies(root: Path, one_way_ms: float, train_args: list[str])
                    f"address_file={root / p / 'address'}", f"tls.ca={root / 'certs/ca.pem'}",
                    f"tls.cert={root / f'certs/{p}.pem'}", f"tls.key={root / f'certs/{p}.key'}",
                    f"peers.{other}.cert={root / f'certs/{other}.pem'}",
-                   f"peers.operator.cert={root / 'certs/operator.pem'}", "init.test_seed=0", "threads=1"]
-    sets["bob"].append("label_protection.method=none")  # exact gradients: compared with monolithic below
+                   f"peers.operator.cert={root / 'certs/operator.pem'}", "init.test_seed=0", "threads=1",
+                   # bounded influence scales some honest steps (BatchNorm's first running statistics, clipped
+                   # rows): a run compared with monolithic training turns it off, as label protection below
+                   "integrity.influence.enabled=false"]
+    sets["bob"] += [*(exact or []), "label_protection.method=none"]  # exact gradients: compared with monolithic below
     spawned = {p: spawn_party(EX / f"party_{p}.toml", root / f"{p}.log", sets[p]) for p in sets}
     procs = {p: wait_ready(proc, EX / f"party_{p}.toml", root / f"{p}.log", off) for p, (proc, off) in spawned.items()}
     proxies = [ShapingProxy((root / p / "address").read_text().strip(), delay_ms=one_way_ms).start()
@@ -70,10 +74,11 @@ def _train_through_proxies(root: Path, one_way_ms: float, train_args: list[str])
 
 
 @pytest.mark.slow
-def test_split_training_over_a_150ms_link_matches_monolithic(tmp_path: Path, assert_split_equals_monolithic) -> None:
+def test_split_training_over_a_150ms_link_matches_monolithic(tmp_path: Path, assert_split_equals_monolithic,
+                                                            exact_policy) -> None:
     root = tmp_path
     seconds, _ = _train_through_proxies(root, ONE_WAY_MS, ["--set", f"train.steps={STEPS}", "--set",
-                                                           "train.eval_every=2"])
+                                                           "train.eval_every=2"], [exact_policy(root)])
     assert seconds > STEPS * 2 * ONE_WAY_MS / 1000  # and paid its round trips
     assert (root / "driver/steps.csv").read_text().count("\n") == STEPS + 1
     assert_split_equals_monolithic(root, STEPS, 2)

@@ -15,15 +15,20 @@ from modelward.governance.consent import ConsentChecker, PassRequest, Policy, pu
 from modelward.governance.flow_policy import PredictFlow, Release, distinct_count
 from modelward.governance.neighbour_audit import (
     Victim,
+    Withheld,
     completion_rows,
+    eval_differencing_curve,
     eval_oracle_curve,
     gradient_label_recovery,
+    label_only_curve,
     labels_from_answers,
+    loss_oracle,
     query_pool,
     surrogate_curve,
     write_extraction,
 )
 from modelward.governance.party.label_protection import LabelProtectionConfig, protect_gradient
+from modelward.governance.party.release import ReleasePath
 from modelward.governance.plan import segment_of
 from modelward.governance.wire import WireError
 
@@ -44,11 +49,13 @@ class PolicyOracle:
         d = self.checker.check(PassRequest("bob", caller, op, purpose_of(op), "s", 0, rows, split,
                                            distinct_count(idx) if idx is not None else -1, metric))
         if not d.allowed:
-            self.audit.append(caller, op, batch=rows, decision="deny", reason=d.reason)
+            self.audit.append(caller, op, batch=rows, decision="deny", reason=d.reason, durable=False)
             from modelward.governance.protocol import ConsentDenied
 
             raise ConsentDenied(d.reason)
-        self.audit.append(caller, op, batch=rows, decision="allow", reason=d.reason)
+        # (durable=False: a party syncs its data passes' records in the background too; one fsync per query would
+        # be most of these tests' time)
+        self.audit.append(caller, op, batch=rows, decision="allow", reason=d.reason, durable=False)
 
     def predict(self, h, split="test", idx=None):
         self._ask("predict", len(h), split, idx)
@@ -61,6 +68,42 @@ class PolicyOracle:
         self._ask("eval", len(h), split, idx, metric)
         with torch.no_grad():
             return float(F.cross_entropy(self.bob(h), self.y[split][idx], reduction="sum"))
+
+
+class ReleaseOracle(PolicyOracle):
+    """Bob's answers through a party's release path (``path``), or, with ``path=None``, as the party of issue 36
+    answered: exact sums, and the step's loss in its answer before the step is aborted."""
+
+    def __init__(self, *args, path: ReleasePath | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.path, self.steps = path, 0
+
+    def eval_sum(self, h, idx, split, metric):
+        self._ask("eval", len(h), split, idx, metric)
+        with torch.no_grad():
+            out, y = self.bob(h), self.y[split][idx]
+            rows = (out.argmax(1) != y).double() if metric == "error" else F.cross_entropy(out, y, reduction="none")
+        if self.path is None:
+            return float(rows.sum())
+        r = self.path.release("alice", "eval_sum", rows, idx=idx, metric=metric, session="s")
+        if r.value is None:
+            raise Withheld(r.note)
+        return r.value
+
+    def train_step(self, h, idx, commit=False):
+        self._ask("step", len(h), "train", idx)
+        with torch.no_grad():  # (bob's parameters are not updated here: the levels the attacker reads stay put)
+            rows = F.cross_entropy(self.bob(h), self.y["train"][idx], reduction="none")
+        if self.path is None:
+            return float(rows.mean())  # issue 36: the step's loss came back, then the operator aborted the step
+        self.steps += 1
+        self.path.hold_loss(self.steps, rows, float(rows.mean()), idx)
+        if not commit:
+            self.path.aborted(self.steps)
+            return None
+        self.path.committed(self.steps)
+        r = self.path.release("alice", "train_loss", None)
+        return None if r.value is None else r.value["mean"]
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +199,42 @@ def test_completion_cost_and_the_report_files(split, tmp_path):
     assert head.startswith("part,attack,rows,agreement,refused") and paths["png"].stat().st_size > 1000
     with pytest.raises(WireError.__mro__[1]):  # a ModelwardError: an unknown pool is named
         query_pool("adversarial", h_train, 8)
+
+
+def _composition(split, tmp_path, name, path):
+    data, bob, *_ = split
+    pol = Policy(allow_peers=["alice"], training=True, inference=True, min_batch=8)
+    return ReleaseOracle(bob, data.y_train, data.y_test, pol, AuditLog(tmp_path / f"{name}.db", "bob"), path=path)
+
+
+def test_issue_36_s_composition_attacks_work_on_the_old_party_and_fail_through_the_release_path(split, tmp_path):
+    """The three attacks of issue 36 through the same harness the audit runs: against a party that answers as the
+    old one did (exact sums, the step's loss before the abort) they copy Bob's part or read his labels; through
+    the release path under the default policy they get noise, then nothing."""
+    data, _, h_train, h_test, victim = split
+    fixed_idx = torch.arange(7)
+    known = {c: int((data.y_test[7:] == c).nonzero()[0]) + 7 for c in range(10)}
+    known_train = {c: int((data.y_train == c).nonzero()[0]) for c in range(10)}
+    fixed_h, probe_h = h_train[100:107], h_train[200]
+    pool = query_pool("natural", h_train, 512)
+    probes = torch.arange(300, 340)
+    old = _composition(split, tmp_path, "old", None)
+    diff = eval_differencing_curve(old, victim, pool, h_test, fixed_h, fixed_idx, known, [80 * 64], fit_steps=200)
+    labels = label_only_curve(old, victim, pool, h_test, fixed_h, fixed_idx, known, [3000], fit_steps=150,
+                              refit=32)
+    loss = loss_oracle(old, probes, data.y_train, fixed_h, torch.arange(1000, 1007), probe_h, known_train, "bob")
+    assert diff[0].agreement > 0.6 > diff[0].chance + 0.3, diff  # issue: 0.908 from 5,120 rows
+    assert labels[0].agreement > 0.6 and not labels[0].refused, labels  # issue: 0.914 from 2,984 rows
+    assert loss.agreement > 0.95 and loss.rows == 8 * 50, loss  # issue: 400 of 400 labels
+    new = _composition(split, tmp_path, "new", ReleasePath("bob", Policy(), None, seed=0))
+    diff = eval_differencing_curve(new, victim, pool, h_test, fixed_h, fixed_idx, known, [80 * 24], fit_steps=200)
+    assert diff[-1].refused and diff[-1].rows < 80 * 24 and diff[-1].agreement < 0.3, diff
+    assert "privacy budget" in diff[-1].note
+    new = _composition(split, tmp_path, "new2", ReleasePath("bob", Policy(), None, seed=1))
+    labels = label_only_curve(new, victim, pool, h_test, fixed_h, fixed_idx, known, [600], fit_steps=200)
+    assert labels[-1].refused and labels[-1].agreement < 0.3, labels
+    loss = loss_oracle(new, probes, data.y_train, fixed_h, torch.arange(1000, 1007), probe_h, known_train, "bob")
+    assert loss.agreement <= loss.chance + 0.1 and "no loss released" in loss.note, loss  # aborted: nothing left
+    committed = loss_oracle(new, probes, data.y_train, fixed_h, torch.arange(1000, 1007), probe_h, known_train,
+                            "bob", commit=True)
+    assert committed.agreement < 0.3, committed  # committed windows: noise, then the budget (spent above)

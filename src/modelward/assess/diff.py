@@ -9,13 +9,17 @@ estimates, and each interval carries every source of noise of the metric it belo
   itself estimated from the non-members; a DeLong AUC; an advantage) is differenced with the MOVER method from the
   two intervals (Zou & Donner 2008; Newcombe's interval is its special case), so the noise of *both* runs, and of
   every sample each rests on, enters the interval of the change;
+- a proportion both reports measured on the *same* points with their per-point outcomes recorded
+  (``context.outcomes`` and an equal ``context.points``) is differenced with Newcombe's paired interval (Newcombe
+  1998, paired method 10), which the correlation of the two runs makes much narrower;
 - other numbers (ratios, MC-hardness over seeds) change significantly when their own intervals do not overlap;
   numbers without an interval never count as significant changes.
 
-A change is significant when its 95 % interval excludes 0. A gate ``SECTION:±X`` fails when a metric of that
-section with a verdict rule moved significantly by at least X in the stated direction: ``robustness:-5`` fails on a
-drop of 5 points or more, ``privacy:+2`` on a rise of 2 points or more (fractions and AUCs are in points, other
-units raw). So a gate fires only on a change larger than the noise of two honest runs: re-running the same
+A change is significant when its 95 % interval excludes 0. A gate ``SECTION:±X`` fails when the whole 95 %
+interval of the change of a metric of that section with a verdict rule is beyond X in the stated direction:
+``robustness:-5`` fails when the interval's upper end is below −5 points, ``privacy:+2`` when its lower end is above
++2 points (fractions and AUCs are in points, other units raw). A metric without an interval of its change (no
+counts, no intervals of its own) never fires a gate. So a gate fires only on a change larger than the noise of two honest runs: re-running the same
 assessment, or retraining the same recipe with another seed, raises no alarm (bench/privacy_gate.py measures it).
 """
 
@@ -26,10 +30,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from modelward.core.stats import Z95, mover, newcombe, wilson
+from modelward.core.stats import Z95, mover, newcombe, newcombe_paired, wilson
 from modelward.errors import ConfigError, DataError
 
-__all__ = ["Z95", "Change", "compare", "diff_reports", "load_report", "mover", "newcombe", "parse_fail_on", "wilson"]
+__all__ = ["Z95", "Change", "compare", "diff_reports", "load_report", "mover", "newcombe", "newcombe_paired",
+           "parse_fail_on", "wilson"]
 
 #: units whose changes are shown and gated in points (×100)
 POINT_UNITS = ("fraction", "auc")
@@ -110,6 +115,12 @@ def compare(old: dict[str, Any], new: dict[str, Any], fail_on: dict[str, float] 
             lo, hi = mover(v1, m1["ci"], v2, m2["ci"])
             ci = [lo * scale, hi * scale]
             significant = lo > 0 or hi < 0
+        elif (pair := _paired_cells(m1, m2)) is not None:
+            # the same points in both runs, with their per-point outcomes: the paired interval (their correlation
+            # removes the noise of which points were drawn, leaving that of the flips)
+            lo, hi = newcombe_paired(*pair)
+            ci = [lo * scale, hi * scale]
+            significant = lo > 0 or hi < 0
         elif m1.get("k") is not None and m2.get("k") is not None and m1.get("n") and m2.get("n"):
             lo, hi = newcombe(int(m1["k"]), int(m1["n"]), int(m2["k"]), int(m2["n"]))
             ci = [lo * scale, hi * scale]
@@ -123,11 +134,26 @@ def compare(old: dict[str, Any], new: dict[str, Any], fail_on: dict[str, float] 
                    significant, riskier)
         gate = fail_on.get(key[0])
         rated = bool(m2.get("context", {}).get("thresholds"))
-        if gate is not None and rated and significant and delta is not None and (
-                (gate < 0 and delta <= gate + 1e-9) or (gate > 0 and delta >= gate - 1e-9)):  # float slack
+        # the gate fires only when the whole interval of the change is beyond the allowed delta (issue 38): a drop
+        # whose interval still reaches the allowed −X may be noise of two honest runs; no interval, no firing
+        if gate is not None and rated and ci is not None and (
+                (gate < 0 and ci[1] < gate) or (gate > 0 and ci[0] > gate)):
             c.gated = f"{key[0]}:{gate:+g}"
         out.append(c)
     return sorted(out, key=lambda c: (not c.gated, not c.significant, c.section, c.key))
+
+
+def _paired_cells(m1: dict[str, Any], m2: dict[str, Any]) -> tuple[int, int, int, int] | None:
+    """The 2×2 table (both, only OLD, only NEW, neither) of two metrics' per-point outcomes, when both recorded
+    them on the same points (``context.outcomes`` strings of 0/1 and equal ``context.points``); None otherwise."""
+    c1, c2 = m1.get("context", {}), m2.get("context", {})
+    o1, o2 = c1.get("outcomes"), c2.get("outcomes")
+    if not o1 or not o2 or not c1.get("points") or c1.get("points") != c2.get("points") or len(o1) != len(o2):
+        return None
+    a = sum(x == "1" and y == "1" for x, y in zip(o1, o2, strict=True))
+    b = sum(x == "1" and y == "0" for x, y in zip(o1, o2, strict=True))
+    c = sum(x == "0" and y == "1" for x, y in zip(o1, o2, strict=True))
+    return a, b, c, len(o1) - a - b - c
 
 
 def load_report(path: str | Path) -> dict[str, Any]:

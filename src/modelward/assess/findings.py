@@ -190,6 +190,11 @@ def severity_from(value: float, thresholds: tuple[float, float] | list[float] | 
                   ci: tuple[float, float] | list[float] | None = None, chance: float | None = None) -> Severity:
     """low/medium/high from a value and the section's (green, amber) thresholds (inclusive on the good side).
 
+    With the value's 95 % interval `ci` the interval is rated, not the point: low only when the whole interval is on
+    the good side of the green threshold, high only when the whole interval is beyond the amber threshold, medium
+    when it straddles either (:func:`straddles` says so for the card's text). Without an interval (a number that was
+    not estimated from samples) the point estimate is rated.
+
     With a `chance` value (what an attack that learned nothing scores: TPR = FPR, AUC ½, advantage 0) and the
     value's interval `ci`, a value whose interval reaches the chance level is rated low whatever its point estimate:
     a measurement that cannot be told from chance at this sample size is no evidence of risk (issue 38: a
@@ -200,9 +205,24 @@ def severity_from(value: float, thresholds: tuple[float, float] | list[float] | 
     if chance is not None and ci is not None and (ci[0] <= chance if risk_up else ci[1] >= chance):
         return "low"
     green, amber = thresholds
+    if ci is not None:
+        # issue 38: the interval decides, not the point estimate: low only when the whole interval is on the good
+        # side of the green threshold, high only when the whole interval is beyond the amber one, medium otherwise
+        # (the interval straddles a threshold: this sample cannot tell the bands apart)
+        lo, hi = float(ci[0]), float(ci[1])
+        if risk_up:
+            return "low" if hi <= green else "high" if lo > amber else "medium"
+        return "low" if lo >= green else "high" if hi < amber else "medium"
     if risk_up:
         return "low" if value <= green else "medium" if value <= amber else "high"
     return "low" if value >= green else "medium" if value >= amber else "high"
+
+
+def straddles(m: dict[str, Any]) -> bool:
+    """Whether a recorded metric's interval contains one of its thresholds (its rating is then medium because the
+    sample cannot decide, not because the point estimate is in the amber band)."""
+    ci, th = m.get("ci"), m.get("context", {}).get("thresholds")
+    return bool(ci and th) and any(float(ci[0]) < t < float(ci[1]) for t in th)
 
 
 def rate_metric(m: dict[str, Any]) -> Severity:

@@ -128,6 +128,22 @@ def revoke(
     print(f"{'revoked' if added else 'already revoked'}: {name} {fp} (deny-list {path})")
 
 
+@app.command("resume")
+def resume(
+    config: Annotated[Path, typer.Argument(help="this party's PARTY.toml")],
+) -> None:
+    """Lift a halt of the training: after this party's trend detector stopped a suspected poisoning (it refused
+    the step, kept the evidence and rolled back to its last good checkpoint), and you have looked, let it train
+    again. A running party notices at its next step and records the resume in its audit log; then rerun `split
+    train`, which resumes from the latest checkpoint every party holds."""
+    from modelward.governance.integrity import resume as lift
+    from modelward.governance.party.config import load_party_config
+
+    halt = lift(load_party_config(config).checkpoint_dir)
+    print(f"resumed: {halt.party} had halted the training at step {halt.step} ({halt.reason})")
+    print(f"  rolled back to step {halt.restored_step}; evidence and the checkpoints set aside: {halt.folder}")
+
+
 @app.command("provision")
 def provision(
     consortium: Annotated[Path, typer.Argument(help="CONSORTIUM.toml (the parties, their identities, the model)")],

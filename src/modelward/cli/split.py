@@ -169,6 +169,9 @@ def audit_extraction(
         summary = run_extraction_audit(cfg, out, progress=progress)
     rows = [{k: p[k] for k in ("attack", "rows", "agreement", "refused", "chance")} for p in summary["points"]]
     print(markdown_table(rows, ["attack", "rows", "agreement", "refused", "chance"], 3), end="")
+    for p in summary["points"]:  # (its agreement column is the accuracy Bob lost: the note says what happened)
+        if p["attack"] == "slow_poisoning":
+            console.print(f"slow poisoning: {p['note']}")
     console.print(f"test accuracy {summary['test_accuracy']:.3f}; completion from scratch with labels: "
                   f"{summary['completion_rows']} rows to agreement {summary['completion_target']:.3f}")
     console.print(f"results in {out.resolve()} (extraction.csv, extraction.json, extraction.png)")

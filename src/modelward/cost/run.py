@@ -318,8 +318,8 @@ def table_rows(results: list[BackendResult], info: dict[str, Any]) -> list[dict[
             row["train_step_ms"] = 1e3 * training["split_step_s"]
             row["train_slowdown"] = training["split_step_s"] / training["plain_step_s"]
             row["train_note"] = (f"[train] optimizer, cross-entropy, batch {training['batch_size']}; "
-                                 f"{training['split_bytes_per_sample']:.0f} B/sample on the wire; loss |Δ| "
-                                 f"{training['loss_max_abs_diff']:.2g} vs plain")
+                                 f"{training['split_bytes_per_sample']:.0f} B/sample on the wire; parameters |Δ| "
+                                 f"{training['param_max_abs_diff']:.2g} vs plain")
         elif r.backend == "mpc" and mpc_tr and "mpc_step_s" in mpc_tr and mpc_tr["ok"]:
             row["train_step_ms"] = 1e3 * mpc_tr["mpc_step_s"]
             row["train_slowdown"] = mpc_tr["mpc_step_s"] / mpc_tr["plain_step_s"]

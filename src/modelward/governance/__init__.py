@@ -8,8 +8,11 @@ runs the driver's own party inside its process: ``run_training(cfg, host=party)`
 consent; ``make_certs`` / ``keygen`` create the mutual-TLS identities; ``run_split_demo`` does it all on one
 machine; ``protect_gradient`` is label protection, ``run_leakage_audit`` measures label leakage (and, with
 ``[inputs]``, input reconstruction by the next party; ``InputProtectionConfig`` is the first party's defence).
-What may leave a party is its flow policy (``FlowPolicy``, ``admit``, ``Release``); ``IntegrityMonitor`` refuses
-outlier steps; ``run_extraction_audit`` measures what a neighbour gets for its budget (``neighbour_audit``).
+What may leave a party is its flow policy (``FlowPolicy``, ``admit``, ``Release``), and every value that leaves passes
+its release path (``ReleasePath``: noise, answer and privacy budgets, ``gdp_epsilon``); ``BoundedInfluence`` bounds
+what one step can change and ``TrendDetector`` halts sustained damage (``StepIntegrity`` joins them in a party;
+``slow_poisoning`` is the self-audit's attack on them); ``run_extraction_audit`` measures what a neighbour gets for
+its budget (``neighbour_audit``).
 
 The package in layers, bottom up: ``wire``, ``plan``, ``audit`` and ``trust/`` (certificates, identities);
 ``consent`` and ``protocol`` (operations, errors, the client interface); ``party/`` (gate, state machine,
@@ -17,8 +20,9 @@ tentative step, holding); ``transport/`` (gRPC server and client, in-process cli
 (config, coordinator, training loop); ``demo``; ``leakage/`` (attacks, study, real-process audit);
 ``extraction_audit``, ``provision`` (one signed start-up kit per party at a consortium version; ``verify_kit``
 checks one, ``start_kit`` verifies one completely and runs its start.sh).
-``flow_policy`` and ``integrity`` sit in the bottom layer, ``neighbour_audit`` beside
-``consent``.
+``flow_policy``, ``bounded_influence`` and ``trend_detector`` sit in the bottom layer, ``integrity`` just below the
+party, ``neighbour_audit`` beside ``consent``, ``poisoning_audit`` just below ``extraction_audit`` (its registry runs
+the slow poisoning).
 """
 
 from modelward.core.registry import lazy_exports
@@ -39,7 +43,11 @@ _EXPORTS = {
     "LeakageAuditConfig": f"{_G}.leakage.study:LeakageAuditConfig",
     "run_leakage_audit": f"{_G}.leakage.study:run_audit",
     "FlowPolicy": f"{_G}.flow_policy:FlowPolicy", "admit": f"{_G}.flow_policy:admit",
-    "Release": f"{_G}.flow_policy:Release", "IntegrityMonitor": f"{_G}.integrity:IntegrityMonitor",
+    "Release": f"{_G}.flow_policy:Release", "StepIntegrity": f"{_G}.integrity:StepIntegrity",
+    "BoundedInfluence": f"{_G}.bounded_influence:BoundedInfluence",
+    "TrendDetector": f"{_G}.trend_detector:TrendDetector",
+    "slow_poisoning": f"{_G}.poisoning_audit:slow_poisoning",
+    "ReleasePath": f"{_G}.party.release:ReleasePath", "gdp_epsilon": f"{_G}.party.release:gdp_epsilon",
     "ExtractionAuditConfig": f"{_G}.extraction_audit:ExtractionAuditConfig",
     "load_extraction_config": f"{_G}.extraction_audit:load_extraction_config",
     "run_extraction_audit": f"{_G}.extraction_audit:run_extraction_audit",

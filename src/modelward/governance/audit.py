@@ -582,6 +582,13 @@ class Anchoring:
         if errors:
             raise errors[0]
 
+    def on_record(self, op: str, decision: str) -> None:
+        """The log's hook (``AuditLog.on_record``): a record whose head no answer carries (a refusal, a failure:
+        the caller gets an error, not a head) is anchored by an exchange soon; an allowed request's head travels
+        with its answer."""
+        if decision != "allow":
+            self.poke()
+
     def poke(self) -> None:
         """A round soon (a refusal or a failure was recorded: no answer carries its head)."""
         if self.loop is not None:

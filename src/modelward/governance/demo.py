@@ -79,7 +79,9 @@ def prepare_local_split(root: Path, model: nn.Module, data: DataSplit, parties: 
 
     The harness acts for every organisation, so its default policy (when `policy` is not given) lets the driver
     fetch predictions as probabilities; with `exact` (default) the label holder returns exact gradients
-    (``label_protection.method = "none"``), which a comparison with monolithic training needs. Pass
+    (``label_protection.method = "none"``), exact metrics and training losses (``eval.noise`` and
+    ``train_loss.noise`` 0 unless the policy sets them) and no party bounds its steps
+    (``integrity.influence.enabled = false``), which a comparison with monolithic training needs. Pass
     ``exact=False`` and explicit `policies` to run the parties under their shipped defaults.
     """
     root = Path(root).resolve()  # PARTY.toml paths must not depend on the folder a party is started from
@@ -120,6 +122,11 @@ def prepare_local_split(root: Path, model: nn.Module, data: DataSplit, parties: 
         cfg["model"].pop("kwargs", None)
         if exact and i == len(parties) - 1:
             cfg["label_protection"] = {"method": "none"}
+            # exact metrics and training losses too (the label holder's release path adds no noise)
+            for table in ("eval", "train_loss"):
+                mine[table] = {**mine.get(table, {}), "noise": mine.get(table, {}).get("noise", 0.0)}
+        if exact:  # (bounded influence scales some honest steps: a comparison with monolithic training turns it off)
+            cfg["integrity"] = {"influence": {"enabled": False}}
         cfg.update((extra or {}).get(p, {}))
         own: dict[str, torch.Tensor] = {}
         if i == 0:

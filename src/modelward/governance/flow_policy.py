@@ -25,6 +25,10 @@ bottom:
        per-sample oracle: 8 copies of ``(h, i)`` return 8·(logsumexp z − z_c));
     7. the rows fit the caller's eval row budgets (``eval.max_rows_per_day``, ``eval.max_rows_total``).
 
+What an admitted request's answer may carry, with what noise and at what cost to its receiver (answers, privacy),
+is the party's release path (:mod:`~modelward.governance.party.release`), configured by ``[eval]`` (``noise``,
+``clip``, ``max_answers_per_day``), ``[train_loss]`` and ``[privacy]`` here.
+
 Everything else (step limits, time window, approval hooks) stays in :class:`~.consent.ConsentChecker`, which
 calls :func:`admit` last.
 
@@ -68,6 +72,7 @@ class PredictFlow(StrictModel):
         epsilon: the ModelGuard ℓ1 budget ε (``modelguard_w`` / ``modelguard_s``).
         splits: the data splits predictions may run on (``"inputs"``: inputs the first party's driver supplies).
         max_rows_per_day / max_rows_total: rows per peer and UTC day / ever (None: no limit).
+        max_answers_per_day: fetched results per peer and UTC day (None: no limit).
 
     Returns:
         A strict config (``policy.predict``).
@@ -84,10 +89,13 @@ class PredictFlow(StrictModel):
     splits: list[Literal["train", "test", "inputs"]] = Field(default_factory=lambda: ["test", "inputs"])
     max_rows_per_day: int | None = Field(20_000, ge=0)
     max_rows_total: int | None = Field(None, ge=0)
+    max_answers_per_day: int | None = Field(None, ge=0)  # fetched results per peer and UTC day
 
 
 class EvalFlow(StrictModel):
-    """``[eval]`` of a policy: which metrics an evaluation may return, and its own row budgets.
+    """``[eval]`` of a policy: which metrics an evaluation may return, its own row and answer budgets, and the noise
+    its answer leaves with (``noise`` σ, ``clip`` C: each row's metric clipped to [0, C], Gaussian noise of sd
+    σ·C·m on the sum, m the most times one index occurs; ``noise = 0``: exact).
 
     (The splits are ``policy.eval_splits`` and the smallest number of distinct indices ``policy.min_batch``.)
 
@@ -99,13 +107,50 @@ class EvalFlow(StrictModel):
     metrics: list[Literal["error", "cross_entropy"]] = Field(default_factory=lambda: ["error", "cross_entropy"])
     max_rows_per_day: int | None = Field(200_000, ge=0)
     max_rows_total: int | None = Field(None, ge=0)
+    # what leaves (governance.party.release): the sum over the rows of one evaluation, each row's metric clipped to
+    # [0, clip] (error is 0 or 1), plus Gaussian noise of standard deviation noise x clip x (the most times one index
+    # occurs); noise = 0: the exact sum (no privacy bound: an opt-out, like label_protection.method = "none")
+    noise: float = Field(4.0, ge=0.0, le=1e6)
+    clip: float = Field(4.0, gt=0.0, le=1e3)  # nats: a row's cross-entropy counts at most this much
+    max_answers_per_day: int | None = Field(100, ge=0)  # released sums per peer and UTC day
+
+
+class LossFlow(StrictModel):
+    """``[train_loss]`` of a policy: how the training loss leaves the label holder. Never per step: the losses of
+    *committed* steps are summed (each row clipped to [0, clip] nats) and released with the next evaluation's
+    answer, with Gaussian noise of standard deviation noise x clip x (the most times one index occurs in the window);
+    an aborted step's loss never leaves. ``noise = 0``: the exact mean of the committed steps' losses.
+
+    Example:
+        >>> LossFlow().noise, LossFlow().clip
+        (8.0, 4.0)
+    """
+
+    noise: float = Field(8.0, ge=0.0, le=1e6)
+    clip: float = Field(4.0, gt=0.0, le=1e3)
+
+
+class PrivacyBudget(StrictModel):
+    """``[privacy]`` of a policy: the privacy accountant of every noisy answer (evaluation sums, training-loss
+    windows), per receiving peer: ``epsilon_per_day`` (UTC day) and ``epsilon_total`` (ever; None: no lifetime
+    bound) at ``delta``. An answer that would exceed either is withheld (the pass itself runs; its record says why).
+
+    Example:
+        >>> PrivacyBudget().epsilon_per_day, PrivacyBudget().delta
+        (8.0, 1e-06)
+    """
+
+    epsilon_per_day: float = Field(8.0, gt=0.0, le=1e4)
+    epsilon_total: float | None = Field(None, gt=0.0)
+    delta: float = Field(1e-6, gt=0.0, lt=0.1)
 
 
 class FlowPolicy(StrictModel):
     """The flow part of a party's policy, with the two consent fields it shares.
 
     Args:
-        predict / eval: :class:`PredictFlow`, :class:`EvalFlow`.
+        predict / eval / train_loss / privacy: :class:`PredictFlow`, :class:`EvalFlow`, :class:`LossFlow`,
+            :class:`PrivacyBudget` (what leaves, and the accountant of the noisy answers).
         eval_splits: the splits evaluations may score; min_batch: the fewest distinct indices per pass.
 
     Example:
@@ -115,6 +160,8 @@ class FlowPolicy(StrictModel):
 
     predict: PredictFlow = Field(default_factory=PredictFlow)
     eval: EvalFlow = Field(default_factory=EvalFlow)
+    train_loss: LossFlow = Field(default_factory=LossFlow)
+    privacy: PrivacyBudget = Field(default_factory=PrivacyBudget)
     eval_splits: list[Literal["train", "test"]] = Field(default_factory=lambda: ["test"])
     min_batch: int | None = Field(None, ge=1)  # the fewest rows of a step, and distinct indices of an eval
 

@@ -35,7 +35,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,17 +53,27 @@ from modelward.governance.flow_policy import as_labels
 COLUMNS = ("part", "attack", "rows", "agreement", "refused", "chance", "note")
 
 
+class Withheld(ModelwardError):
+    """The owner ran the pass but released nothing (its answer or privacy budget for the caller is spent)."""
+
+
 class Oracle(Protocol):
     """The passes a neighbour may run on the victim part, as the owner's policy answers them.
 
     ``predict(h, split)`` returns the released answer (``{"labels"}``, ``{"topk"}`` or ``{"probs"}``, see
     :func:`~modelward.governance.flow_policy.Release`) and ``eval_sum(h, idx, split, metric)`` the metric's sum;
-    both raise a :class:`~modelward.errors.ModelwardError` when refused.
+    ``train_step(h, idx, commit)`` runs a training step on the training rows `idx` with activations `h` and
+    returns the training loss the neighbour gets to see for it (the step's own answer, then the step is aborted
+    with the control key; or, with `commit`, the step committed and the committed window's mean loss read from the
+    next evaluation's answer), None where nothing of it is released. All raise a
+    :class:`~modelward.errors.ModelwardError` when refused (:class:`Withheld` when the pass ran and nothing left).
     """
 
     def predict(self, h: Tensor, split: str = "test", idx: Tensor | None = None) -> dict[str, Tensor]: ...
 
     def eval_sum(self, h: Tensor, idx: Tensor, split: str, metric: str) -> float: ...
+
+    def train_step(self, h: Tensor, idx: Tensor, commit: bool = False) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -148,11 +158,11 @@ def _top1(targets: Tensor) -> Tensor:
 
 
 def _curve(part: str, attack: str, victim: Victim, h_test: Tensor, checkpoints: Sequence[int],
-           ask: Callable[[int, int], tuple[Tensor, Tensor]], fit_steps: int, seed: int,
+           ask: Callable[[int, int], Iterator[tuple[Tensor, Tensor]]], fit_steps: int, seed: int,
            rows_per_item: int = 1) -> list[Point]:
-    """Query items in order (``ask(lo, hi) -> (h, targets)``), fit at each checkpoint (in rows), stop at refusal.
-    Soft answers are also read as their top class (attack ``<attack>_top1``, no extra queries): the attacker
-    keeps the better of the two."""
+    """Query items in order (``ask(lo, hi)`` yields ``(h, targets)`` for the items answered, as they come), fit at
+    each checkpoint (in rows), stop at refusal (what was answered before it counts). Soft answers are also read as
+    their top class (attack ``<attack>_top1``, no extra queries): the attacker keeps the better of the two."""
     chance = chance_agreement(victim, h_test)
     hs: list[Tensor] = []
     ts: list[Tensor] = []
@@ -163,11 +173,10 @@ def _curve(part: str, attack: str, victim: Victim, h_test: Tensor, checkpoints: 
         want = max(1, cp // rows_per_item)
         refused, note = False, ""
         try:
-            if want > done:
-                h, t = ask(done, want)
+            for h, t in ask(done, want) if want > done else ():
                 hs.append(h)
                 ts.append(t)
-                done = want
+                done += len(h)
         except ModelwardError as e:
             refused, note = True, str(e)[:200]
         if done == 0:
@@ -215,13 +224,10 @@ def surrogate_curve(oracle: Oracle, victim: Victim, queries: Tensor, h_test: Ten
     """Agreement of a surrogate fitted to ``predict`` answers on `queries`, at each checkpoint (rows), until the
     party refuses. Queries go out in passes of at most `chunk` rows."""
 
-    def ask(lo: int, hi: int) -> tuple[Tensor, Tensor]:
-        hs, ts = [], []
+    def ask(lo: int, hi: int) -> Iterator[tuple[Tensor, Tensor]]:
         for a in range(lo, min(hi, len(queries)), chunk):
             h = queries[a:min(hi, a + chunk)]
-            ts.append(_targets(oracle.predict(h, "test"), victim.num_classes))
-            hs.append(h)
-        return torch.cat(hs), torch.cat(ts)
+            yield h, _targets(oracle.predict(h, "test"), victim.num_classes)
 
     return _curve(victim.part, attack, victim, h_test, [c for c in checkpoints if c <= len(queries)], ask,
                   fit_steps, seed)
@@ -235,8 +241,7 @@ def eval_oracle_curve(oracle: Oracle, victim: Victim, queries: Tensor, h_test: T
     if sorted(known) != list(range(k)):
         raise ModelwardError(f"eval oracle: need one known sample per class 0..{k - 1}, got classes {sorted(known)}")
 
-    def ask(lo: int, hi: int) -> tuple[Tensor, Tensor]:
-        hs, ts = [], []
+    def ask(lo: int, hi: int) -> Iterator[tuple[Tensor, Tensor]]:
         for i in range(lo, min(hi, len(queries))):
             h = queries[i:i + 1]
             ce = torch.empty(k)
@@ -244,12 +249,136 @@ def eval_oracle_curve(oracle: Oracle, victim: Victim, queries: Tensor, h_test: T
                 s = oracle.eval_sum(h.expand(dup, *h.shape[1:]).contiguous(), torch.full((dup,), known[c]), "test",
                                     "cross_entropy")
                 ce[c] = s / dup  # = logsumexp z(h) - z_c(h)
-            hs.append(h)
-            ts.append(torch.softmax(-ce, 0).unsqueeze(0))
-        return torch.cat(hs), torch.cat(ts)
+            yield h, torch.softmax(-ce, 0).unsqueeze(0)
 
     return _curve(victim.part, "eval_oracle", victim, h_test, checkpoints, ask, fit_steps, seed,
                   rows_per_item=dup * k)
+
+
+def _probe(fixed_h: Tensor, probe: Tensor) -> Tensor:
+    """The fixed rows' activations and one probe activation, as one batch."""
+    return torch.cat([fixed_h, probe.unsqueeze(0)]).contiguous()
+
+
+def eval_differencing_curve(oracle: Oracle, victim: Victim, queries: Tensor, h_test: Tensor, fixed_h: Tensor,
+                            fixed_idx: Tensor, known: dict[int, int], checkpoints: Sequence[int], repeats: int = 1,
+                            fit_steps: int = 300, seed: int = 0) -> list[Point]:
+    """Issue 36's eval differencing: ``eval`` (cross-entropy) over the distinct test indices `fixed_idx` with the
+    fixed activations `fixed_h`, plus one probe row: the probe activation on a test index of known class c, one
+    pass per class. The answers differ only in the probe's cross-entropy, so ``softmax(-answers)`` is the victim's
+    softmax at the probe (the fixed rows' sum cancels: softmax is shift-invariant). Each answer is the mean of
+    `repeats` identical passes (an attacker averaging noise away). A point costs ``(len(fixed_idx) + 1) x classes x
+    repeats`` rows; the surrogate is fitted to the recovered soft labels."""
+    k = victim.num_classes
+    if sorted(known) != list(range(k)) or set(known.values()) & set(fixed_idx.tolist()):
+        raise ModelwardError(f"eval differencing: need one known test index per class 0..{k - 1}, none of them among "
+                             "the fixed rows")
+    rows = len(fixed_idx) + 1
+
+    def ask(lo: int, hi: int) -> Iterator[tuple[Tensor, Tensor]]:
+        for i in range(lo, min(hi, len(queries))):
+            h = _probe(fixed_h, queries[i])
+            ce = torch.empty(k, dtype=torch.float64)
+            for c in range(k):
+                idx = torch.cat([fixed_idx, torch.tensor([known[c]])])
+                ce[c] = sum(oracle.eval_sum(h, idx, "test", "cross_entropy") for _ in range(repeats)) / repeats
+            yield queries[i:i + 1], torch.softmax(-ce, 0).float().unsqueeze(0)
+
+    return _curve(victim.part, "eval_differencing" if repeats == 1 else f"eval_differencing_x{repeats}", victim,
+                  h_test, checkpoints, ask, fit_steps, seed, rows_per_item=rows * k * repeats)
+
+
+def label_only_curve(oracle: Oracle, victim: Victim, pool: Tensor, h_test: Tensor, fixed_h: Tensor,
+                     fixed_idx: Tensor, known: dict[int, int], checkpoints: Sequence[int], fit_steps: int = 300,
+                     seed: int = 0, refit: int = 16) -> list[Point]:
+    """Issue 36's label-only adaptive attack: ``eval`` (error) over the fixed rows plus a probe on a test index of
+    known class c answers "is the victim's top class at the probe c?" (the sum is the fixed rows' errors, plus 0
+    or 1). The first probe is asked for every class, which fixes the fixed rows' errors (the smallest answer);
+    after that each probe asks the classes in the order the current surrogate ranks them, until a yes. Probes are
+    chosen by active learning: the pool activation on which the current surrogate is least sure (smallest margin
+    between its two best classes), the surrogate refitted every `refit` labels."""
+    k = victim.num_classes
+    chance = chance_agreement(victim, h_test)
+    g = torch.Generator().manual_seed(seed)
+    left = torch.randperm(len(pool), generator=g)
+    hs: list[Tensor] = []
+    ys: list[int] = []
+    model: nn.Module | None = None
+    base: float | None = None
+    rows, points, cps = 0, [], sorted(checkpoints)
+
+    def score(refused: bool, note: str) -> Point:
+        if not ys:
+            return Point(victim.part, "label_only", rows, chance, True, chance, note or "refused")
+        m = fit_surrogate(victim, torch.cat(hs), F.one_hot(torch.tensor(ys), k).float(), fit_steps, seed)
+        return Point(victim.part, "label_only", rows, agreement(m, victim, h_test), refused, chance, note)
+
+    try:
+        while cps and len(left):
+            pick, order = 0, list(range(k))
+            if model is not None:
+                model.eval()
+                with torch.no_grad():
+                    top2 = torch.softmax(model(pool[left]), 1).topk(2, 1).values
+                    pick = int((top2[:, 0] - top2[:, 1]).argmin())
+                    order = torch.argsort(model(pool[left[pick]:left[pick] + 1])[0], descending=True).tolist()
+            i = int(left[pick])
+            left = torch.cat([left[:pick], left[pick + 1:]])
+            h = _probe(fixed_h, pool[i])
+            answers: dict[int, float] = {}
+            for c in order:
+                answers[c] = oracle.eval_sum(h, torch.cat([fixed_idx, torch.tensor([known[c]])]), "test", "error")
+                rows += len(fixed_idx) + 1
+                if base is not None and answers[c] < base + 0.5:
+                    break
+            if base is None:
+                base = min(answers.values())
+            hs.append(pool[i:i + 1])
+            ys.append(min(answers, key=lambda c: answers[c]))
+            if len(ys) % refit == 0:
+                model = fit_surrogate(victim, torch.cat(hs), F.one_hot(torch.tensor(ys), k).float(), fit_steps, seed)
+            while cps and rows >= cps[0]:
+                cps.pop(0)
+                points.append(score(False, ""))
+    except ModelwardError as e:
+        points.append(score(True, str(e)[:200]))
+    return points
+
+
+def loss_oracle(oracle: Oracle, probes: Tensor, y_train: Tensor, fixed_h: Tensor, fixed_idx: Tensor,
+                probe_h: Tensor, known: dict[int, int], part: str, commit: bool = False) -> Point:
+    """Issue 36's training-loss label oracle: a training step over the fixed training rows `fixed_idx` (fixed
+    activations) and one row, training index i with the fixed activation `probe_h`; the loss the neighbour sees
+    takes one value per class of i. Calibrated on one known training index per class (`known`), each probe's loss
+    is matched to the nearest level. Without `commit` every step is aborted after its answer (the issue's 400 of
+    400 labels); with it, every step is committed and the loss read from the committed window. A probe whose loss
+    is not released is guessed (the first level). Returns the share of `probes` whose label is recovered (chance:
+    the most frequent label's share)."""
+    name = "loss_oracle_committed" if commit else "loss_oracle"
+    chance = float(torch.bincount(y_train[probes]).max()) / len(probes)
+    h = _probe(fixed_h, probe_h)
+    rows, note, refused = 0, "", False
+    levels: dict[int, float] = {}
+    got: list[int] = []
+    try:
+        for c in sorted(known):
+            v = oracle.train_step(h, torch.cat([fixed_idx, torch.tensor([known[c]])]), commit)
+            rows += len(fixed_idx) + 1
+            if v is not None:
+                levels[c] = v
+        for i in probes.tolist():
+            v = oracle.train_step(h, torch.cat([fixed_idx, torch.tensor([i])]), commit)
+            rows += len(fixed_idx) + 1
+            got.append(min(levels, key=lambda c: abs(levels[c] - v)) if v is not None and levels else
+                       min(known))
+    except ModelwardError as e:
+        refused, note = True, str(e)[:200]
+    if not got:
+        return Point(part, name, rows, chance, True, chance, note or "refused")
+    share = float((torch.tensor(got) == y_train[probes[:len(got)]]).float().mean())
+    if not levels:
+        note = note or "no loss released (every probe guessed)"
+    return Point(part, name, rows, share, refused, chance, note)
 
 
 def labels_from_answers(oracle: Oracle, h_train: Tensor, y_train: Tensor, rows: int, part: str,

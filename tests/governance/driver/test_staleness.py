@@ -191,7 +191,7 @@ def test_the_first_party_refuses_an_evaluation_or_a_checkpoint_with_steps_in_fli
     with pytest.raises(WireError, match="drain carries no commit"):
         drv.call("alice", "step", 1, {"stale": 1, "drain": True, "commit": 0})
     r = drv.call("alice", "step", 1, {"stale": 1, "drain": True})
-    assert [s for s, _ in r.meta["done"]] == [0]
+    assert r.meta["done"] == [0]  # the steps finished (no loss: it leaves only summed over committed steps)
     assert all(p.prepared is not None and p.prepared.step == 0 for p in c.parties.values())
     drv.uncommitted = 0
     drv.flush()

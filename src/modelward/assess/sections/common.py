@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modelward.assess.findings import Metric
+from modelward.assess.findings import SEVERITY_ORDER, Metric, rate_metric, straddles
 from modelward.core.progress import NullProgress, ProgressSink
 from modelward.core.records import write_table
 from modelward.errors import ModelwardError
@@ -88,6 +88,33 @@ def traffic_light(value: float, green: float, amber: float, higher_is_better: bo
     if higher_is_better:
         return "green" if value >= green else "amber" if value >= amber else "red"
     return "green" if value <= green else "amber" if value <= amber else "red"
+
+
+STRADDLES = "the 95 % interval straddles the threshold"
+
+
+def interval_verdict(metrics: list[dict[str, Any]]) -> tuple[Verdict, dict[str, Any] | None, str]:
+    """The card's colour from rated metrics' intervals (issue 38): each is rated by
+    :func:`modelward.assess.findings.rate_metric` (red only when its whole interval is beyond the amber threshold,
+    green only when its whole interval is on the good side of the green one, amber otherwise); the worst rating
+    decides, among equals the worst point estimate.
+
+    Returns:
+        ``(verdict, the deciding metric, a note)``: the note says when the deciding interval straddles a threshold
+        (amber because the sample cannot decide) and is ``""`` otherwise.
+    """
+    rated = [(rate_metric(m), m) for m in metrics if m.get("context", {}).get("thresholds")]
+    if not rated:
+        return "info", None, ""
+    sev, m = min(rated, key=lambda r: (SEVERITY_ORDER.index(r[0]),
+                                       -r[1]["value"] if r[1]["risk_up"] else r[1]["value"]))
+    note = ""
+    if m.get("ci") and straddles(m):
+        lo, hi = m["ci"]
+        note = f"{STRADDLES} ({m['label']}: 95 % CI {lo:.3g} to {hi:.3g})"
+    elif not m.get("ci"):
+        note = f"{m['label']} has no interval (not estimated from samples): the point estimate is rated"
+    return SEVERITY_VERDICT[sev], m, note
 
 
 def pct(v: float) -> str:

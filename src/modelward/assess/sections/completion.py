@@ -18,9 +18,9 @@ from modelward.assess.sections.common import (
     NotAssessed,
     SectionResult,
     Work,
+    interval_verdict,
     seconds_per_point_gradient,
     section_progress,
-    traffic_light,
 )
 from modelward.assess.target import Target
 from modelward.completion.study import StudyConfig, run_study
@@ -94,7 +94,6 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     value = weakest["mc_hardness_mean"]
     res.headline = Headline(f"lowest MC-hardness at α = {alpha} ({weakest['party']} completing "
                             f"{weakest['must complete']})", value, f"{value:.2f}")
-    res.verdict = traffic_light(value, 0.8, 0.5)
     ci = None
     try:
         sd, n_seeds = float(weakest["sd"]), int(float(weakest["n"]))
@@ -108,8 +107,14 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     res.add_metric(f"mc_hardness@{alpha:g}", f"lowest MC-hardness at α = {alpha:g} ({weakest['party']} completing "
                    f"{weakest['must complete']})", value, risk_up=False, unit="score", headline=True,
                    context={"thresholds": [0.8, 0.5], "ci": ci, "seeds": n_seeds,
-                            "rule": "green ≥ 0.8, amber ≥ 0.5, red below (over seeds where there are seeds)"})
-    res.rule = ("green ≥ 0.8, amber ≥ 0.5, red below (1.0 = completing costs as much as training from scratch)")
+                            "rule": "green ≥ 0.8, amber ≥ 0.5, red below (by the t interval over seeds where there are seeds)"})
+    res.verdict, _, note = interval_verdict(res.metrics[-1:])
+    res.rule = ("green when the whole t interval over seeds is ≥ 0.8, red when it is wholly < 0.5, amber otherwise "
+                "(1.0 = completing costs as much as training from scratch)")
+    if ci is None:  # one seed: no spread was measured, the point estimate is rated and the card says so
+        note = "one seed: MC-hardness has no interval here (run the study with several seeds for one)"
+    if note:
+        res.rule += f"; {note}"
     res.summary = (f"The cheapest completion is {weakest['party']} rebuilding {weakest['must complete']}: "
                    f"{value:.2f} of the original training cost to reach {alpha:.0%} of its improvement "
                    f"(study: {study_dir}).")

@@ -13,15 +13,14 @@ import numpy as np
 import torch
 
 from modelward.assess.config import AssessConfig
-from modelward.assess.findings import rate_metric
 from modelward.assess.profiles import BUDGET_FLOORS, ProfileSizes
 from modelward.assess.sections.common import (
-    SEVERITY_VERDICT,
     Headline,
     SectionResult,
     Work,
     fit_budget,
     forward_flops,
+    interval_verdict,
     seconds_per_point_gradient,
     section_progress,
     traffic_light,
@@ -160,8 +159,8 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                        value, n=len(truth), risk_up=True, headline=True,
                        context={"thresholds": [0.02, 0.05], "ci": ci, "chance": 0.0, "rule": rule,
                                 "ci_method": "Agresti–Min adjusted Wald interval of a paired difference"})
-        res.verdict = SEVERITY_VERDICT[rate_metric(res.metrics[-1])]
-        res.rule = rule
+        res.verdict, _, note = interval_verdict(res.metrics[-1:])
+        res.rule = rule + (f"; {note}" if note else "")
     return res
 
 

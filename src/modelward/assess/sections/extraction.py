@@ -26,10 +26,10 @@ from modelward.assess.sections.common import (
     Work,
     fit_budget,
     forward_flops,
+    interval_verdict,
     pct,
     seconds_per_point_gradient,
     section_progress,
-    traffic_light,
 )
 from modelward.assess.target import Target
 from modelward.core.plots import grouped_bars
@@ -148,8 +148,10 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                                 "actions": ["Keep [ownership.watermark] on in `guard serve` (the default) and the "
                                             "key in state_dir; test a suspect with `modelward guard verify "
                                             "GUARD.toml --suspect MODEL_OR_URL`"]})
-    res.verdict = traffic_light(unguarded, 0.7, 0.9, higher_is_better=False)
-    res.rule = "green ≤ 70 %, amber ≤ 90 %, red above (how much of the model's accuracy a thief recovers)"
+    head = next(m for m in res.metrics if m["key"] == "substitute_ratio.unguarded")
+    res.verdict, _, note = interval_verdict([head])
+    res.rule = ("green when the whole 95 % interval of the ratio is ≤ 70 %, red when it is wholly > 90 %, amber "
+                "otherwise (how much of the model's accuracy a thief recovers)") + (f"; {note}" if note else "")
     res.summary = (f"With {budget} queries a KnockoffNets substitute reaches {pct(rows[0]['substitute_accuracy'])} "
                    f"test accuracy ({pct(unguarded)} of the model's {pct(victim_acc)}); behind {best['defense']} "
                    f"(ε = {best['epsilon']}) it reaches {pct(best['substitute_accuracy'])}, at a utility cost of "

@@ -22,10 +22,10 @@ from modelward.assess.sections.common import (
     Work,
     fit_budget,
     forward_flops,
+    interval_verdict,
     pct,
     seconds_per_point_gradient,
     section_progress,
-    traffic_light,
 )
 from modelward.assess.target import Target
 from modelward.core.plots import line_plot
@@ -100,12 +100,14 @@ class _PerFeatureScale(torch.nn.Module):
         return self.model(z * self.sigma)
 
 
-RULE = "green ≥ 70 %, amber ≥ 40 %, red below (of all evaluated test points)"
+RULE = ("green when the whole exact (Clopper–Pearson) 95 % interval of the robust accuracy is ≥ 70 %, red when it is "
+        "wholly < 40 %, amber otherwise (of all evaluated test points)")
 _NORM = {"linf": "L∞", "l2": "ℓ2"}
 
 
 def add_threat_metric(res: SectionResult, attack: str, norm: str, eps: float, robust_accuracy: float, n: int,
-                      scale: str, label: str | None = None) -> None:
+                      scale: str, label: str | None = None, outcomes: list[bool] | None = None,
+                      points: str | None = None) -> None:
     """Record one attack's robust accuracy at a threat model's reference radius as a rated metric (a finding).
 
     This is where a stronger evaluation plugs in: e.g. ``add_threat_metric(res, "autoattack", "linf", eps, acc, n,
@@ -117,23 +119,31 @@ def add_threat_metric(res: SectionResult, attack: str, norm: str, eps: float, ro
         norm: ``"linf"`` or ``"l2"``; eps: the radius; robust_accuracy: the fraction of the n points still correct.
         n: the points evaluated (Clopper–Pearson interval from round(robust_accuracy · n) of n).
         scale: how ε is measured, in words; label: the finding's title (default: "<ATTACK>-<norm> robust accuracy").
+        outcomes, points: optionally the per-point results (True: still correct) and an id of the evaluated points
+            (e.g. a digest of their indices); with both, ``assess diff`` compares two reports on the same points
+            with the paired interval (:func:`modelward.core.stats.newcombe_paired`) instead of the unpaired one.
     """
     title = f"{label or attack.upper() + '-' + _NORM[norm] + ' robust accuracy'} at ε = {eps:.4g}"
     res.add_metric(f"{attack}_{norm}@{eps:.4g}", title, robust_accuracy, k=round(robust_accuracy * n), n=n,
                    risk_up=False, context={"thresholds": list(THRESHOLDS), "rule": RULE, "epsilon": eps,
-                                           "norm": norm, "attack": attack, "scale": scale, "threat": True})
+                                           "norm": norm, "attack": attack, "scale": scale, "threat": True,
+                                           **({"outcomes": "".join("1" if o else "0" for o in outcomes),
+                                               "points": points} if outcomes is not None and points else {})})
 
 
 def set_threat_headline(res: SectionResult) -> tuple[float, str]:
     """Headline, verdict and rule from the worst recorded threat metric (a card never says low risk while another
     evaluated threat model on the page collapses); returns ``(value, label)``."""
     threats = [m for m in res.metrics if m["context"].get("threat")]
-    worst = min(threats, key=lambda m: m["value"])
+    verdict, worst, note = interval_verdict(threats)  # rated by their Clopper–Pearson intervals (issue 38)
+    assert worst is not None  # every threat metric carries thresholds
     for m in threats:
         m["headline"] = m is worst
     res.headline = Headline(f"worst threat model: {worst['label']}", worst["value"], pct(worst["value"]))
-    res.verdict = traffic_light(worst["value"], *THRESHOLDS)
+    res.verdict = verdict
     res.rule = RULE + "; the worst of every attack evaluated at the reference radii (L∞ and ℓ2) decides"
+    if note:
+        res.rule += f"; {note}"
     return worst["value"], worst["label"]
 
 

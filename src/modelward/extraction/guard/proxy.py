@@ -238,13 +238,10 @@ class UpstreamClient:
                             continue  # the upstream closed an idle connection: nothing was sent to the model
                         raise GuardError("upstream_error", f"the model server at {self.cfg.url} closed the "
                                          "connection before answering; nothing was charged") from None
-                    except ssl.SSLError as e:
-                        # TLS 1.3: the client's side of the handshake ends before the server has checked the
-                        # client's certificate, so a refused one (TLSV13_ALERT_CERTIFICATE_REQUIRED, unknown CA)
-                        # arrives as an alert on the first read of the answer, not in _connect
-                        conn.close()
-                        raise GuardError("upstream_unavailable", f"TLS to the model server at {self.cfg.url} "
-                                         f"failed ({e.reason or e}); nothing was charged") from None
+                    except ssl.SSLError as e:  # TLS 1.3: a refused client certificate arrives after the handshake,
+                        conn.close()  # as an alert on the first read
+                        raise GuardError("upstream_unavailable", f"TLS to the model server at {self.cfg.url} failed "
+                                         f"({e.reason or e}); nothing was charged") from None
                     except BaseException:
                         conn.close()
                         raise

@@ -1,7 +1,7 @@
 """The coordinator of a split: the two-phase commit over the parties (seed 000 §1, steps 1–5).
 
 The driver is the coordinator, not a relay: it sends batch *indices* to the first party, which starts the step
-along the chain peer to peer (see :mod:`modelward.governance.party.machine`), and gets back only the loss. After
+along the chain peer to peer (see :mod:`modelward.governance.party.machine`), and gets back only its answer. After
 every party prepared step s it sends ``commit(s)`` to all of them; after a refusal or a failure anywhere,
 ``abort(s)`` (two-phase commit: no party applies a step that another one refused). Evaluations return metric sums,
 predictions are fetched from the label holder. The driver never receives an activation or a gradient.
@@ -17,18 +17,18 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from modelward.core.threads import torch_thread_pool
 from modelward.errors import ConfigError, ModelwardError
-from modelward.governance.driver.config import PartyRef, SplitConfig, split_revoked_path
-from modelward.governance.party.machine import Party
+from modelward.governance.driver import queries
+from modelward.governance.driver.chain import check_chain, resume_target
+from modelward.governance.driver.config import SplitConfig
+from modelward.governance.driver.connect import Connect, grpc_connect
 from modelward.governance.protocol import (
     LinkStats,
     PartyClient,
@@ -36,59 +36,8 @@ from modelward.governance.protocol import (
     PartyUnavailable,
     StepRolledBack,
 )
-from modelward.governance.transport.client import GrpcPartyClient, InProcessClient
-from modelward.governance.trust.identity import normalize_fingerprint
-from modelward.governance.trust.revocation import DenyList, revoked_server_check
-from modelward.governance.trust.rotation import PeerTrust, RotationStore
+from modelward.governance.transport.client import InProcessClient
 from modelward.governance.wire import Message
-
-Connect = Callable[[PartyRef, SplitConfig], PartyClient]
-
-
-def grpc_connect(ref: PartyRef, cfg: SplitConfig) -> PartyClient:
-    """A gRPC + mutual-TLS link to party `ref`, pinned, and checked against the driver's deny-list
-    (``revoked_file``) at every connection and before every call: a revoked party is not called. With a pin, it
-    follows the party's key rotations (its statement verified against the pin, what was followed kept in
-    ``<out_dir>/rotations/<name>.json``)."""
-    pin = ref.pin()
-    trust = None
-    if pin is not None:
-        trust = PeerTrust({ref.name: normalize_fingerprint(pin, f"parties.{ref.name}")},
-                          RotationStore(Path(cfg.out_dir) / "rotations" / f"{ref.name}.json"))
-        pin = trust.pins[ref.name]
-    return GrpcPartyClient(ref.name, ref.resolved_address(), cfg.tls, pin, cfg.max_message_mb, cfg.timeout_s,
-                           connect_timeout=cfg.connect_timeout_s, trust=trust,
-                           peer_check=revoked_server_check(DenyList(split_revoked_path(cfg))))
-
-
-def hosted_connect(host: Party, cfg: SplitConfig) -> Connect:
-    """Reach `host` — a party running inside the driver's process (:func:`governance.transport.server.hosted_party`) —
-    directly, as its configured driver, and every other party over gRPC with mutual TLS.
-
-    Args:
-        host: the hosted party (normally the first one, run by the organisation that drives the training).
-        cfg: the split configuration; it must list the hosted party.
-
-    Returns:
-        A ``connect(ref, cfg)`` for :class:`SplitDriver`.
-
-    Example:
-        >>> drv = SplitDriver(cfg, connect=hosted_connect(alice, cfg))  # doctest: +SKIP
-    """
-    names = [p.name for p in cfg.parties]
-    if host.cfg.name not in names:
-        raise ConfigError(f"--host: party {host.cfg.name!r} is not one of this split's parties {names}")
-
-    def connect(ref: PartyRef, c: SplitConfig) -> PartyClient:
-        if ref.name == host.cfg.name:
-            return InProcessClient(host, caller=host.cfg.driver)
-        return grpc_connect(ref, c)
-
-    return connect
-
-
-class OutputsKept(ModelwardError):
-    """The label holder keeps a prediction's outputs (its policy): nothing was sent to the driver."""
 
 
 class Coordinator:
@@ -132,6 +81,10 @@ class Coordinator:
         self.received: list[tuple[str, str, list[str]]] = []  # (party, op, tensor names) of replies with tensors
         self.heads: dict[str, list] = {}  # the latest audit head each party reported
         self.uncommitted: int | None = None  # a step prepared everywhere whose commit has not been sent
+        # what the label holder released with the last evaluation: the training loss of the steps committed since
+        # its previous answer ({"mean", "steps", "rows"}), and why anything was withheld
+        self.train_loss: dict[str, Any] | None = None
+        self.withheld: str | None = None
 
     @property
     def links(self) -> dict[str, LinkStats]:
@@ -211,39 +164,20 @@ class Coordinator:
             self.heads[n] = st["audit_head"]
             if i == 0:
                 self.seq = int(st["last_seq"])
-        self._check_chain()
+        check_chain(self.status, self.names)
         return self.status
 
-    def _check_chain(self) -> None:
-        st = [self.status[n] for n in self.names]
-        all_layers = st[0]["all_layers"]
-        joined = [lay for s in st for lay in s["layers"]]
-        if joined != all_layers:
-            raise PartyError(f"the parties' layers {[s['layers'] for s in st]} (in config order "
-                             f"{self.names}) do not chain into the model's layers {all_layers}")
-        if not st[0]["first"] or not st[-1]["last"]:
-            raise PartyError("the first party must hold the inputs and the last one the labels")
-        for a, b in zip(st[:-1], st[1:], strict=True):
-            if a["next"] != b["party"] or b["prev"] != a["party"]:
-                raise PartyError(f"{a['party']} says its next party is {a['next']!r} and {b['party']} says its "
-                                 f"previous one is {b['prev']!r}; the config's chain is {self.names}")
-            if a["out_shape"] != b["in_shape"]:
-                raise PartyError(f"{a['party']} outputs {a['out_shape']} but {b['party']} expects {b['in_shape']}")
-        if st[0]["n_train"] != st[-1]["n_train"] or st[0]["n_test"] != st[-1]["n_test"]:
-            raise PartyError(f"inputs ({st[0]['n_train']}/{st[0]['n_test']} train/test samples) and labels "
-                             f"({st[-1]['n_train']}/{st[-1]['n_test']}) are not aligned")
-
     # ------------------------------------------------------------------ passes
-    def train_step(self, step: int, idx: torch.Tensor, lazy: bool = False) -> float:
-        """One protocol step for all parties (phase 1 along the chain, then commit everywhere); returns the
-        training loss. On any error every party aborts step `step` (bit-identical state) and the error is raised.
+    def train_step(self, step: int, idx: torch.Tensor, lazy: bool = False) -> None:
+        """One protocol step for all parties (phase 1 along the chain, then commit everywhere). On any error every
+        party aborts step `step` (bit-identical state) and the error is raised. Nothing of the step comes back:
+        its loss leaves the label holder only summed over committed steps, with the next evaluation.
 
         With `lazy`, the commit of this step travels with the next step's request (one round trip less per step;
         :meth:`flush` sends it explicitly)."""
-        loss = self._finish_step(step, self._send_step(step, idx, self.uncommitted, ahead=False), None)
+        self._finish_step(step, self._send_step(step, idx, self.uncommitted, ahead=False), None)
         if not lazy:
             self.flush()
-        return loss
 
     def _pipelined(self) -> bool:
         if self.pipeline is not None:
@@ -318,13 +252,13 @@ class Coordinator:
             raise late
         return step
 
-    def _finish_step(self, step: int, sent: Future, ahead: tuple[int, Future] | None) -> float:
-        """The answer to step `step` (its loss). On an error, the step sent after it (`ahead`, if any) is waited
+    def _finish_step(self, step: int, sent: Future, ahead: tuple[int, Future] | None) -> None:
+        """Wait for the answer to step `step` (prepared everywhere). On an error, the step sent after it (`ahead`, if any) is waited
         for, every party settles the step before (committed, or aborted with StepRolledBack if a party's late
         check refused it) and aborts this one (and the one ahead, should it have gone through), then the error is
         raised."""
         try:
-            loss = float(sent.result().meta["loss"])
+            sent.result()
         except ModelwardError as e:
             if ahead is not None:
                 # refused by the first party once this one failed (an out-of-order number), unless this answer was
@@ -350,7 +284,6 @@ class Coordinator:
                 raise late from e
             raise
         self.uncommitted = step
-        return loss
 
     def flush(self) -> None:
         """Commit the last prepared step on every party (idempotent where it is committed already), after every
@@ -389,61 +322,13 @@ class Coordinator:
                 pass
 
     def evaluate(self, metric: str = "error", batch_size: int = 1024) -> float:
-        """Test loss like core.train.evaluate, computed along the chain (the label holder scores its labels).
-
-        A step still to be committed is committed by the first request, along the chain as a step carries the
-        commit of the one before (the state scored is the one every party voted for); if that request fails,
-        :meth:`flush` settles the step (committed everywhere, or aborted everywhere) before the error is raised."""
-        n = int(self.status[self.names[0]]["n_test"])
-        total = 0.0
-        for i in range(0, n, batch_size):
-            idx = torch.arange(i, min(n, i + batch_size))
-            meta: dict[str, Any] = {"split": "test", "metric": metric}
-            carried = self.uncommitted
-            if carried is not None:
-                meta["commit"] = carried
-            try:
-                total += float(self.call(self.names[0], "eval", 0, meta, {"idx": idx}).meta["sum"])
-            except ModelwardError:
-                if carried is not None:
-                    try:
-                        self.flush()  # vote and commit rounds (StepRolledBack, after aborting, if a party refused)
-                    except StepRolledBack:
-                        raise
-                    except ModelwardError:
-                        pass  # (a party is gone: the evaluation's own error is raised; resume_point settles it)
-                raise
-            self.uncommitted = None
-        return total / n
+        """Test loss like core.train.evaluate, computed along the chain: :func:`.queries.evaluate` (NaN when the
+        label holder withheld its answer; its training-loss window in :attr:`train_loss`)."""
+        return queries.evaluate(self, metric, batch_size)
 
     def predict(self, split: str = "test", x: torch.Tensor | None = None, batch_size: int = 256) -> torch.Tensor:
-        """Predictions for the data owner's `split` (or for inputs `x`) through the whole chain; every party
-        consents to inference, and the label holder releases them only as its policy says (``policy.predict``).
-
-        Returns:
-            By the label holder's ``form``: ``label`` int64 [N]; ``topk`` int64 [N, k]; ``probs`` and the ModelGuard
-            forms: log-probabilities [N, K] (logits up to a constant). Raises :class:`OutputsKept` naming where
-            they are when the label holder keeps its outputs (its default).
-        """
-        outs, kept = [], []
-        first, last = self.names[0], self.names[-1]
-        n = len(x) if x is not None else int(self.status[first][f"n_{split}"])
-        for i in range(0, n, batch_size):
-            j = min(n, i + batch_size)
-            t = {"x": x[i:j]} if x is not None else {"idx": torch.arange(i, j)}
-            r = self.call(first, "predict", 0, {"split": split}, t)
-            if not r.meta.get("token"):
-                kept.append(str(r.meta.get("kept", last)))
-                continue
-            answer = self.call(last, "fetch", 0, {"token": r.meta["token"]}).tensors
-            if "probs" in answer:
-                outs.append(answer["probs"].clamp_min(1e-30).log())
-            else:
-                outs.append(answer.get("labels", answer.get("topk", answer.get("logits"))))
-        if kept:
-            raise OutputsKept(f"{last} keeps its outputs (its policy.predict.result_receiver is \"owner\"): "
-                              f"{len(kept)} file(s), e.g. {kept[0]}")
-        return torch.cat(outs)
+        """Predictions for the data owner's `split` (or for inputs `x`): :func:`.queries.predict`."""
+        return queries.predict(self, split, x, batch_size)
 
     # ------------------------------------------------------------------ recovery
     def wait_all(self, deadline: float, train: bool, first_wait: float = 0.25, max_wait: float = 5.0) -> None:
@@ -471,15 +356,12 @@ class Coordinator:
 
     def resume_point(self) -> int:
         """Continue where all parties are, if they agree and none is mid-step; otherwise restore every party to
-        the latest checkpoint step they all hold."""
-        prepared = {s["prepared"] for s in self.status.values() if s["prepared"] is not None}
+        the latest checkpoint step they all hold (:func:`.chain.resume_target`)."""
+        prepared, target = resume_target(self.status)
         for p in prepared:
             self.abort_all(p)
-        steps = {int(s["step"]) for s in self.status.values()}
-        if len(steps) == 1:
-            return steps.pop()
-        common = set.intersection(*(set(s["checkpoints"]) for s in self.status.values()))
-        target = max(common)
+        if target is None:
+            return int(next(iter(self.status.values()))["step"])
         for n in self.names:
             self.call(n, "restore", target, {"to_step": target})
         return target

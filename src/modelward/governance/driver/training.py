@@ -34,7 +34,8 @@ from modelward.core.records import atomic_write_json, write_csv
 from modelward.core.train import batch_order
 from modelward.errors import ModelwardError
 from modelward.governance.driver.config import SplitConfig
-from modelward.governance.driver.coordinator import Coordinator, hosted_connect
+from modelward.governance.driver.connect import hosted_connect
+from modelward.governance.driver.coordinator import Coordinator
 from modelward.governance.party.machine import Party
 from modelward.governance.protocol import LinkStats, PartyUnavailable
 from modelward.governance.wire import WireError
@@ -45,8 +46,9 @@ PROGRESS_KEY = "split train"
 @dataclass
 class SplitTrainResult:
     """What a split training run did: the test curve ``[(step, loss)]``, the steps run, the seconds, bytes per
-    link, how often it resumed after a party failed, the parties' audit heads, and the mean training loss per
-    evaluation interval."""
+    link, how often it resumed after a party failed, the parties' audit heads, and the training loss per
+    evaluation interval as the label holder released it (the mean over the steps committed since its previous
+    answer, with its noise; an interval it withheld is missing)."""
 
     curve: list[tuple[int, float]]
     steps_run: int
@@ -77,8 +79,10 @@ class SplitDriver(Coordinator):
             progress: where progress goes (key ``"split train"``: one unit per step, the loss, the last test loss
                 and the driver's bytes in the status line).
             out_dir: where ``curve.json`` and ``steps.csv`` are kept up to date (and read back to resume).
-            on_step: called after every step with ``(steps done, loss, the driver's link statistics)`` (a hook
-                for monitoring, and for tests that fail a party at a given step).
+            on_step: called after every step with ``(steps done, the last training loss released, the driver's
+                link statistics)`` (a hook for monitoring, and for tests that fail a party at a given step; no
+                step's own loss ever leaves the label holder, so the loss is that of the last evaluation interval,
+                NaN before the first).
 
         Returns:
             A :class:`SplitTrainResult`.
@@ -99,7 +103,6 @@ class SplitDriver(Coordinator):
             prev = json.loads((out_dir / "curve.json").read_text())
             curve = [(int(s), float("nan") if v is None else float(v)) for s, v in prev if int(s) <= step]
             rows = [r for r in _read_rows(out_dir / "steps.csv") if int(r["step"]) < step]
-        running, k = 0.0, 0
 
         def rewind(to: int):
             it = batch_order(n_train, tc.batch_size, cfg.seed)
@@ -112,10 +115,13 @@ class SplitDriver(Coordinator):
             sink.advance(PROGRESS_KEY, step - shown, info)
             shown = step
 
-        def status(loss: float) -> str:
+        def last_loss() -> float:
+            return train_loss[-1][1] if train_loss else float("nan")
+
+        def status() -> str:
             ctl = sum(s.sent + s.received for s in self.links.values())  # the driver's links: no tensors
             last = curve[-1][1] if curve else float("nan")
-            return f"loss {loss:.3f}  L {last:.3f}  driver {ctl / 2**10:.0f} KiB"
+            return f"loss {last_loss():.3f}  L {last:.3f}  driver {ctl / 2**10:.0f} KiB"
 
         batches = rewind(step)
         report(f"from step {step}")
@@ -134,9 +140,8 @@ class SplitDriver(Coordinator):
             """After a party failed (during a step or an evaluation): wait for every party within cfg.retry_s
             (backing off), restore them to the step they all hold and rewind the data order to it; what was
             recorded after that step is dropped (it is recomputed, so every eval point appears once)."""
-            nonlocal step, batches, curve, rows, train_loss, running, k, resumes, ahead, through, next_send, drained
+            nonlocal step, batches, curve, rows, train_loss, resumes, ahead, through, next_send, drained
             ahead, through = None, False  # (a step ahead was waited for by _finish_step)
-            was = step
             self.wait_all(time.monotonic() + cfg.retry_s, train=True)
             step = self.resume_point()
             resumes += 1
@@ -144,25 +149,22 @@ class SplitDriver(Coordinator):
             curve = [c for c in curve if c[0] <= step]
             train_loss = [c for c in train_loss if c[0] <= step]
             rows = [r for r in rows if r["step"] < step]
-            if step != was:
-                running, k = 0.0, 0
             next_send, drained = step, False
             report(f"a party failed: resumed from step {step}")
 
-        def record(s: int, loss: float, ts: float, before: dict) -> None:
+        def record(s: int, ts: float, before: dict) -> None:
             """A finished step's row (the link statistics since `before`), progress and hook."""
-            nonlocal step, running, k
-            row: dict[str, Any] = {"step": s, "loss": loss, "seconds": time.perf_counter() - ts}
+            nonlocal step
+            row: dict[str, Any] = {"step": s, "seconds": time.perf_counter() - ts}
             for n, st in self.links.items():
                 row[f"{n}_sent"] = st.sent - before[n][0]
                 row[f"{n}_received"] = st.received - before[n][1]
                 row[f"{n}_seconds"] = round(st.seconds - before[n][2], 6)
             rows.append(row)
             step = s + 1
-            running, k = running + loss, k + 1
             if on_step:
-                on_step(step, loss, self.links)
-            report(status(loss))
+                on_step(step, last_loss(), self.links)
+            report(status())
 
         while True:
             # an evaluation at the start, at every eval_every steps and at the end; after a resume to an eval point
@@ -178,10 +180,9 @@ class SplitDriver(Coordinator):
                     recover()
                     continue
                 curve.append((step, score))
-                if k:
-                    train_loss.append((step, running / k))
-                running, k = 0.0, 0
-                report(status(rows[-1]["loss"]) if rows else f"L {score:.3f}")
+                if self.train_loss is not None:  # the committed steps since the last evaluation, as released
+                    train_loss.append((step, float(self.train_loss["mean"])))
+                report(status() if rows else f"L {score:.3f}")
                 if out_dir is not None and len(curve) > 1:
                     _write_progress(out_dir, curve, rows)
             if step >= tc.steps:
@@ -219,9 +220,9 @@ class SplitDriver(Coordinator):
                     continue
                 reordered = 0
                 through = True
-                for i, (s_done, loss) in enumerate(done):
+                for i, s_done in enumerate(done):
                     self.uncommitted = int(s_done)
-                    record(int(s_done), float(loss), ts, before if i == 0 else
+                    record(int(s_done), ts, before if i == 0 else
                            {n: (st.sent, st.received, st.seconds) for n, st in self.links.items()})
                 if drained and not pending:
                     drained = False
@@ -237,7 +238,7 @@ class SplitDriver(Coordinator):
                 # there (its answer sent); should step s fail, step s+1 is refused (out of order) and aborted
                 ahead = (nxt, self._send_step(nxt, next(batches), step, ahead=True))
             try:
-                loss = self._finish_step(step, sent, ahead)
+                self._finish_step(step, sent, ahead)
             except WireError as e:
                 # a step sent ahead that the first party took before its predecessor had even arrived (InOrder's
                 # wait for an absent predecessor is bounded) was refused unread by its sequence guard: nothing ran
@@ -255,7 +256,7 @@ class SplitDriver(Coordinator):
                 continue
             reordered = 0
             through = True
-            record(step, loss, ts, before)
+            record(step, ts, before)
         self.flush()
         # one status round, all parties at once: the link statistics, and the heads to publish (a control answer
         # comes after its party's audit sync, so they rest on records on stable storage; every answer carries its

@@ -57,6 +57,8 @@ class Checkpoints:
         self._writer = torch_thread_pool(1, f"checkpoints-{self.dir.name}")
         self._pending: Future[None] | None = None
         self._error: str | None = None
+        # a step whose latest checkpoint at or before it is never pruned (the party's last good state, integrity)
+        self.pinned: Callable[[], int | None] | None = None
 
     def path(self, step: int) -> Path:
         return self.dir / f"step_{step:08d}.safetensors"
@@ -114,8 +116,11 @@ class Checkpoints:
         return err
 
     def _prune(self) -> None:
-        for old in self._list()[: -self.keep]:
-            if old != 0:  # step 0 stays: a full restart is always possible
+        steps = self._list()
+        pin = self.pinned() if self.pinned is not None else None
+        keep = max((s for s in steps if s <= pin), default=None) if pin is not None else None
+        for old in steps[: -self.keep]:
+            if old != 0 and old != keep:  # step 0 stays: a full restart is always possible
                 self.path(old).unlink(missing_ok=True)
 
     def load(self, step: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:

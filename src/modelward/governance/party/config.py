@@ -122,7 +122,7 @@ class PartyConfig(StrictModel):
             ``max_message_mb`` and the largest message the party's rows and shapes allow).
         label_protection: the label holder's gradient perturbation (default Marvell, scale 4; ``method = "none"``
             opts out); compression: int8 / top-k compression of the activations it sends and the gradients it
-            returns (:class:`~modelward.governance.party.tensors.CompressionConfig`, default none); integrity: outlier refusal (:class:`~modelward.governance.integrity.IntegrityConfig`);
+            returns (:class:`~modelward.governance.party.tensors.CompressionConfig`, default none); integrity: bounded influence and the trend detector (:class:`~modelward.governance.integrity.IntegrityConfig`);
             input_protection: the first party's defence of its inputs against reconstruction by the next one
             (:class:`~modelward.governance.party.input_protection.InputProtectionConfig`: activation noise,
             NoPeek; default off);
@@ -181,7 +181,7 @@ class PartyConfig(StrictModel):
     # (or None) opts out
     label_protection: LabelProtectionConfig | None = Field(
         default_factory=lambda: DEFAULT_LABEL_PROTECTION.model_copy())
-    integrity: IntegrityConfig = Field(default_factory=IntegrityConfig)  # outlier steps refused and rolled back
+    integrity: IntegrityConfig = Field(default_factory=IntegrityConfig)  # steps bounded, sustained damage halted
     # opt-in int8 / top-k compression of the activations this party sends and the gradients it returns (default
     # none: exact, bit-identical); the receiver decodes what the message's spec names
     compression: CompressionConfig = Field(default_factory=CompressionConfig)

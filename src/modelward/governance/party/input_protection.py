@@ -172,3 +172,17 @@ def input_protection(config: InputProtectionConfig, name: str, is_first: bool) -
         raise ConfigError(f"party {name}: input_protection: only the first party (the inputs' owner) protects its "
                           "activations; remove [input_protection] here")
     return InputProtection(config)
+
+
+def protected(inputs: InputProtection | None, out: torch.Tensor, x: torch.Tensor, step: int | None = None
+              ) -> torch.Tensor:
+    """The activation that leaves the first party for the next: through its input protection, if any.
+
+    Args:
+        inputs: the party's :class:`InputProtection` (None: the exact activation leaves).
+        out: the party's output; x: its input rows; step: the training step (None: an evaluation or prediction).
+
+    Returns:
+        The tensor to send (detached from the party's graph).
+    """
+    return out.detach() if inputs is None else inputs.outgoing(out, x, step)

@@ -284,13 +284,17 @@ class ProtectReply:
         except ModelwardError as e:
             raise ConfigError(f"party {who}: [label_protection]: {e}") from None
 
+    def gradient(self, g: torch.Tensor, idx: torch.Tensor, step: int) -> torch.Tensor:
+        """The gradient `g` of the batch `idx` at training step `step`, perturbed (what leaves; the party's release
+        path calls this for every gradient it returns)."""
+        return protect_gradient(g, self.labels[idx], self.config, step=step, index=idx)
+
     def __call__(self, msg: Any, caller: str, call_next: Any) -> Any:
         """``call_next(msg, caller)`` (the step), then its reply's gradient ``g`` perturbed."""
         reply = call_next(msg, caller)
         g = reply.tensors.get("g")
         if g is not None:
-            idx = msg.tensors["idx"]
-            reply.tensors["g"] = protect_gradient(g, self.labels[idx], self.config, step=msg.step, index=idx)
+            reply.tensors["g"] = self.gradient(g, msg.tensors["idx"], msg.step)
         return reply
 
 

@@ -17,7 +17,7 @@ Example:
     ...                          carried_commit=party._carried_commit, commit=party._commit)  # doctest: +SKIP
     >>> stale = window.staleness(msg)  # doctest: +SKIP
     >>> reply = window.step(msg, stale) if stale else ...  # doctest: +SKIP
-    >>> reply.meta["done"]  # the steps finished by this request, [[step, loss], ...]  # doctest: +SKIP
+    >>> done, anchors = window.step(msg, stale)  # the steps finished by this request  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from modelward.core.threads import torch_thread_pool
 from modelward.core.train import TrainConfig, make_optimizer
 from modelward.errors import ModelwardError
 from modelward.governance.audit import AuditLog
+from modelward.governance.party.release import ReleasePath
 from modelward.governance.party.segment import Holding
 from modelward.governance.party.step import Prepared, TentativeStep
 from modelward.governance.party.tensors import format_of, layout
@@ -116,6 +117,7 @@ class StalenessWindow:
         carried_commit: the party's handling of ``meta.commit`` on a data operation; returns (carried step or
             None, step held until the next party has answered or None).
         commit: keeps the prepared steps up to the given one (the party's commit, its checkpoints included).
+        release: the party's release path (the activation sent on passes it), or None.
 
     Example:
         >>> window.staleness(Message("step", meta={"stale": 1}))  # doctest: +SKIP
@@ -128,9 +130,10 @@ class StalenessWindow:
                  audit: AuditLog, *, link: Callable[[str], PartyClient | None], link_seq: dict[str, int],
                  committed: Callable[[], int],
                  carried_commit: Callable[[Message], tuple[int | None, int | None]],
-                 commit: Callable[[int], None]) -> None:
+                 commit: Callable[[int], None], release: ReleasePath | None = None) -> None:
         self.name, self.next_name = name, next_name
         self.holding, self.tentative, self.audit = holding, tentative, audit
+        self.release = release  # what leaves for the next party passes the party's release path
         self._link, self.link_seq = link, link_seq
         self._committed, self._carried_commit, self._commit = committed, carried_commit, commit
         self.flight: deque[Flight] = deque()  # the steps in flight, oldest first
@@ -224,7 +227,7 @@ class StalenessWindow:
         f.set_exception(e)
         return f
 
-    def step(self, msg: Message, stale: int) -> Message:
+    def step(self, msg: Message, stale: int) -> tuple[list[int], dict]:
         """A pipelined step at the first party, with bounded staleness (``meta.stale`` = k): run the forward
         pass of step s on a copy of the parameters (weight stashing), send the activation on *without waiting for
         its gradient*, then finish the oldest step in flight once more than k are: its gradient (back from the
@@ -236,7 +239,7 @@ class StalenessWindow:
         SOSP). The parties after the first one compute exactly (their own updates are not delayed).
 
         ``meta.drain``: no new step; finish every step in flight (before an evaluation, a checkpoint, the end).
-        The answer lists the steps finished, ``meta.done = [[step, loss], …]``, oldest first; each is prepared
+        The answer lists the steps finished, ``meta.done = [step, …]``, oldest first; each is prepared
         everywhere (the first party's update checked, the others answered) and is committed like any step: the
         driver carries its commit with a later request. A failure anywhere undoes every step in flight here and
         raises; the driver then settles the last finished step and aborts the rest on every party.
@@ -246,7 +249,8 @@ class StalenessWindow:
             stale: its staleness k (:meth:`staleness`, > 0).
 
         Returns:
-            The reply: ``meta.done`` and the heads of the parties after this one (``meta._anchors``).
+            (the steps finished, the heads of the parties after this one): the party's answer (no loss: the
+            training loss leaves the label holder only summed over committed steps, :mod:`.release`).
         """
         t, h = self.tentative, self.holding
         drain = msg.meta.get("drain", False)
@@ -274,25 +278,27 @@ class StalenessWindow:
                 out = torch.func.functional_call(h.segment, stash, (layout(x),))
                 meta: dict[str, Any] = {"stale": stale} if carried is None else {"stale": stale, "commit": carried}
                 sent = out.detach() if self.inputs is None else self.inputs.outgoing(out, x, msg.step)
-                reply = self._send(msg, meta, {"h": sent, "idx": idx})
+                h_out = sent if self.release is None else \
+                    self.release.release(self.next_name or "", "activation", sent).value
+                reply = self._send(msg, meta, {"h": h_out, "idx": idx})
             except BaseException:
                 with torch.no_grad():
                     for k, v in buffers.items():
                         t.live[k].copy_(v)
                 raise
             self.flight.append(Flight(msg.step, out, [stash[k] for k in h.params], buffers, reply, held))
-        done: list[list] = []
+        done: list[int] = []
         while self.flight and (drain or len(self.flight) > stale):
-            step, loss, down = self._land(msg.session)
-            done.append([step, loss])
-        return Message("step", step=msg.step, meta={"done": done, "_anchors": down})
+            step, down = self._land(msg.session)
+            done.append(step)
+        return done, down
 
-    def _land(self, session: str) -> tuple[int, float, dict]:
+    def _land(self, session: str) -> tuple[int, dict]:
         """Finish the oldest step in flight: its gradient, the backward pass through its stashed forward pass,
         the update of the live parameters and its check; the step is then prepared here.
 
         Returns:
-            (step, loss, the heads of the parties after this one).
+            (step, the heads of the parties after this one).
         """
         t, h = self.tentative, self.holding
         f = self.flight[0]
@@ -301,7 +307,6 @@ class StalenessWindow:
             g = h.bounded(expect(r, "g", torch.float32, tuple(f.out.shape)), "gradient g")
             if self.inputs is not None:  # the first party's NoPeek term (input_protection)
                 g = self.inputs.incoming(g, f.step)
-            loss = float(r.meta["loss"])
         except BaseException:
             self.reset(f.step)
             raise
@@ -329,7 +334,7 @@ class StalenessWindow:
                 t.rolled_back = (f.step, str(e))
             raise
         t.push(snap)
-        return f.step, loss, anchors_of(r, self.name)
+        return f.step, anchors_of(r, self.name)
 
     def close(self) -> None:
         """Stop the sender threads (a request still queued is cancelled; the party is closing)."""

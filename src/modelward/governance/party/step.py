@@ -100,6 +100,9 @@ class TentativeStep:
         # a further check of the tentative update, after the numeric one: (step, the state before it) -> None, or a
         # ModelwardError that rolls the step back (the party's integrity statistics)
         self.extra_check: Callable[[int, Prepared], None] | None = None
+        # what runs on the gradients just before the optimizer step: (step, parameters) -> None (the party's
+        # bounded influence: it may scale them)
+        self.pre_update: Callable[[int, list[torch.Tensor]], None] | None = None
         self.opt: torch.optim.Optimizer | None = None
         self.train_cfg: TrainConfig | None = None
         self.prepared: Prepared | None = None
@@ -258,6 +261,8 @@ class TentativeStep:
         snap = snapshot()  # the copy of the parameters is complete before they change
         for g in self.opt.param_groups:
             g["lr"] = self.train_cfg.lr_at(step)
+        if self.pre_update is not None:
+            self.pre_update(step, list(self.params.values()))
         self.opt.step()
         self.check(step)
         if self.extra_check is not None:
