@@ -8,7 +8,9 @@ TORCH_PIN := torch==2.13.0
 EXTRAS := test,cluster,report,privacy,cost,scan,bom,postgres
 # pytest-xdist workers of `make test` (0: one process, in file order). 2 by default (--dist loadgroup as
 # tests/conftest.py refines it: a module's tests stay on one worker, the Ray clusters' tests run on one worker one
-# after another): one process took 701 s of pytest in CI, two workers about 440 s on the 2-core reference machine
+# after another): one process took 701 s in CI on the 2-core reference machine, over the 10-minute budget; servers
+# that tests start take ports from modelward.core.ports (outside the kernel's ephemeral range), so two workers do
+# not race for them.
 PYTEST_WORKERS ?= 2
 # The second kernel path of `make test`: the numeric tests (tests/numeric_tests.txt: tolerances, bit-exactness that
 # the design promises, learned-outcome bounds) run again with ATen's scalar kernels, MKL's compatible code path and

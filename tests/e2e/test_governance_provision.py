@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from modelward.core.config import to_toml
+from modelward.core.ports import free_port
 from modelward.errors import IdentityError
 from modelward.governance.driver import SplitDriver, load_split_config
 from modelward.governance.driver.config import revoke_party, split_revoked_path
@@ -38,9 +38,9 @@ DIGITS = {"source": "digits", "seed": 0}
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # written into the consortium file and bound only later by `party serve`: outside the ephemeral range, so that
+    # no outgoing connection meanwhile (this test's, another xdist worker's) can take it first
+    return free_port()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
+from modelward.core import ports
 from modelward.core.config import StrictModel
 from modelward.cost.program import Program
 from modelward.cost.result import BackendResult
@@ -58,17 +58,9 @@ def mpyc_available() -> str | None:
 
 
 def free_ports(k: int) -> list[int]:
-    """k distinct free TCP ports on 127.0.0.1 chosen by the OS (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(k):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """k distinct free TCP ports on 127.0.0.1, outside the range the kernel hands to outgoing connections
+    (:func:`modelward.core.ports.free_ports`: no party's connection takes another party's port first)."""
+    return ports.free_ports(k)
 
 
 def write_job(job_dir: Path, program: Program, x: np.ndarray, cfg: MPCConfig,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from pydantic import Field, model_validator
 from modelward.core.config import AlgorithmSpec, StrictModel, dump_config, read_toml, to_toml
 from modelward.core.data import DataConfig, load_data
 from modelward.core.io import save_state_dict
+from modelward.core.ports import free_port
 from modelward.core.progress import ProgressSink
 from modelward.core.records import atomic_write_text, write_table
 from modelward.core.train import TrainConfig
@@ -123,9 +123,7 @@ class ServedAuditConfig(StrictModel):
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()  # outside the ephemeral range: no outgoing connection takes it before the server binds it
 
 
 class _Server:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from typing import Any
 
 from torch import nn
 
+from modelward.core import ports
 from modelward.core.config import read_toml, to_toml
 from modelward.core.io import save_state_dict
 from modelward.core.process import stop_gracefully
@@ -20,10 +20,9 @@ from modelward.errors import ModelwardError
 
 
 def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A currently free TCP port on 127.0.0.1, outside the range the kernel hands to outgoing connections
+    (:func:`modelward.core.ports.free_port`)."""
+    return ports.free_port()
 
 
 class GuardServerProcess:

@@ -14,7 +14,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from modelward.core.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,7 @@ def find_postgres() -> PostgresBinaries | str:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()  # outside the ephemeral range: no outgoing connection takes it before the server binds it
 
 
 @contextmanager
