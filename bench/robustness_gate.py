@@ -30,6 +30,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from modelward.assess.diff import compare, parse_fail_on
+from modelward.assess.outcomes import points_id
 from modelward.assess.sections.common import SectionResult
 from modelward.assess.sections.robustness import add_threat_metric, set_threat_headline
 from modelward.robustness.attacks import make_attack
@@ -53,7 +54,7 @@ def _outcomes(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float, 
         return (m(adv).argmax(1) == y).numpy()
 
 
-def _report(o: np.ndarray, eps: float, points: str | None) -> dict:
+def _report(o: np.ndarray, eps: float, points: dict | None) -> dict:
     res = SectionResult("robustness", "Robustness")
     add_threat_metric(res, "pgd", "linf", eps, float(o.mean()), len(o), "pixels in [0, 1]",
                       outcomes=o.tolist() if points else None, points=points)
@@ -89,10 +90,12 @@ def main() -> None:
         r1, r2 = _report(o1, a.eps, None), _report(o2, a.eps, None)
         un = next(iter(compare(r1, r2, gates)))
         again = _outcomes(m1, xte[p1], yte[p1], a.eps, 1000 + i)
-        pa = next(iter(compare(_report(o1, a.eps, "p1"), _report(again, a.eps, "p1"), gates)))
+        pts = points_id(xte[p1], yte[p1])  # the id the robustness section stores (rows, n, SHA-256)
+        pa = next(iter(compare(_report(o1, a.eps, pts), _report(again, a.eps, pts), gates)))
         drop = _outcomes(m1, xte[p1], yte[p1], a.drop * a.eps, 0)
         dr_un = next(iter(compare(r1, _report(drop, a.eps, None), gates)))
-        dr_pa = next(iter(compare(_report(o1, a.eps, "p1"), _report(drop, a.eps, "p1"), gates)))
+        dr_pa = next(iter(compare(_report(o1, a.eps, pts), _report(drop, a.eps, pts), gates)))
+        assert pa.interval.startswith("paired") and un.interval.startswith("unpaired"), (pa.interval, un.interval)
         rows.append((o1.mean(), r1["verdict"], un, pa, dr_un, dr_pa))
         print(f"pair {i}: RA {o1.mean():.3f} ({r1['verdict']}) vs retrain {o2.mean():.3f}: Δ {un.delta:+.1f} "
               f"CI [{un.delta_ci[0]:+.1f}, {un.delta_ci[1]:+.1f}] fires={bool(un.gated)} old={_old_rule(un)} | "

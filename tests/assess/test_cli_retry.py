@@ -162,9 +162,11 @@ def test_assess_diff_cli_exits_1_past_a_gate(tmp_path: Path, monkeypatch: pytest
     code, out, _ = _main("assess", "diff", "old", "worse", "--fail-on", "robustness:-5", cwd=tmp_path,
                          monkeypatch=monkeypatch, capsys=capsys)
     assert code == 1 and "FAILED robustness:-5" in out
+    assert "unpaired Newcombe" in out  # which interval of the change, and why (no per-point outcomes here)
     code, out, _ = _main("assess", "diff", "old", "worse", "--format", "json", cwd=tmp_path,
                          monkeypatch=monkeypatch, capsys=capsys)
     assert code == 0 and json.loads(out)["changes"][0]["significant"]
+    assert json.loads(out)["changes"][0]["interval"] == "unpaired Newcombe: no per-point outcomes in either report"
     code, _, err = _main("assess", "diff", "old", "nowhere", cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
     assert code == 2 and "nowhere" in err
 

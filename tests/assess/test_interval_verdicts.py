@@ -24,7 +24,7 @@ def _robustness(acc: float, n: int, outcomes: np.ndarray | None = None) -> Secti
     res = SectionResult("robustness", "Robustness")
     add_threat_metric(res, "pgd", "linf", 0.03, acc, n, "pixels",
                       outcomes=None if outcomes is None else outcomes.tolist(), points=None if outcomes is None
-                      else "digits-test[:n]")
+                      else {"indices": "x_test[0:n]", "n": n, "sha256": "a" * 64})
     set_threat_headline(res)
     return res
 

@@ -13,6 +13,7 @@ import torch
 
 from modelward.assess.diff import compare, newcombe, parse_fail_on
 from modelward.assess.findings import section_findings
+from modelward.assess.outcomes import pack_outcomes
 from modelward.assess.sarif import to_sarif
 from modelward.assess.sections.common import SectionResult
 from modelward.errors import ConfigError
@@ -30,9 +31,10 @@ def _validate_sarif(log: dict) -> None:
 
 def _report(robust_k: int, n: int, tpr_k: int = 3, m: int = 300, outcomes: np.ndarray | None = None) -> dict:
     """A report.json with the metrics real sections record (through SectionResult.add_metric); with `outcomes`
-    the robustness metric carries its per-point results on points "p0" (the diff then pairs them)."""
+    the robustness metric carries its per-point results on the points with id "p0…" (the diff then pairs them)."""
     rob = SectionResult("robustness", "Robustness")
-    per_point = {} if outcomes is None else {"outcomes": "".join("1" if o else "0" for o in outcomes), "points": "p0"}
+    per_point = {} if outcomes is None else {"outcomes": pack_outcomes(outcomes),
+                                             "points": {"indices": "x_test[0:n]", "n": n, "sha256": "p0" * 32}}
     rob.add_metric("pgd_linf@0.1", "PGD-L∞ robust accuracy at ε = 0.1", robust_k / n, k=robust_k, n=n,
                    risk_up=False, headline=True,
                    context={"thresholds": [0.7, 0.4], "rule": "green ≥ 70 %", **per_point})

@@ -10,8 +10,11 @@ estimates, and each interval carries every source of noise of the metric it belo
   two intervals (Zou & Donner 2008; Newcombe's interval is its special case), so the noise of *both* runs, and of
   every sample each rests on, enters the interval of the change;
 - a proportion both reports measured on the *same* points with their per-point outcomes recorded
-  (``context.outcomes`` and an equal ``context.points``) is differenced with Newcombe's paired interval (Newcombe
-  1998, paired method 10), which the correlation of the two runs makes much narrower;
+  (``context.outcomes`` and an equal ``context.points`` id, a SHA-256 of the evaluated inputs and labels: see
+  :mod:`modelward.assess.outcomes`) is differenced with Newcombe's paired interval (Newcombe 1998, paired method
+  10), which the correlation of the two runs makes much narrower; different points, a changed id or outcomes that
+  do not add up to the metric's own count fall back to the unpaired interval, and ``Change.interval`` says which
+  was used and why;
 - other numbers (ratios, MC-hardness over seeds) change significantly when their own intervals do not overlap;
   numbers without an interval never count as significant changes.
 
@@ -30,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from modelward.assess.outcomes import paired_cells
 from modelward.core.stats import Z95, mover, newcombe, newcombe_paired, wilson
 from modelward.errors import ConfigError, DataError
 
@@ -55,6 +59,7 @@ class Change:
     significant: bool
     riskier: bool | None  # the change goes toward more risk
     gated: str = ""  # the threshold it broke, if any
+    interval: str = ""  # how the interval of the change was computed (paired, unpaired, ...) and why
 
 
 def _metrics(report: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -109,29 +114,35 @@ def compare(old: dict[str, Any], new: dict[str, Any], fail_on: dict[str, float] 
         delta = None if v1 is None or v2 is None or v1 != v1 or v2 != v2 else (v2 - v1) * scale
         ci = None
         own = (m1.get("context", {}).get("ci_method") or m2.get("context", {}).get("ci_method"))
+        pair, why = paired_cells(m1, m2)
         if own and m1.get("ci") and m2.get("ci") and delta is not None:
             # the sections' own intervals carry every source of noise (a TPR at 1 % FPR: members and the
             # non-members that set its threshold): the change's interval is built from them (MOVER)
             lo, hi = mover(v1, m1["ci"], v2, m2["ci"])
             ci = [lo * scale, hi * scale]
             significant = lo > 0 or hi < 0
-        elif (pair := _paired_cells(m1, m2)) is not None:
+            method = f"MOVER from the sections' own intervals ({own})"
+        elif pair is not None:
             # the same points in both runs, with their per-point outcomes: the paired interval (their correlation
             # removes the noise of which points were drawn, leaving that of the flips)
             lo, hi = newcombe_paired(*pair)
             ci = [lo * scale, hi * scale]
             significant = lo > 0 or hi < 0
+            method = f"paired Newcombe: {why}"
         elif m1.get("k") is not None and m2.get("k") is not None and m1.get("n") and m2.get("n"):
             lo, hi = newcombe(int(m1["k"]), int(m1["n"]), int(m2["k"]), int(m2["n"]))
             ci = [lo * scale, hi * scale]
             significant = lo > 0 or hi < 0
+            method = f"unpaired Newcombe: {why}"
         elif m1.get("ci") and m2.get("ci"):
             significant = m2["ci"][0] > m1["ci"][1] or m2["ci"][1] < m1["ci"][0]
+            method = "no interval of the change: significant only when the two intervals do not overlap"
         else:
             significant = False
+            method = "no interval: never significant, never gated"
         riskier = None if delta is None or delta == 0 else (delta > 0) == bool(m2.get("risk_up", True))
         c = Change(key[0], key[1], m2.get("label", key[1]), m2.get("unit", "fraction"), v1, v2, delta, ci,
-                   significant, riskier)
+                   significant, riskier, interval=method)
         gate = fail_on.get(key[0])
         rated = bool(m2.get("context", {}).get("thresholds"))
         # the gate fires only when the whole interval of the change is beyond the allowed delta (issue 38): a drop
@@ -141,19 +152,6 @@ def compare(old: dict[str, Any], new: dict[str, Any], fail_on: dict[str, float] 
             c.gated = f"{key[0]}:{gate:+g}"
         out.append(c)
     return sorted(out, key=lambda c: (not c.gated, not c.significant, c.section, c.key))
-
-
-def _paired_cells(m1: dict[str, Any], m2: dict[str, Any]) -> tuple[int, int, int, int] | None:
-    """The 2×2 table (both, only OLD, only NEW, neither) of two metrics' per-point outcomes, when both recorded
-    them on the same points (``context.outcomes`` strings of 0/1 and equal ``context.points``); None otherwise."""
-    c1, c2 = m1.get("context", {}), m2.get("context", {})
-    o1, o2 = c1.get("outcomes"), c2.get("outcomes")
-    if not o1 or not o2 or not c1.get("points") or c1.get("points") != c2.get("points") or len(o1) != len(o2):
-        return None
-    a = sum(x == "1" and y == "1" for x, y in zip(o1, o2, strict=True))
-    b = sum(x == "1" and y == "0" for x, y in zip(o1, o2, strict=True))
-    c = sum(x == "0" and y == "1" for x, y in zip(o1, o2, strict=True))
-    return a, b, c, len(o1) - a - b - c
 
 
 def load_report(path: str | Path) -> dict[str, Any]:

@@ -42,14 +42,15 @@ def _diff(args: list[str]) -> int:
         else:
             console = Console(width=200)
             t = Table(title=f"{old} → {new}")
-            for col in ("section", "metric", "old", "new", "change", "95 % CI of the change", "significant",
-                        "gate"):
+            for col in ("section", "metric", "old", "new", "change", "95 % CI of the change", "interval",
+                        "significant", "gate"):
                 t.add_column(col)
             for c in changes:
                 unit = " pts" if c.unit in ("fraction", "auc") else ""
                 t.add_row(c.section, escape(c.label), fmt_value(c.old, c.unit), fmt_value(c.new, c.unit),
                           "–" if c.delta is None else f"{c.delta:+.2f}{unit}",
                           "–" if not c.delta_ci else f"{c.delta_ci[0]:+.2f} … {c.delta_ci[1]:+.2f}",
+                          escape(c.interval),
                           ("yes, riskier" if c.riskier else "yes, safer") if c.significant else "no",
                           f"[red]FAILED {c.gated}[/]" if c.gated else "")
             console.print(t)

@@ -9,12 +9,15 @@ bound is computed and the report shows what it *would* certify, the honest lower
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from modelward.assess.config import AssessConfig
+from modelward.assess.outcomes import pack_outcomes, points_id
 from modelward.assess.profiles import BUDGET_FLOORS, ProfileSizes
 from modelward.assess.sections.common import (
     Headline,
@@ -28,13 +31,13 @@ from modelward.assess.sections.common import (
     section_progress,
 )
 from modelward.assess.target import Target
+from modelward.core.device import model_device
 from modelward.core.plots import line_plot
 from modelward.core.text import token_embedding
 from modelward.robustness.attacks import attack_mode, make_attack, predict
 from modelward.robustness.evaluation import robustness_sandwich
 from modelward.robustness.gloro.certify import certify
 from modelward.robustness.gloro.net import GloroNet
-from modelward.robustness.metrics import robust_accuracy
 from modelward.robustness.text import embedding_curves, token_substitution_curve
 
 
@@ -47,40 +50,51 @@ def _clip(x: torch.Tensor) -> tuple[float, float]:
 
 
 def _sweep(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, name: str, norm: str, eps: list[float],
-           steps: int, clip: tuple[float, float], seed: int) -> list[float]:
-    params = {"norm": norm, "clip": clip, "seed": seed} if name == "pgd" else {"norm": norm, "clip": clip}
+           steps: int, clip: tuple[float, float], seed: int) -> tuple[list[float], list[torch.Tensor]]:
+    """Robust accuracy at each ε and the per-point outcomes behind it (True: still correct after the attack).
+
+    The same computation as :func:`modelward.robustness.metrics.robust_accuracy` for an ε-ball attack (a point
+    counts as robust when the attack did not succeed; an already misclassified point is a success), kept per point
+    so the report can store them and ``assess diff`` can pair two runs on the same points."""
+    params: dict = {"norm": norm, "clip": clip, "seed": seed} if name == "pgd" else {"norm": norm, "clip": clip}
     if name == "pgd":
         params["steps"] = steps
-    out = []
+    xd, yd = x.to(model_device(model)), y.to(model_device(model))
+    accs, flags = [], []
     for e in eps:  # one ε at a time (each is an independent attack with the same seed): progress after each
-        out.append(robust_accuracy(model, x, y, name, [e], params)[0].robust_accuracy)
+        still = ~make_attack(name, model, eps=float(e), **params)(xd, yd).success.cpu()
+        flags.append(still)
+        accs.append(float(still.float().mean()))
         section_progress("robustness").step(len(y) * (steps if name == "pgd" else 1),
                                             f"{name.upper()} {_NORM[norm]} ε = {e:.4g}: {len(y)} points, robust "
-                                            f"{pct(out[-1])}")
-    return out
+                                            f"{pct(accs[-1])}")
+    return accs, flags
 
 
 def _cw_curve(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, eps: list[float], steps: int,
-              clip: tuple[float, float], seed: int) -> tuple[list[float], float]:
+              clip: tuple[float, float], seed: int) -> tuple[list[float], float, list[torch.Tensor]]:
+    """C&W's robust accuracy at each ε, the median distortion it found and the per-point outcomes at each ε."""
     with attack_mode(model):
         correct = predict(model, x) == y
     # lr 0.05: with the default 0.01, C&W stalls within a quick profile's steps and its curve would flatter the model
     res = make_attack("cw", model, steps=steps, lr=0.05, binary_steps=4, clip=clip, seed=seed)(x, y)
     dist = (res.x_adv - x).flatten(1).norm(dim=1)
     found = res.success & correct
-    curve = [float((correct & ~(found & (dist <= e + 1e-6))).float().mean()) for e in eps]
+    flags = [(correct & ~(found & (dist <= e + 1e-6))).cpu() for e in eps]
     median = float(dist[found].median()) if found.any() else float("nan")
-    return curve, median
+    return [float(f.float().mean()) for f in flags], median, flags
 
 
-def _certified(target: Target, x: torch.Tensor, y: torch.Tensor, eps: list[float]) -> tuple[list[float], str]:
+def _certified(target: Target, x: torch.Tensor, y: torch.Tensor, eps: list[float]
+               ) -> tuple[list[float], str, list[torch.Tensor]]:
     if target.gloro is not None:
         net = target.gloro
         label = "certified (GloRo)"
     else:
         net = GloroNet(target.model, target.data.input_shape, epsilon=eps[0])
         label = "would certify (Lipschitz bound)"
-    return [certify(net, x, y, epsilon=e).vra for e in eps], label
+    flags = [certify(net, x, y, epsilon=e).robust_correct.cpu() for e in eps]  # the VRA is their mean
+    return [float(f.float().mean()) for f in flags], label, flags
 
 
 TABULAR_LINF = (0.05, 0.1, 0.25)  # in units of each feature's training standard deviation
@@ -106,8 +120,8 @@ _NORM = {"linf": "L∞", "l2": "ℓ2"}
 
 
 def add_threat_metric(res: SectionResult, attack: str, norm: str, eps: float, robust_accuracy: float, n: int,
-                      scale: str, label: str | None = None, outcomes: list[bool] | None = None,
-                      points: str | None = None) -> None:
+                      scale: str, label: str | None = None, outcomes: Sequence[bool] | torch.Tensor | None = None,
+                      points: dict[str, Any] | None = None) -> None:
     """Record one attack's robust accuracy at a threat model's reference radius as a rated metric (a finding).
 
     This is where a stronger evaluation plugs in: e.g. ``add_threat_metric(res, "autoattack", "linf", eps, acc, n,
@@ -119,16 +133,20 @@ def add_threat_metric(res: SectionResult, attack: str, norm: str, eps: float, ro
         norm: ``"linf"`` or ``"l2"``; eps: the radius; robust_accuracy: the fraction of the n points still correct.
         n: the points evaluated (Clopper–Pearson interval from round(robust_accuracy · n) of n).
         scale: how ε is measured, in words; label: the finding's title (default: "<ATTACK>-<norm> robust accuracy").
-        outcomes, points: optionally the per-point results (True: still correct) and an id of the evaluated points
-            (e.g. a digest of their indices); with both, ``assess diff`` compares two reports on the same points
-            with the paired interval (:func:`modelward.core.stats.newcombe_paired`) instead of the unpaired one.
+        outcomes, points: optionally the per-point results (True: still correct) and the id of the evaluated
+            points (:func:`modelward.assess.outcomes.points_id`: their rows and a SHA-256 of inputs and labels);
+            stored as a hexadecimal bitset, they let ``assess diff`` compare two reports on the same points with the
+            paired interval (:func:`modelward.core.stats.newcombe_paired`) instead of the unpaired one.
     """
+    if outcomes is not None and len(outcomes) != n:
+        raise ValueError(f"{attack} {norm}: {len(outcomes)} per-point outcomes for {n} points")
     title = f"{label or attack.upper() + '-' + _NORM[norm] + ' robust accuracy'} at ε = {eps:.4g}"
-    res.add_metric(f"{attack}_{norm}@{eps:.4g}", title, robust_accuracy, k=round(robust_accuracy * n), n=n,
+    k = round(robust_accuracy * n) if outcomes is None else int(sum(bool(o) for o in outcomes))
+    res.add_metric(f"{attack}_{norm}@{eps:.4g}", title, robust_accuracy, k=k, n=n,
                    risk_up=False, context={"thresholds": list(THRESHOLDS), "rule": RULE, "epsilon": eps,
                                            "norm": norm, "attack": attack, "scale": scale, "threat": True,
-                                           **({"outcomes": "".join("1" if o else "0" for o in outcomes),
-                                               "points": points} if outcomes is not None and points else {})})
+                                           **({"outcomes": pack_outcomes(outcomes), "points": points}
+                                              if outcomes is not None and points else {})})
 
 
 def set_threat_headline(res: SectionResult) -> tuple[float, str]:
@@ -335,6 +353,10 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     modality, linf, l2, ref_linf, ref_l2, scale = threat_models(target, sizes, cfg)
     sizes, works, note, autoattack = fit_sizes(cfg, target, sizes, linf, l2)
     x, y = _points(target, sizes.n_eval)
+    # the ids of the evaluated points (their rows and a hash of the raw inputs and labels): the per-point outcomes
+    # stored with each threat metric are paired by `assess diff` only with a report on the very same points
+    pts = points_id(x, y)
+    pts_cw = points_id(x[: sizes.cw_points], y[: sizes.cw_points])
     if modality == "tabular":  # attack in standardised units: one ε is the same share of every feature's spread
         sigma = target.data.x_train.std(0, keepdim=True).clamp_min(1e-8)
         model = _PerFeatureScale(target.model, sigma).eval()
@@ -348,23 +370,25 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     if note:
         res.notes.append(note)
     with attack_mode(model):
-        n_correct = int((predict(model, x) == y).sum())
+        correct = (predict(model, x) == y).cpu()
+    n_correct = int(correct.sum())
     clean = n_correct / len(y)
 
-    curves_linf = {f"{a.upper()} L∞": _sweep(model, x, y, a, "linf", linf, sizes.pgd_steps, clip, cfg.seed)
-                   for a in ("fgsm", "pgd")}
-    curves_l2 = {f"{a.upper()} ℓ2": _sweep(model, x, y, a, "l2", l2, sizes.pgd_steps, clip, cfg.seed)
-                 for a in ("fgsm", "pgd")}
+    swept = {(a, norm): _sweep(model, x, y, a, norm, eps, sizes.pgd_steps, clip, cfg.seed)
+             for norm, eps in (("linf", linf), ("l2", l2)) for a in ("fgsm", "pgd")}
+    curves_linf = {f"{a.upper()} L∞": swept[(a, "linf")][0] for a in ("fgsm", "pgd")}
+    curves_l2 = {f"{a.upper()} ℓ2": swept[(a, "l2")][0] for a in ("fgsm", "pgd")}
     xc, yc = x[: sizes.cw_points], y[: sizes.cw_points]
-    cw, cw_median = _cw_curve(model, xc, yc, l2, sizes.cw_steps, clip, cfg.seed)
+    cw, cw_median, cw_flags = _cw_curve(model, xc, yc, l2, sizes.cw_steps, clip, cfg.seed)
     progress.step(works[1].units, f"C&W ℓ2: {len(yc)} points, median distortion {cw_median:.3g}")
     curves_l2[f"C&W ℓ2 (first {len(yc)} points)"] = cw
     cert_label = ""
+    cert_flags: list[torch.Tensor] = []
     try:
         if modality == "tabular" and target.gloro is None:
             raise ValueError("the bound is computed in the model's own input units; skipped for standardised "
                              "tabular radii")
-        cert, cert_label = _certified(target, x, y, l2)
+        cert, cert_label, cert_flags = _certified(target, x, y, l2)
         curves_l2[cert_label] = cert
     except Exception as e:  # noqa: BLE001 - an architecture the bound does not cover is reported, not fatal
         cert = []
@@ -387,17 +411,22 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                        "Accuracy on the first test points after each attack, by perturbation size ε.")
     n = len(y)
     res.add_metric("clean_accuracy", f"clean accuracy on {n} test points", clean, k=n_correct, n=n, risk_up=False,
-                   context={"severity": "info", "rule": "for reference: robust accuracy cannot exceed it"})
+                   context={"severity": "info", "rule": "for reference: robust accuracy cannot exceed it",
+                            "outcomes": pack_outcomes(correct), "points": pts})
     # every attack evaluated at the reference radius of its threat model is a finding; the verdict is the worst
     i_inf, i_2 = linf.index(ref_linf), l2.index(ref_l2)
     for attack in ("fgsm", "pgd"):
-        add_threat_metric(res, attack, "linf", ref_linf, curves_linf[f"{attack.upper()} L∞"][i_inf], n, scale)
-        add_threat_metric(res, attack, "l2", ref_l2, curves_l2[f"{attack.upper()} ℓ2"][i_2], n, scale)
-    add_threat_metric(res, "cw", "l2", ref_l2, cw[i_2], len(yc), scale)
+        for norm, i in (("linf", i_inf), ("l2", i_2)):
+            accs, flags = swept[(attack, norm)]
+            add_threat_metric(res, attack, norm, (ref_linf, ref_l2)[norm == "l2"], accs[i], n, scale,
+                              outcomes=flags[i], points=pts)
+    add_threat_metric(res, "cw", "l2", ref_l2, cw[i_2], len(yc), scale, outcomes=cw_flags[i_2], points=pts_cw)
     if target.gloro is not None and cert:
-        add_threat_metric(res, "certified", "l2", ref_l2, cert[i_2], n, scale, label="certified accuracy (GloRo)")
+        add_threat_metric(res, "certified", "l2", ref_l2, cert[i_2], n, scale, label="certified accuracy (GloRo)",
+                          outcomes=cert_flags[i_2], points=pts)
     if autoattack:
-        _sandwich(res, out, model, x, y, ref_linf, ref_l2, sizes, scale, cfg.seed, clip, works[-1].units // 2)
+        _sandwich(res, out, model, x, y, ref_linf, ref_l2, sizes, scale, cfg.seed, clip, works[-1].units // 2,
+                  points=pts)
     value, label = set_threat_headline(res)
     others = "; ".join(f"{m['label']}: {pct(m['value'])}" for m in res.metrics
                        if m["context"].get("threat") and not m["headline"])
@@ -424,18 +453,22 @@ def sandwich_params(sizes: ProfileSizes) -> dict[str, int]:
 
 def _sandwich(res: SectionResult, out: Path, model: nn.Module, x: torch.Tensor, y: torch.Tensor, ref_linf: float,
               ref_l2: float, sizes: ProfileSizes, scale: str, seed: int,
-              clip: tuple[float, float] = (0.0, 1.0), units_per_norm: int = 0) -> None:
+              clip: tuple[float, float] = (0.0, 1.0), units_per_norm: int = 0,
+              points: dict[str, Any] | None = None) -> None:
     """The field's standard evaluation at the reference radii: AutoAttack as the upper bound (the standard version;
     for 2- and 3-class models its few-class variant), the best certificate that covers the model (GloRo, CROWN,
     IBP) as the lower bound; both join the threat metrics, so the headline is the worst of them (issue 28). Every
     evaluated point is attacked; APGD-CE runs the reference's 100 iterations, the other members the profile's
-    (stated in the table's notes)."""
+    (stated in the table's notes). With `points` (the id of x, y) each metric stores its per-point outcomes
+    (a point is robust unless an attack broke it: certified and unresolved points count as robust, as in the
+    attacked upper bound)."""
     params = sandwich_params(sizes)
     rows, notes = [], []
     for norm, eps in (("linf", ref_linf), ("l2", ref_l2)):
         section_progress("robustness").step(0, f"AutoAttack {_NORM[norm]} ε = {eps:.4g}: {len(y)} points ...")
         try:
-            s = robustness_sandwich(model, x, y, [eps], norm, seed=seed, attack_params=params, clip=clip)
+            s = robustness_sandwich(model, x, y, [eps], norm, seed=seed, attack_params=params, clip=clip,
+                                    include_points=True)
         except Exception as e:  # noqa: BLE001 - an architecture the attacks cannot run on is reported, not fatal
             notes.append(f"AutoAttack {norm} not run: {type(e).__name__}: {e}")
             continue
@@ -451,9 +484,11 @@ def _sandwich(res: SectionResult, out: Path, model: nn.Module, x: torch.Tensor, 
         if s["skipped_certificates"]:
             notes.append(f"{_NORM[norm]} certificates skipped: " + "; ".join(f"{k}: {v}" for k, v in
                                                                             s["skipped_certificates"].items()))
+        per_point = next(iter(s["points"].values()))  # one ε
         add_threat_metric(res, "autoattack", norm, eps, r["attacked_upper"], s["n"], scale,
                           label=f"AutoAttack-{_NORM[norm]} robust accuracy (certified ≥ "
-                                f"{pct(r['certified_lower'])})")
+                                f"{pct(r['certified_lower'])})",
+                          outcomes=[p["status"] != "broken" for p in per_point], points=points)
     if rows:
         res.add_table(out, "sandwich", "Robust accuracy sandwich at the reference radii (certified lower bound, "
                       "AutoAttack upper bound)", rows,
