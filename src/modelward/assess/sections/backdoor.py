@@ -13,7 +13,9 @@ training data?
   accuracy and what it does to the reversed trigger), for the recommended action.
 
 Verdict: red when both model-level detectors flag the model, amber when one does, green when neither (their
-literature thresholds: anomaly index > 2, p < 0.05). Read as triage: the detectors can miss a backdoor
+literature thresholds: anomaly index > 2, p < 0.05); with ``[backdoor] reference`` (≥ 3 clean reference models'
+``detect.json``) the class-wise calibrated verdicts of ``backdoor.detect.model.reference`` decide instead, and the
+card's rule says which rule decided. Read as triage: the detectors can miss a backdoor
 (docs/backdoor.md lists the measured detection and false-positive rates per attack).
 """
 
