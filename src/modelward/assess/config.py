@@ -62,6 +62,24 @@ class RobustnessOptions(StrictModel):
     l2_eps: list[float] | None = None
 
 
+class BackdoorOptions(StrictModel):
+    """``[backdoor]`` (issue 41): clean reference models for the backdoor section, as ``[detect] reference`` of
+    ``modelward backdoor detect``: each a ``detect.json`` (or the folder holding one: a ``modelward backdoor detect``
+    output, or the ``backdoor`` folder of an assessment of a clean model) of a model trained on the same data with the
+    same recipe; with ≥ 3 of them the section's verdict is the class-wise calibrated one, p < ``reference_alpha``."""
+
+    reference: list[str] = Field(default_factory=list)
+    reference_alpha: float = Field(0.05, gt=0.0, lt=1.0)
+
+    @field_validator("reference")
+    @classmethod
+    def _enough(cls, v: list[str]) -> list[str]:
+        if 0 < len(v) < 3:
+            raise ValueError(f"give at least 3 clean reference models (got {len(v)}): the calibration's spread is "
+                             "estimated from them (docs/backdoor.md recommends 10)")
+        return v
+
+
 class AssessConfig(StrictModel):
     """A `modelward assess` file (see examples/assess_digits.toml).
 
@@ -101,6 +119,7 @@ class AssessConfig(StrictModel):
     split: SplitConfig | None = None
     extraction: ExtractionOptions = Field(default_factory=ExtractionOptions)
     robustness: RobustnessOptions = Field(default_factory=RobustnessOptions)
+    backdoor: BackdoorOptions = Field(default_factory=BackdoorOptions)  # clean references of the backdoor section
     expected_accuracy: float | None = Field(None, gt=0.0, le=1.0)  # the model's own test accuracy, if known
     # overrides of the profile's counts (modelward.assess.profiles.COUNT_FIELDS), e.g. {n_eval = 100, shadows = 2}
     sizes: dict[str, int] = Field(default_factory=dict)
@@ -112,6 +131,8 @@ class AssessConfig(StrictModel):
         data = handler(self)
         if not data.get("sizes"):
             data.pop("sizes", None)
+        if data.get("backdoor") == BackdoorOptions().model_dump():  # likewise while at its default
+            data.pop("backdoor", None)
         return data
 
     @model_validator(mode="after")
@@ -142,4 +163,6 @@ class AssessConfig(StrictModel):
             upd["data"] = self.data.model_copy(update={k: rel(getattr(self.data, k)) for k in keys})
         if self.split is not None and self.split.study and not Path(self.split.study).is_absolute():
             upd["split"] = self.split.model_copy(update={"study": str((base / self.split.study).resolve())})
+        if self.backdoor.reference:  # the clean references' detect.json, relative to the config file too
+            upd["backdoor"] = self.backdoor.model_copy(update={"reference": [rel(p) for p in self.backdoor.reference]})
         return self.model_copy(update=upd)

@@ -354,10 +354,15 @@ def run_detect(cfg: BackdoorConfig, model_path: str | Path, out: str | Path) -> 
     model = load_model(model_path, cfg)
     data = load_data(cfg.data)
     verdicts, rev = detect_model(model, data, cfg.detect, cfg.seed)
+    (xd, _), _ = defender_split(data, cfg.seed)
+    settings = detector_settings(*model_detectors(cfg.detect, box_of(data), cfg.seed),
+                                 min(cfg.detect.clean_points, len(xd)))
     res: dict[str, Any] = {"model": str(model_path), "verdicts": [v.to_dict() for v in verdicts],
-                           "backdoored": any(v.backdoored for v in verdicts)}
+                           "backdoored": any(v.backdoored for v in verdicts), "settings": settings}
     if cfg.detect.reference:
-        calibrated = calibrate_verdicts(verdicts, read_references(cfg.detect.reference), cfg.detect.reference_alpha)
+        refs = read_references(cfg.detect.reference)
+        check_reference_settings(refs, settings, cfg.detect.reference)
+        calibrated = calibrate_verdicts(verdicts, refs, cfg.detect.reference_alpha)
         verdicts = verdicts + calibrated
         res["verdicts"] += [v.to_dict() for v in calibrated]
         res["backdoored"] = any(v.backdoored for v in calibrated)
@@ -379,17 +384,45 @@ def run_detect(cfg: BackdoorConfig, model_path: str | Path, out: str | Path) -> 
     return res
 
 
-def read_references(paths: list[str]) -> list[dict[str, Any]]:
-    """The ``detect.json`` of each clean reference model (a file, or a folder holding one); JSON, no pickle."""
+def detector_settings(nc: NeuralCleanse | None, mm: MMBD | None, clean_points: int) -> dict[str, Any]:
+    """The settings a per-class statistic depends on, written next to the verdicts: a clean reference is only
+    comparable when they are the same (checked where both ``detect.json`` carry them)."""
+    out: dict[str, Any] = {}
+    if nc is not None:
+        out["neural_cleanse"] = {"clean_points": clean_points, "epochs": nc.epochs, "batch_size": nc.batch_size,
+                                 "lr": nc.lr, "init_cost": nc.init_cost}
+    if mm is not None:
+        out["mmbd"] = {"starts": mm.starts, "steps": mm.steps, "optimizer": mm.optimizer, "lr": mm.lr}
+    return out
+
+
+def check_reference_settings(references: list[dict[str, Any]], settings: dict[str, Any], paths: list[str],
+                             key: str = "detect.reference") -> None:
+    """Refuse a reference whose recorded detector settings differ from ``settings`` (per detector present in
+    both); references without recorded settings (older ``detect.json``) cannot be checked and pass."""
+    for ref, path in zip(references, paths, strict=True):
+        theirs = ref.get("settings")
+        if not isinstance(theirs, dict):
+            continue
+        for det, mine in settings.items():
+            if det in theirs and theirs[det] != mine:
+                raise ConfigError(f"{key}: {path} was made with {det} settings {theirs[det]}, this run uses {mine}; "
+                                  "a reference is comparable only with the same detector settings (same config / "
+                                  "profile)")
+
+
+def read_references(paths: list[str], key: str = "detect.reference") -> list[dict[str, Any]]:
+    """The ``detect.json`` of each clean reference model (a file, or a folder holding one); JSON, no pickle.
+    ``key``: the config field the paths came from, named in errors."""
     out = []
     for p in map(Path, paths):
         f = p / "detect.json" if p.is_dir() else p
         try:
             res = json.loads(f.read_text())
         except (OSError, ValueError) as e:
-            raise ConfigError(f"detect.reference: {f} is not a readable detect.json ({e})") from None
+            raise ConfigError(f"{key}: {f} is not a readable detect.json ({e})") from None
         if not isinstance(res, dict) or not isinstance(res.get("verdicts"), list):
-            raise ConfigError(f"detect.reference: {f} has no 'verdicts' list (write it with `modelward backdoor "
+            raise ConfigError(f"{key}: {f} has no 'verdicts' list (write it with `modelward backdoor "
                               "detect` on a clean reference model)")
         out.append(res)
     return out

@@ -13,7 +13,9 @@ training data?
   accuracy and what it does to the reversed trigger), for the recommended action.
 
 Verdict: red when both model-level detectors flag the model, amber when one does, green when neither (their
-literature thresholds: anomaly index > 2, p < 0.05). Read as triage: the detectors can miss a backdoor
+literature thresholds: anomaly index > 2, p < 0.05); with ``[backdoor] reference`` (≥ 3 clean reference models'
+``detect.json``) the class-wise calibrated verdicts of ``backdoor.detect.model.reference`` decide instead, and the
+card's rule says which rule decided. Read as triage: the detectors can miss a backdoor
 (docs/backdoor.md lists the measured detection and false-positive rates per attack).
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from torch import nn
@@ -32,14 +35,23 @@ from modelward.assess.target import Target
 from modelward.backdoor.attacks.base import backdoor_effect
 from modelward.backdoor.detect.data.activation_clustering import ActivationClustering
 from modelward.backdoor.detect.data.spectre import Spectre
+from modelward.backdoor.detect.model.base import ModelVerdict
 from modelward.backdoor.detect.model.mmbd import MMBD
 from modelward.backdoor.detect.model.neural_cleanse import NeuralCleanse
-from modelward.backdoor.experiment import box_of, defender_split
+from modelward.backdoor.experiment import (
+    box_of,
+    calibrate_verdicts,
+    check_reference_settings,
+    defender_split,
+    detector_settings,
+    read_references,
+)
 from modelward.backdoor.features import last_conv
 from modelward.backdoor.mitigate.fine_pruning import effect_of
 from modelward.backdoor.mitigate.unlearning import unlearn
 from modelward.core.data import DataSplit
 from modelward.core.plots import grouped_bars
+from modelward.core.records import atomic_write_json
 from modelward.privacy.figures import image_grid
 
 
@@ -75,10 +87,13 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     clip = box_of(d)
     (xd, yd), (xe, ye) = defender_split(d, cfg.seed)
     nc = NeuralCleanse(epochs=b.nc_epochs, seed=cfg.seed, clip=clip)
+    mm = MMBD(starts=b.mmbd_starts, steps=b.mmbd_steps, optimizer="adam", lr=0.05, seed=cfg.seed, clip=clip)
+    settings = detector_settings(nc, mm, min(b.clean_points, len(xd)))
+    refs = _references(cfg, settings)  # a bad reference is refused before any work
     v_nc = nc.detect(model, xd[: b.clean_points], d.num_classes)
-    v_mm = MMBD(starts=b.mmbd_starts, steps=b.mmbd_steps, optimizer="adam", lr=0.05, seed=cfg.seed,
-                clip=clip).detect(model, d.input_shape, d.num_classes)
+    v_mm = mm.detect(model, d.input_shape, d.num_classes)
     names = list(d.class_names)
+    cal = _calibrated(cfg, refs, [v_nc, v_mm], settings, out, res, names)
     rows = [{"class": names[k], "trigger_l1": v_nc.per_class[k],
              "trigger_share_of_image": v_nc.per_class[k] / float(np.prod(d.input_shape[1:])),
              "max_margin": v_mm.per_class[k]} for k in range(d.num_classes)]
@@ -98,7 +113,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                      "Per class, relative to the median class", "ratio")
     res.add_figure(p, root, "Per-class statistics", "A backdoor's target class needs an abnormally small trigger "
                    "(low bar, Neural Cleanse) and reaches an abnormally large margin (high bar, MM-BD).")
-    k = v_nc.suspect_class
+    k = (cal[0] if cal else v_nc).suspect_class  # the decided suspect: its reversed trigger is tested and unlearnt
     trig = nc.last.trigger(k, clip)
     pick = list(range(min(d.num_classes, 10)))
     p = image_grid(out / "reversed_triggers.png", (nc.last.masks[pick] * nc.last.patterns[pick]),
@@ -110,9 +125,9 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     eff = backdoor_effect(model, trig.apply, xe, ye, k)
     ai_rule = "Neural Cleanse anomaly index: green ≤ 2 (the paper's threshold), amber ≤ 3, red above"
     res.add_metric("neural_cleanse_anomaly_index", f"Neural Cleanse: anomaly index of the smallest trigger (class "
-                   f"{names[k]})", v_nc.statistic, risk_up=True, unit="score", headline=True,
+                   f"{names[v_nc.suspect_class]})", v_nc.statistic, risk_up=True, unit="score", headline=True,
                    context={"mapping": "model_poisoning", "thresholds": [2.0, 3.0], "rule": ai_rule,
-                            "suspect_class": names[k]})
+                            "suspect_class": names[v_nc.suspect_class]})
     res.add_metric("mmbd_p_value", f"MM-BD: p-value of the largest maximum margin (class "
                    f"{names[v_mm.suspect_class]})", float(v_mm.p_value or 1.0), risk_up=False, unit="score",
                    context={"mapping": "model_poisoning", "thresholds": [0.05, 0.001],
@@ -123,8 +138,11 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                    context={"mapping": "model_poisoning", "severity": "info",
                             "rule": "for information: a backdoor's reversed trigger succeeds on nearly every input; "
                                     "read with the trigger's size (table 'classes')"})
-    flagged = int(v_nc.backdoored) + int(v_mm.backdoored)
-    agree = v_nc.suspect_class == v_mm.suspect_class
+    if cal:
+        _reference_metrics(res, cal, names, cfg.backdoor.reference_alpha)
+    dec = cal or [v_nc, v_mm]  # the verdicts that decide: calibrated against clean references when given
+    flagged = int(dec[0].backdoored) + int(dec[1].backdoored)
+    agree = dec[0].suspect_class == dec[1].suspect_class
     if flagged:  # the recommended repair, measured on this model
         ft = cfg.train.model_copy(update={"steps": b.unlearn_steps, "lr": 0.01, "eval_every": b.unlearn_steps,
                                           "lr_schedule": []})
@@ -140,7 +158,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                   f"success {rep.before['attack_success_rate']:.1%} → {rep.after['attack_success_rate']:.1%}, clean "
                   f"accuracy {rep.before['clean_accuracy']:.1%} → {rep.after['clean_accuracy']:.1%}.")
         for m in res.metrics:
-            if m["key"] == "neural_cleanse_anomaly_index":
+            if m["key"] == ("neural_cleanse_reference_p_value" if cal else "neural_cleanse_anomaly_index"):
                 m["context"]["actions"] = [action, "Retrain from data of trusted origin after removing the rows "
                                            "`modelward backdoor scan` suspects (table 'suspected_rows').",
                                            "Serve with the STRIP monitor ([strip] in the guard config)."]
@@ -153,13 +171,72 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                 "Triage, not proof: docs/backdoor.md gives their measured detection and false-positive rates. "
                 "No interval: MM-BD's p-value is itself a test, Neural Cleanse's anomaly index is one run with no "
                 "measured spread, so the card rates the detectors' flags, not an interval")
+    if cal:  # say which rule decided (issue 41): the calibrated one, not the papers' thresholds
+        n_ref = cal[0].extra["references"]
+        res.rule = (f"decided against {n_ref} clean reference models ([backdoor] reference): each class's Neural "
+                    "Cleanse trigger norm and MM-BD margin compared with the same class in the references, flagged "
+                    f"at p < {cfg.backdoor.reference_alpha:g} (Šidák over classes, docs/backdoor.md). red: both "
+                    "calibrated detectors flag and name the same class; amber: one does (or they name different "
+                    "classes); green: neither. The papers' thresholds (anomaly index > 2, p < 0.05) are shown for "
+                    "information only. Only as good as the references are like this model (same data, architecture, "
+                    "recipe and profile)")
+    else:
+        res.rule = "decided by the papers' thresholds (no clean references given). " + res.rule
     res.headline = Headline("Neural Cleanse anomaly index", v_nc.statistic,
                             f"{v_nc.statistic:.2f} (class {names[k]}); MM-BD p = {v_mm.p_value:.2g}")
-    res.summary = (f"{flagged} of 2 model-level detectors flag a backdoor. Neural Cleanse's smallest trigger (class "
+    if cal:
+        res.headline = Headline("Neural Cleanse vs clean references, −log10 p", cal[0].statistic,
+                                f"p = {cal[0].p_value:.2g} (class {names[cal[0].suspect_class]}); MM-BD vs references "
+                                f"p = {cal[1].p_value:.2g}; {cal[0].extra['references']} references")
+    res.summary = (("Calibrated against clean references: " if cal else "At the papers' thresholds: ") +
+                   f"{flagged} of 2 model-level detectors flag a backdoor. Neural Cleanse's "
+                   f"{'most deviating' if cal else 'smallest'} trigger (class "
                    f"{names[k]}, {v_nc.per_class[k]:.1f} pixels of mask) has anomaly index {v_nc.statistic:.2f} and "
                    f"sends {eff.attack_success_rate:.1%} of other classes' held-out inputs to {names[k]}; MM-BD's "
                    f"largest margin (class {names[v_mm.suspect_class]}) has p = {v_mm.p_value:.3g}.")
     return res
+
+
+def _references(cfg: AssessConfig, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``[backdoor] reference`` models' ``detect.json`` (JSON, no pickle), refused with the path named when
+    unreadable or made with other detector settings."""
+    refs = read_references(cfg.backdoor.reference, key="backdoor.reference")
+    check_reference_settings(refs, settings, cfg.backdoor.reference, key="backdoor.reference")
+    return refs
+
+
+def _calibrated(cfg: AssessConfig, refs: list[dict[str, Any]], verdicts: list[ModelVerdict], settings: dict[str, Any],
+                out: Path, res: SectionResult, names: list[str]) -> list[ModelVerdict]:
+    """Writes ``detect.json`` (this folder can then serve as a clean reference of another assessment) and, with
+    references, returns the verdicts calibrated against those clean models (empty without)."""
+    atomic_write_json(out / "detect.json", {"verdicts": [v.to_dict() for v in verdicts], "settings": settings})
+    if not refs:
+        return []
+    paths = cfg.backdoor.reference
+    cal = calibrate_verdicts(verdicts, refs, cfg.backdoor.reference_alpha)
+    res.add_table(out, "reference_verdicts", f"Calibrated against {len(refs)} clean reference models", [
+        {"detector": v.detector, "p_value": v.p_value, "flagged": v.backdoored, "suspect_class": names[v.suspect_class],
+         "largest_z": max(v.per_class), "sigma": v.extra["sigma"]} for v in cal],
+        notes=[f"references: {', '.join(paths)}", "references without recorded detector settings (made by an older "
+               "version) could not be checked for the same settings"
+               if any("settings" not in r for r in refs) else "the references' detector settings match this run's"])
+    return cal
+
+
+def _reference_metrics(res: SectionResult, cal: list[ModelVerdict], names: list[str], alpha: float) -> None:
+    """The calibrated p-values as the rated metrics; the papers' statistics become information."""
+    for m in res.metrics:
+        if m["key"] in ("neural_cleanse_anomaly_index", "mmbd_p_value"):
+            m["headline"] = False
+            m["context"]["severity"] = "info"
+            m["context"]["rule"] = "for information: with clean references the calibrated p-values decide"
+    for v, label in zip(cal, ("Neural Cleanse", "MM-BD"), strict=True):
+        res.add_metric(f"{v.detector}_p_value", f"{label} against {v.extra['references']} clean references: p-value "
+                       f"of the most deviating class ({names[v.suspect_class]})", float(v.p_value), risk_up=False,
+                       unit="score", headline=v.detector == "neural_cleanse_reference",
+                       context={"mapping": "model_poisoning", "thresholds": [alpha, alpha / 50],
+                                "rule": f"green ≥ {alpha:g} (the calibrated rule), amber ≥ {alpha / 50:g}, red below",
+                                "suspect_class": names[v.suspect_class]})
 
 
 def _data_level(res: SectionResult, model: nn.Module, d: DataSplit, b: Budget, seed: int, out: Path,
