@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from modelward.errors import ConfigError
-from modelward.extraction.guard.errors import BudgetExceeded
+from modelward.extraction.guard.errors import BudgetExceeded, WouldBlock
 from modelward.extraction.guard.store import SQLStore, open_store
 from modelward.extraction.guard.store.migrations import LATEST
 from modelward.extraction.guard.store.pgtest import find_postgres, fresh_database, throwaway_postgres
@@ -190,6 +190,40 @@ def test_a_refusal_is_logged_without_waiting_for_a_locked_store(tmp_path):
     lock.close()
     s.reserve("k", 1, None)  # the next transaction writes it
     assert s.db.execute("SELECT code FROM queries").fetchall() == [("store_busy",)]
+    s.close()
+
+
+def test_a_refusal_logged_from_the_event_loop_never_waits_and_loses_nothing(tmp_path):
+    """Issue 37: the HTTP layer logs a refusal (a spent key's 429) on the event loop with ``wait=False``: one
+    committed INSERT when the store is free; WouldBlock with nothing written (the caller then logs it from a worker
+    thread) when this store's lock or the database's write lock is held — never a wait on the loop."""
+    s = open_store(None, tmp_path / "q.sqlite", busy_timeout=5.0)
+    s.log("k", 16, 429, "query_budget_exceeded", None, 0.2, "r1", wait=False)
+    other = sqlite3.connect(str(tmp_path / "q.sqlite"), isolation_level=None)
+    # committed: another connection (another process) sees the row at once
+    assert other.execute("SELECT key_name, rows, status, request_id FROM queries").fetchall() == [
+        ("k", 16, 429, "r1")]
+    other.execute("BEGIN IMMEDIATE")  # an operator's shell holds the write lock
+    with pytest.raises(WouldBlock):
+        s.log("k", 16, 429, "query_budget_exceeded", None, 0.2, "r2", wait=False)
+    other.execute("ROLLBACK")
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # another request's transaction of this store, in a worker thread
+        with s.transaction():
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    with pytest.raises(WouldBlock):
+        s.log("k", 16, 429, "query_budget_exceeded", None, 0.2, "r3", wait=False)
+    release.set()
+    t.join()
+    s.log("k", 16, 429, "query_budget_exceeded", None, 0.2, "r3")  # the worker thread's retry
+    assert [r[0] for r in other.execute("SELECT request_id FROM queries ORDER BY id")] == ["r1", "r3"]
+    other.close()
     s.close()
 
 

@@ -26,7 +26,6 @@ Two statistics follow, both with an exact or conservative Binomial(n, 1/(K − 1
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import secrets
@@ -132,7 +131,10 @@ class AnswerWatermark:
 
     def _digests(self, x: Tensor) -> list[bytes]:
         rows = x.detach().to("cpu", torch.float32).reshape(len(x), -1).numpy().astype("<f4", copy=False)
-        return [hmac.new(self._key, b"row" + r.tobytes(), hashlib.sha256).digest() for r in rows]
+        # hmac.digest: the one-shot C path (OpenSSL), the same bytes as hmac.new(...).digest() at a fraction of the
+        # cost per row (no HMAC object per row): measurable on the guard's request path (issue 40)
+        key = self._key
+        return [hmac.digest(key, b"row" + r.tobytes(), "sha256") for r in rows]
 
     def select(self, x: Tensor) -> np.ndarray:
         """Which rows of ``x`` are marked (a bool vector)."""

@@ -493,13 +493,20 @@ class SQLStore:
         self._since_prune += 1
 
     def log(self, key_name: str | None, rows: int, status: int, code: str, max_l1: float | None, ms: float,
-            request_id: str | None = None) -> None:
+            request_id: str | None = None, wait: bool = True) -> None:
         """Log a request that changed nothing else (refused, or failed before it was charged).
 
         It waits for the store at most a short while: a store locked by another process (the refusal being logged
         may be its ``store_busy``) keeps the row in memory, and the next transaction writes it — the answer is
-        never held back by its own log row."""
+        never held back by its own log row. ``wait=False`` (the event loop, issue 37: a refusal costs one
+        committed INSERT, no thread hop): raise WouldBlock, nothing written, when this store's lock or the
+        database's write lock is taken, or the store is shared (its calls go over the network)."""
         row = (time.time(), self.clock(), key_name, rows, status, code, max_l1, ms, request_id)
+        if not wait:
+            with self.transaction(wait=False) as txn:  # WouldBlock before any write when anything holds a lock
+                txn.execute(_LOG_INSERT, row)
+                self._since_prune += 1
+            return
         with self._lock:
             try:
                 self.dialect.set_busy_timeout(self.db, min(0.25, self.busy_timeout))
@@ -609,7 +616,7 @@ class Store(Protocol):
     def clear_centroids(self, table: str) -> None: ...
 
     def log(self, key_name: str | None, rows: int, status: int, code: str, max_l1: float | None, ms: float,
-            request_id: str | None = None) -> None: ...
+            request_id: str | None = None, wait: bool = True) -> None: ...
 
     def prune(self) -> int: ...
 
