@@ -2,6 +2,7 @@
 network hop less per step). Bob is a real server process on 127.0.0.1; everything a party guarantees still holds:
 monolithic equivalence, consent and audit on both sides, cross-anchored logs, one server per state folder."""
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -32,9 +33,8 @@ from modelward.governance.transport.server import hosted_party
 STEPS = 6
 
 
-@pytest.fixture(scope="module")
-def hosted(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hosted")
+@contextlib.contextmanager
+def _hosted_split(root: Path):
     data = load_data(DataConfig(source="digits", seed=0))
     model = init_model_(build_model(ModelConfig(arch="cnn", channels=[4, 8], fc=16), (1, 8, 8), 10), seed=0)
     split = prepare_local_split(root, model, data, ["alice", "bob"], ["conv1"], threads=1)
@@ -42,14 +42,29 @@ def hosted(tmp_path_factory):
     tc = TrainConfig(steps=STEPS, eval_every=3, batch_size=32)
     cfg = split.split_config(tc, seed=0).model_dump(mode="json", exclude_none=True)
     (root / "split.toml").write_text(to_toml(cfg))
-    yield root, split, model, data, tc
-    split.stop()
+    try:
+        yield root, split, model, data, tc
+    finally:
+        split.stop()
 
 
-def test_hosted_driver_trains_like_monolithic_with_both_parties_auditing(hosted):
+@pytest.fixture(scope="module")
+def hosted(tmp_path_factory):
+    with _hosted_split(tmp_path_factory.mktemp("hosted")) as h:
+        yield h
+
+
+@pytest.fixture
+def fresh_hosted(tmp_path):
+    """Parties nobody has trained yet: the module's other tests train on the shared ones, in any order."""
+    with _hosted_split(tmp_path) as h:
+        yield h
+
+
+def test_hosted_driver_trains_like_monolithic_with_both_parties_auditing(fresh_hosted):
     from modelward.cli.main import app
 
-    root, split, model, data, tc = hosted
+    root, split, model, data, tc = fresh_hosted
     r = CliRunner().invoke(app, ["split", "train", str(root / "split.toml"), "--host",
                                  str(split.party_configs["alice"])], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output

@@ -242,9 +242,15 @@ def test_the_60_mib_message_is_dropped_before_it_is_buffered(parties, legit):
     assert took < 20 and peak_rss_mib() - before < 60, (took, before, peak_rss_mib())
 
 
-def test_records_after_the_last_step_cannot_be_deleted_unseen(parties, tmp_path):
+def test_records_after_the_last_step_cannot_be_deleted_unseen(parties, legit, tmp_path):
     split, _, root, _ = parties
-    time.sleep(2.5)  # anchor_every_s = 1: the refusals above are anchored in alice's log by now
+    oracle = _oracle(split, root)  # a refusal of this test's own after training (the module runs in any order)
+    try:
+        with pytest.raises(ConsentDenied, match="may not call fetch"):
+            oracle.data.call(Message("fetch", oracle.session, meta={"token": "x" * 32}))
+    finally:
+        oracle.close()
+    time.sleep(2.5)  # anchor_every_s = 1: the refusals are anchored in alice's log by now
     for p in ("alice", "bob"):
         src, dst = sqlite3.connect(root / p / "audit.db"), sqlite3.connect(tmp_path / f"{p}.db")
         src.backup(dst)
