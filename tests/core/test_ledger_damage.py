@@ -73,20 +73,18 @@ def test_a_full_disk_while_recording_is_one_line_and_loses_nothing(tmp_path):
 
 
 def test_the_cli_reports_a_full_disk_in_one_line(tmp_path):
-    import resource
 
     (tmp_path / "m.toml").write_text("input_shape = [4]\nnum_classes = 2\n[model]\narch = \"mlp\"\nhidden = [3]\n")
 
-    def limit() -> None:
-        import signal
-
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))
-
+    # the file-size limit is set by a launcher that then execs the CLI, not by preexec_fn: a fork of this worker,
+    # which may hold gRPC's threads from earlier tests, runs gRPC's fork handlers and can abort the child before
+    # its exec (seen in a shuffled run); a limit and an ignored SIGXFSZ survive exec
+    launcher = ("import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+                "resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16)); "
+                "os.execv(sys.executable, [sys.executable, '-m', 'modelward.cli.main', *sys.argv[1:]])")
     env = {**os.environ, "PYTHONPATH": SRC, "PYTHONDONTWRITEBYTECODE": "1"}
-    r = subprocess.run([sys.executable, "-m", "modelward.cli.main", "parts", "--model", "m.toml", "--csv",
-                        "parts.csv"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
-                       preexec_fn=limit)
+    r = subprocess.run([sys.executable, "-c", launcher, "parts", "--model", "m.toml", "--csv", "parts.csv"],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "cannot write" in r.stderr and "parts.csv" in r.stderr and "Free some space" in r.stderr
     assert not (tmp_path / "parts.csv").exists() and not list(tmp_path.glob(".parts.csv.*"))
