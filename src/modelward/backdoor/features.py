@@ -40,14 +40,7 @@ def penultimate(model: nn.Module, x: torch.Tensor, batch_size: int = 512) -> tor
     layer = dict(model.named_modules())[last_linear(model)]
     feats: list[torch.Tensor] = []
     hook = layer.register_forward_pre_hook(lambda m, inp: feats.append(inp[0].detach().flatten(1).cpu()))
-    dev = model_device(model)
-    try:
-        with eval_mode(model):
-            for i in range(0, len(x), batch_size):
-                model(x[i:i + batch_size].to(dev))
-    finally:
-        hook.remove()
-    return torch.cat(feats) if feats else torch.zeros(0)
+    return _run_hooked(model, x, batch_size, hook, feats)
 
 
 def last_feature_map(model: nn.Module, sample: torch.Tensor) -> str:
@@ -115,14 +108,7 @@ def last_conv(model: nn.Module, x: torch.Tensor, batch_size: int = 512) -> torch
     mod = dict(model.named_modules())[name]
     feats: list[torch.Tensor] = []
     hook = mod.register_forward_hook(lambda m, i, o: feats.append(o.detach().flatten(1).cpu()))
-    dev = model_device(model)
-    try:
-        with eval_mode(model):
-            for i in range(0, len(x), batch_size):
-                model(x[i:i + batch_size].to(dev))
-    finally:
-        hook.remove()
-    return torch.cat(feats) if feats else torch.zeros(0)
+    return _run_hooked(model, x, batch_size, hook, feats)
 
 
 def representation(model: nn.Module, x: torch.Tensor, layer: str = "last_conv") -> torch.Tensor:
@@ -133,3 +119,16 @@ def representation(model: nn.Module, x: torch.Tensor, layer: str = "last_conv") 
     if layer == "penultimate":
         return penultimate(model, x)
     raise ConfigError(f"backdoor: layer {layer!r} is not one of {', '.join(LAYERS)}")
+
+
+def _run_hooked(model: nn.Module, x: torch.Tensor, batch_size: int, hook: torch.utils.hooks.RemovableHandle,
+                feats: list[torch.Tensor]) -> torch.Tensor:
+    """Run ``x`` through ``model`` in batches while ``hook`` appends to ``feats``; remove the hook; the rows."""
+    dev = model_device(model)
+    try:
+        with eval_mode(model):
+            for i in range(0, len(x), batch_size):
+                model(x[i:i + batch_size].to(dev))
+    finally:
+        hook.remove()
+    return torch.cat(feats) if feats else torch.zeros(0)
