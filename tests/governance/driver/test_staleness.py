@@ -37,11 +37,12 @@ def _committed_steps(c, n) -> list[int]:
 
 
 def _refused_unread(c, n) -> list[tuple]:
-    """A party's step records other than allowed ones that are not the designed recovery: a request sent ahead
-    that reached the first party more than InOrder's wait (2 s) before its predecessor (a stalled sender thread on
-    a loaded host) is refused unread as out of order, and the driver aborts and sends it again."""
+    """A party's step records other than allowed ones that are not the designed recovery. A request sent ahead that
+    reaches a party more than InOrder's 2 s before its predecessor (a stalled sender thread on a loaded host: the
+    driver's to alice, or alice's to bob) is refused unread as out of order ("deny" there; alice, whose step it
+    was forwarding, records the refusal as the step's "error"); the driver aborts and sends again."""
     rows = c.parties[n].audit.db.execute("SELECT step, decision, reason FROM audit WHERE op='step'").fetchall()
-    return [r for r in rows if r[1] != "allow" and not (r[1] == "deny" and "out-of-order" in r[2])]
+    return [r for r in rows if r[1] != "allow" and not (r[1] in ("deny", "error") and "out-of-order" in r[2])]
 
 
 def test_a_stale_run_commits_every_step_everywhere_and_lands_near_the_exact_one(make_chain):
@@ -71,17 +72,18 @@ def test_a_stale_run_commits_every_step_everywhere_and_lands_near_the_exact_one(
         assert res.curve[-1][1] < res.curve[0][1]
 
 
+@pytest.mark.parametrize("hop, step", [("alice", 5), ("bob", 10)], ids=["driver-to-alice", "alice-to-bob"])
 def test_a_stalled_sender_is_refused_unread_and_sent_again_without_losing_or_repeating_a_step(make_chain,
-                                                                                              monkeypatch):
-    """The loaded-host path, forced: the driver's request for step 5 stalls 2.5 s (longer than InOrder's 2 s wait
-    for an absent predecessor) before it reaches alice, so the step sent after it is refused unread as out of
-    order. The driver settles, aborts what was in flight and sends again: every step is kept exactly once on both
-    parties, the refusals are the only non-allowed records, and the run lands near the exact one."""
+                                                                                              monkeypatch, hop, step):
+    """The loaded-host path, forced on either hop: one request for a step stalls 2.5 s (longer than InOrder's 2 s
+    wait for an absent predecessor) before it reaches the party, so the step sent after it is refused unread as
+    out of order. The driver settles, aborts what was in flight and sends again: every step is kept exactly once
+    on both parties, the refusals are the only non-allowed records, and the run lands near the exact one."""
     original = InProcessClient.call
     stalled: list[int] = []
 
     def stall_once(self, msg, timeout=None):
-        if self.name == "alice" and msg.op == "step" and msg.step == 5 and not stalled:
+        if self.name == hop and msg.op == "step" and msg.step == step and not stalled:
             stalled.append(msg.seq)
             time.sleep(2.5)
         return original(self, msg, timeout)
@@ -94,8 +96,8 @@ def test_a_stalled_sender_is_refused_unread_and_sent_again_without_losing_or_rep
     with c.driver(TC, seed=1, pipeline=True, staleness=2) as drv:
         res = drv.train()
     assert stalled and res.steps_run == TC.steps
-    refused = [r for r in _steps_rows(c, "alice") if r[1] != "allow"]
-    assert refused and all(d == "deny" for _, d in refused)  # the stall really made the gate refuse
+    refused = [r for r in _steps_rows(c, hop) if r[1] != "allow"]  # (more may come from a loaded host)
+    assert any(d == "deny" for _, d in refused)  # the stall really made the party's gate refuse
     assert _refused_unread(c, "alice") == [] and _refused_unread(c, "bob") == []
     assert _committed_steps(c, "bob") == list(range(TC.steps))
     assert set(_committed_steps(c, "alice")) >= set(range(TC.steps))
