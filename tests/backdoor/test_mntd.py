@@ -11,6 +11,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from modelward.assess.config import AssessConfig
+from modelward.assess.sections import backdoor as section
 from modelward.backdoor.detect.model.mntd import MNTD, draw_jumbo, jumbo_attack
 from modelward.backdoor.detect.model.shadows import ShadowSet, train_shadows
 from modelward.backdoor.experiment import AttackSpec, BackdoorConfig, mntd_detector, train_backdoored
@@ -125,3 +127,23 @@ def test_config_errors(tmp_path: Path, shadows: tuple[Path, ShadowSet], digits: 
                                                              "meta": str(tmp_path / "m.safetensors")}}})
     with pytest.raises(ConfigError, match="detect.mntd.meta"):
         mntd_detector(cfg, load_data(cfg.data))
+
+
+def test_assess_section_refuses_a_bad_meta_classifier(tmp_path: Path, shadows: tuple[Path, ShadowSet],
+                                                      digits: DataSplit) -> None:
+    """[backdoor] mntd: unreadable or made for other inputs → ConfigError naming the field, before any work."""
+    save_tensors(tmp_path / "other.safetensors", {"w": torch.zeros(2)})
+    cfg = AssessConfig(checkpoint="unused.safetensors", sections=["backdoor"],
+                       backdoor={"mntd": str(tmp_path / "other.safetensors")})
+    with pytest.raises(ConfigError, match="backdoor.mntd: .*not an MNTD"):
+        section._mntd(cfg, digits)
+    _, ss = shadows
+    MNTD(queries=4, epochs=2).fit(ss.models, ss.labels, ss.calibration, (1, 8, 8), 10, CLIP).save(tmp_path / "m.st")
+    rgb = load_data(DataConfig(source="synthetic_images", channels=3, image_size=16, n_samples=200))
+    cfg = AssessConfig(checkpoint="unused.safetensors", sections=["backdoor"], backdoor={"mntd": str(tmp_path / "m.st")})
+    with pytest.raises(ConfigError, match="backdoor.mntd: .*trained for inputs"):
+        section._mntd(cfg, rgb)
+    assert section._mntd(cfg, digits) is not None
+    # unset, it stays out of the config's dump (recorded assessments keep their fingerprint)
+    refs = {"reference": ["a", "b", "c"]}
+    assert "mntd" not in AssessConfig(checkpoint="x", backdoor=refs).model_dump()["backdoor"]
