@@ -15,9 +15,16 @@ from modelward.assess.config import AssessConfig
 from modelward.assess.sections import backdoor as section
 from modelward.backdoor.detect.model.mntd import MNTD, draw_jumbo, jumbo_attack
 from modelward.backdoor.detect.model.shadows import ShadowSet, train_shadows
-from modelward.backdoor.experiment import AttackSpec, BackdoorConfig, mntd_detector, train_backdoored
+from modelward.backdoor.experiment import (
+    AttackSpec,
+    BackdoorConfig,
+    _model_meta,
+    mntd_detector,
+    run_detect,
+    train_backdoored,
+)
 from modelward.core.data import DataConfig, DataSplit, load_data
-from modelward.core.io import save_tensors
+from modelward.core.io import save_state_dict, save_tensors
 from modelward.core.progress import RecordingProgress
 from modelward.core.train import TrainConfig
 from modelward.core.zoo import ModelConfig
@@ -147,3 +154,23 @@ def test_assess_section_refuses_a_bad_meta_classifier(tmp_path: Path, shadows: t
     # unset, it stays out of the config's dump (recorded assessments keep their fingerprint)
     refs = {"reference": ["a", "b", "c"]}
     assert "mntd" not in AssessConfig(checkpoint="x", backdoor=refs).model_dump()["backdoor"]
+
+
+def test_run_detect_with_mntd_alone(tmp_path: Path, shadows: tuple[Path, ShadowSet], digits: DataSplit) -> None:
+    """`backdoor detect` with [detect.mntd] and the other detectors off: the saved meta-classifier is read (not
+    retrained), its verdict is in detect.json and decides ``backdoored``."""
+    _, ss = shadows
+    det = MNTD(queries=4, epochs=5, alpha=0.4).fit(ss.models, ss.labels, ss.calibration, (1, 8, 8), 10, CLIP)
+    det.save(tmp_path / "m.safetensors")
+    cfg = BackdoorConfig.model_validate({"model": TINY.model_dump(), "train": FAST.model_dump(), "detect": {
+        "neural_cleanse": {"enabled": False}, "mmbd": {"enabled": False},
+        "mntd": {"enabled": True, "meta": str(tmp_path / "m.safetensors"), "alpha": 0.4,
+                 "shadows": str(tmp_path / "must_not_exist")}}})
+    suspect = ss.models[-1]
+    save_state_dict(tmp_path / "model.safetensors", suspect.state_dict(), _model_meta(cfg, digits, {}))
+    res = run_detect(cfg, tmp_path / "model.safetensors", tmp_path / "out")
+    assert not (tmp_path / "must_not_exist").exists()
+    (v,) = res["verdicts"]
+    want = det.detect(suspect)
+    assert v["detector"] == "mntd" and v["p_value"] == want.p_value and res["backdoored"] == want.backdoored
+    assert res["decided_by"].endswith("or MNTD")

@@ -404,7 +404,8 @@ def run_detect(cfg: BackdoorConfig, model_path: str | Path, out: str | Path,
     model = load_model(model_path, cfg)
     data = load_data(cfg.data)
     mntd = mntd_detector(cfg, data, progress) if cfg.detect.mntd.enabled else None  # refused early if it mismatches
-    verdicts, rev = detect_model(model, data, cfg.detect, cfg.seed)
+    only_mntd = mntd is not None and not (cfg.detect.neural_cleanse.enabled or cfg.detect.mmbd.enabled)
+    verdicts, rev = ([], None) if only_mntd else detect_model(model, data, cfg.detect, cfg.seed)
     (xd, _), _ = defender_split(data, cfg.seed)
     settings = detector_settings(*model_detectors(cfg.detect, box_of(data), cfg.seed),
                                  min(cfg.detect.clean_points, len(xd)))
