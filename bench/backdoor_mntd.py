@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from scipy.stats import beta
 
-from modelward.backdoor.detect.model.mntd import MNTD
+from modelward.backdoor.detect.model.mntd import JUMBO_VERSION, MNTD
 from modelward.backdoor.detect.model.reference import CleanReference
-from modelward.backdoor.detect.model.shadows import describe, train_shadows
+from modelward.backdoor.detect.model.shadows import describe, fingerprint, reuse_clean_shadows, train_shadows
 from modelward.backdoor.experiment import box_of, train_backdoored
 from modelward.backdoor.study import BackdoorStudyConfig, run_config, run_folder
 from modelward.core.data import load_data
@@ -68,6 +68,9 @@ def main() -> None:
     ap.add_argument("--meta-seed", type=int, default=0)
     ap.add_argument("--extra-clean-seeds", default="100-109",
                     help="clean models of these seeds (the bench's calibration seeds) trained and scored too ('' none)")
+    ap.add_argument("--jumbo-version", type=int, default=JUMBO_VERSION, help="2: uniform patterns only (first run)")
+    ap.add_argument("--reuse-clean", default=None, metavar="OUT",
+                    help="take the clean, calibration and surrogate shadows of an earlier --out (same recipe)")
     ap.add_argument("--out", default="runs/bench/backdoor_mntd")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -84,8 +87,13 @@ def main() -> None:
         data = load_data(rc.data)
         clip = box_of(data)
         t0 = time.perf_counter()
+        if a.reuse_clean:
+            reuse_clean_shadows(Path(a.reuse_clean) / ds / "shadows", out / ds / "shadows",
+                                fingerprint(data, rc.model, rc.train, clip, a.seed, a.clean_label_share,
+                                            a.jumbo_version))
         ss = train_shadows(out / ds / "shadows", data, rc.model, rc.train, clip, a.clean, a.jumbo, a.calibration,
-                           a.seed, a.clean_label_share, progress=LoggingProgress(out / ds / "progress.log"))
+                           a.seed, a.clean_label_share, progress=LoggingProgress(out / ds / "progress.log"),
+                           jumbo_version=a.jumbo_version)
         t_sh = time.perf_counter() - t0
         det = MNTD(queries=a.queries, epochs=a.epochs, alpha=a.alpha, seed=a.meta_seed)
         det.fit(ss.models, ss.labels, ss.calibration, data.input_shape, data.num_classes, clip)

@@ -49,7 +49,7 @@ from modelward.errors import ConfigError, DataError
 
 FORMAT = "modelward.mntd/1"
 #: the version of :func:`draw_jumbo`'s distribution (part of a shadow ledger's fingerprint)
-JUMBO_VERSION = 2
+JUMBO_VERSION = 3
 
 
 class JumboDirty(BackdoorAttack):
@@ -70,13 +70,14 @@ class JumboDraw:
     rects: list[list[int]]  # [r0, c0, h, w] per rectangle (patch)
     eps: float
     pattern_seed: int
+    binary: bool = False  # the pattern: random bits of the box's bounds (True) or uniform in the box
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 def draw_jumbo(rng: np.random.Generator, input_shape: Sequence[int], class_shares: Sequence[float],
-               clean_label_share: float = 0.5) -> JumboDraw:
+               clean_label_share: float = 0.5, version: int = 3) -> JumboDraw:
     """A random attack of MNTD's jumbo distribution (§IV-B), plus label-consistent poisoning with probability
     ``clean_label_share``.
 
@@ -101,8 +102,9 @@ def draw_jumbo(rng: np.random.Generator, input_shape: Sequence[int], class_share
         kind, alpha = "patch", float(rng.uniform(0.8, 1.0) if clean else rng.uniform(0.5, 1.0))
     else:
         kind, alpha, rects = "blend", float(rng.uniform(0.05, 0.3)), []
-    return JumboDraw(kind, clean, target, rate, alpha, rects, float(rng.uniform(0.1, 1.0)),
-                     int(rng.integers(2**31 - 1)))
+    eps, pattern_seed = float(rng.uniform(0.1, 1.0)), int(rng.integers(2**31 - 1))
+    return JumboDraw(kind, clean, target, rate, alpha, rects, eps, pattern_seed,
+                     bool(rng.random() < 0.5) if version >= 3 else False)
 
 
 def jumbo_trigger(draw: JumboDraw, input_shape: Sequence[int], clip: tuple[float, float]) -> MaskTrigger:
@@ -115,7 +117,9 @@ def jumbo_trigger(draw: JumboDraw, input_shape: Sequence[int], clip: tuple[float
         mask[:, r0:r0 + rh, c0:c0 + rw] = draw.alpha
     g = torch.Generator().manual_seed(draw.pattern_seed)
     lo, hi = clip
-    return MaskTrigger(mask, lo + (hi - lo) * torch.rand(c, h, w, generator=g), tuple(clip))  # type: ignore[arg-type]
+    u = torch.rand(c, h, w, generator=g)
+    pattern = torch.where(u < 0.5, lo, hi) if draw.binary else lo + (hi - lo) * u
+    return MaskTrigger(mask, pattern, tuple(clip))  # type: ignore[arg-type]
 
 
 def jumbo_attack(draw: JumboDraw, input_shape: Sequence[int], clip: tuple[float, float], seed: int,

@@ -65,10 +65,38 @@ def _load(path: Path, model_cfg: ModelConfig, data: DataSplit) -> nn.Module:
     return model.eval()
 
 
+def fingerprint(data: DataSplit, model_cfg: ModelConfig, train_cfg: TrainConfig, clip: tuple[float, float], seed: int,
+                clean_label_share: float, jumbo_version: int) -> dict[str, Any]:
+    """What a shadow ledger is bound to: a resume with anything else is refused."""
+    return {"data": data.name, "input_shape": list(data.input_shape), "n_train": len(data.y_train),
+            "model": model_cfg.model_dump(mode="json"), "train": train_cfg.model_dump(mode="json"),
+            "clip": list(clip), "seed": seed, "clean_label_share": clean_label_share, "jumbo": jumbo_version}
+
+
+def reuse_clean_shadows(src: str | Path, out: str | Path, config: dict[str, Any]) -> int:
+    """Start the shadow folder ``out`` (bound to ``config``, a :func:`fingerprint`) with the surrogate, clean and
+    calibration shadows of ``src``: they do not depend on the jumbo distribution, so another jumbo version or share
+    need not retrain them. The caller vouches that the rest of ``config`` is ``src``'s. Returns how many were copied."""
+    src, out = Path(src), Path(out)
+    (out / "shadows").mkdir(parents=True, exist_ok=True)
+    old, new = RunLedger(src / "ledger.sqlite"), RunLedger(out / "ledger.sqlite")
+    new.bind_config(config)
+    n = 0
+    for rid, result in old.results().items():
+        if rid.startswith("jumbo") or new.status(rid) == "done":
+            continue
+        (out / "shadows" / f"{rid}.safetensors").write_bytes((src / "shadows" / f"{rid}.safetensors").read_bytes())
+        new.add(rid, old.spec(rid))
+        new.start(rid)
+        new.finish(rid, result)
+        n += 1
+    return n
+
+
 def train_shadows(out: str | Path, data: DataSplit, model_cfg: ModelConfig, train_cfg: TrainConfig,
                   clip: tuple[float, float], clean: int = 24, jumbo: int = 24, calibration: int = 20, seed: int = 0,
-                  clean_label_share: float = 0.5, min_asr: float = 0.5, progress: ProgressSink | None = None
-                  ) -> ShadowSet:
+                  clean_label_share: float = 0.5, min_asr: float = 0.5, progress: ProgressSink | None = None,
+                  jumbo_version: int = JUMBO_VERSION) -> ShadowSet:
     """Train (or resume) the shadows of one data set and recipe under ``out``.
 
     Args:
@@ -76,7 +104,8 @@ def train_shadows(out: str | Path, data: DataSplit, model_cfg: ModelConfig, trai
             train on; test split = where a jumbo shadow's ASR is measured); model_cfg, train_cfg: the suspect's
             architecture and recipe; clip: the input box; clean, jumbo, calibration: how many of each;
             seed: the base seed; clean_label_share: the share of label-consistent jumbo draws; min_asr: a jumbo
-            shadow counts as backdoored from this ASR on.
+            shadow counts as backdoored from this ASR on; jumbo_version: :func:`draw_jumbo`'s version (2 reproduces
+            the shadows of the fifth round's first measurement).
 
     Returns:
         A :class:`ShadowSet`.
@@ -88,10 +117,7 @@ def train_shadows(out: str | Path, data: DataSplit, model_cfg: ModelConfig, trai
     out = Path(out)
     (out / "shadows").mkdir(parents=True, exist_ok=True)
     ledger = RunLedger(out / "ledger.sqlite")
-    ledger.bind_config({"data": data.name, "input_shape": list(data.input_shape), "n_train": len(data.y_train),
-                        "model": model_cfg.model_dump(mode="json"), "train": train_cfg.model_dump(mode="json"),
-                        "clip": list(clip), "seed": seed, "clean_label_share": clean_label_share,
-                        "jumbo": JUMBO_VERSION})
+    ledger.bind_config(fingerprint(data, model_cfg, train_cfg, clip, seed, clean_label_share, jumbo_version))
     ledger.recover()
     ids = (["surrogate"] + [f"clean-{i}" for i in range(clean)] + [f"jumbo-{i}" for i in range(jumbo)]
            + [f"calib-{i}" for i in range(calibration)])
@@ -114,7 +140,7 @@ def train_shadows(out: str | Path, data: DataSplit, model_cfg: ModelConfig, trai
         if spec["kind"] == "jumbo":
             if surrogate is None:
                 surrogate = _load(out / "shadows" / "surrogate.safetensors", model_cfg, data)
-            draw = draw_jumbo(np.random.default_rng(s), data.input_shape, share, clean_label_share)
+            draw = draw_jumbo(np.random.default_rng(s), data.input_shape, share, clean_label_share, jumbo_version)
             attack = jumbo_attack(draw, data.input_shape, clip, s, surrogate)
             ps = attack.poison(data.x_train, data.y_train)
             model = _train(model_cfg, train_cfg, data, ps.x, ps.y, s)
