@@ -15,7 +15,9 @@ training data?
 Verdict: red when both model-level detectors flag the model, amber when one does, green when neither (their
 literature thresholds: anomaly index > 2, p < 0.05); with ``[backdoor] reference`` (≥ 3 clean reference models'
 ``detect.json``) the class-wise calibrated verdicts of ``backdoor.detect.model.reference`` decide instead, and the
-card's rule says which rule decided. Read as triage: the detectors can miss a backdoor
+card's rule says which rule decided. With ``[backdoor] mntd`` (a meta-classifier trained by ``modelward backdoor
+detect`` with ``[detect.mntd]``), MNTD's conformal p-value is a further metric; its flag makes the card amber alone and
+red with one other flag (it names no class). Read as triage: the detectors can miss a backdoor
 (docs/backdoor.md lists the measured detection and false-positive rates per attack).
 """
 
