@@ -17,10 +17,12 @@ from typing import Any
 import torch
 
 from modelward.backdoor.detect.model.mntd import MNTD
-from modelward.backdoor.experiment import train_backdoored
+from modelward.backdoor.detect.model.reference import CleanReference
+from modelward.backdoor.experiment import detect_model, train_backdoored
 from modelward.backdoor.study import BackdoorStudyConfig, run_config
 from modelward.core.data import load_data
 from modelward.core.io import load_state_dict, save_state_dict
+from modelward.core.ledger import RunLedger
 from modelward.core.zoo import build_model
 
 
@@ -31,6 +33,9 @@ def main() -> None:
     ap.add_argument("--attack", default="clean_label")
     ap.add_argument("--seeds", default="200-209")
     ap.add_argument("--meta", required=True, help="comma-separated mntd.safetensors files")
+    ap.add_argument("--union", action="store_true",
+                    help="also Neural Cleanse and MM-BD (the bench's settings) against the 10 calibration models "
+                         "(split A's references), p < 0.025 each, for the union with MNTD")
     ap.add_argument("--out", default="runs/bench/backdoor_mntd_fresh")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -40,6 +45,11 @@ def main() -> None:
     lo, hi = map(int, a.seeds.split("-"))
     dets = {m: MNTD.load(m) for m in a.meta.split(",")}
     rows: list[dict[str, Any]] = []
+    refs = {}
+    if a.union:
+        cal = [r for r in RunLedger(Path(a.saved) / "calibration" / "ledger.sqlite").results().values()
+               if isinstance(r, dict) and r.get("dataset") == a.dataset]
+        refs = {d: CleanReference(d, [r[d]["per_class"] for r in cal], 0.05) for d in ("neural_cleanse", "mmbd")}
     for att in (a.attack, None):
         for s in range(lo, hi + 1):
             rc = run_config(cfg, a.dataset, att, s)
@@ -59,13 +69,19 @@ def main() -> None:
             for m, det in dets.items():
                 v = det.detect(model.eval())
                 r[m] = {"score": v.extra["score"], "p": v.p_value, "flagged": bool(v.backdoored)}
+            if refs:
+                vs, _ = detect_model(model, data, cfg.detect, s)
+                r["ref_p"] = {v.detector: refs[v.detector].p_value(v.per_class)[0] for v in vs}
+                r["ref_either"] = any(p < 0.025 for p in r["ref_p"].values())
             rows.append(r)
             print(json.dumps(r), flush=True)
     lines = ["| meta-classifier | models | n (ASR ≥ 0.5) | flagged |", "|---|---|---|---|"]
     for m in dets:
         for g in (a.attack, "clean"):
             rs = [r for r in rows if r["models"] == g and (g == "clean" or (r["asr"] or 0) >= 0.5)]
-            lines.append(f"| {m} | {g} | {len(rs)} | {sum(r[m]['flagged'] for r in rs)} |")
+            union = (f"; NC/MM-BD ref. {sum(r['ref_either'] for r in rs)}, union "
+                     f"{sum(r['ref_either'] or r[m]['flagged'] for r in rs)}" if refs else "")
+            lines.append(f"| {m} | {g} | {len(rs)} | {sum(r[m]['flagged'] for r in rs)}{union} |")
     (out / "fresh.json").write_text(json.dumps(rows, indent=1))
     (out / "fresh.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
