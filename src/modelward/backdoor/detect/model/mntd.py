@@ -16,8 +16,11 @@ The jumbo distribution (:func:`jumbo_attack`) is drawn here with the project's o
 rectangles (or a full-image blend) with a random pattern and transparency, a random target, a random rate, and — a
 deviation from the paper, whose shadows are all dirty-label — with probability ``clean_label_share`` a *label-
 consistent* poisoning of the target's own rows (PGD against a clean surrogate, then the trigger; Turner et al.
-2019), since the clean-label backdoor is what this detector was added for. Nothing of an evaluated attack's
-settings is used: every parameter is drawn from a range.
+2019), since the clean-label backdoor is what this detector was added for. No evaluated attack's settings are
+used: every parameter is drawn from a range. One choice was made after seeing results: version 3 of the distribution
+draws binary patterns (random bits of the box's bounds) half of the time, because version 2 (uniform patterns only)
+missed the bench's checker-pattern clean-label trigger; docs/backdoor.md ("Fifth round") reports both and checks
+version 3 on freshly seeded models.
 
 **The verdict** is calibrated on clean shadows held out from the meta-training (``calibration``): a conformal
 p-value p = (1 + #{calibration scores ≥ s}) / (n + 1), flagged below ``alpha``; statistic −log10 p. Under
