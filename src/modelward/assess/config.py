@@ -70,6 +70,17 @@ class BackdoorOptions(StrictModel):
 
     reference: list[str] = Field(default_factory=list)
     reference_alpha: float = Field(0.05, gt=0.0, lt=1.0)
+    #: a trained MNTD meta-classifier (``mntd.safetensors``, written by ``modelward backdoor detect`` with
+    #: ``[detect.mntd] enabled``) for a model of the same data, architecture and recipe; its verdict joins the card's
+    mntd: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_no_mntd(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # left out while unset: assessments recorded with references before it existed keep their fingerprint
+        data = handler(self)
+        if data.get("mntd") is None:
+            data.pop("mntd", None)
+        return data
 
     @field_validator("reference")
     @classmethod
@@ -163,6 +174,7 @@ class AssessConfig(StrictModel):
             upd["data"] = self.data.model_copy(update={k: rel(getattr(self.data, k)) for k in keys})
         if self.split is not None and self.split.study and not Path(self.split.study).is_absolute():
             upd["split"] = self.split.model_copy(update={"study": str((base / self.split.study).resolve())})
-        if self.backdoor.reference:  # the clean references' detect.json, relative to the config file too
-            upd["backdoor"] = self.backdoor.model_copy(update={"reference": [rel(p) for p in self.backdoor.reference]})
+        if self.backdoor.reference or self.backdoor.mntd:  # the references' detect.json and MNTD's file, likewise
+            upd["backdoor"] = self.backdoor.model_copy(update={"reference": [rel(p) for p in self.backdoor.reference],
+                                                               "mntd": rel(self.backdoor.mntd)})
         return self.model_copy(update=upd)

@@ -38,8 +38,10 @@ from modelward.backdoor.detect.data.spectral import SpectralSignature
 from modelward.backdoor.detect.data.spectre import Spectre
 from modelward.backdoor.detect.model.base import ModelVerdict
 from modelward.backdoor.detect.model.mmbd import MMBD
+from modelward.backdoor.detect.model.mntd import MNTD
 from modelward.backdoor.detect.model.neural_cleanse import NeuralCleanse, ReversedTriggers
 from modelward.backdoor.detect.model.reference import ORIENTATION, reference_from_detect_json
+from modelward.backdoor.detect.model.shadows import describe, train_shadows
 from modelward.backdoor.features import Layer, representation
 from modelward.backdoor.mitigate.base import Mitigation
 from modelward.backdoor.mitigate.fine_pruning import effect_of, fine_prune
@@ -109,6 +111,26 @@ class MMBDOptions(StrictModel):
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
 
 
+class MNTDOptions(StrictModel):
+    """``[detect.mntd]`` (:class:`~modelward.backdoor.detect.model.mntd.MNTD`, off by default: it trains shadow
+    models). ``meta``: the meta-classifier file (safetensors + JSON header); when it does not exist yet, ``detect``
+    trains it — ``clean_shadows`` + ``jumbo_shadows`` + ``calibration_shadows`` models with this config's
+    ``[model]`` and ``[train]`` on ``[data]``'s training split (the defender's own clean data), through the ledger in
+    ``shadows`` (resumable) — and writes it there. ``alpha``: the conformal p-value below which MNTD flags."""
+
+    enabled: bool = False
+    meta: str = "mntd.safetensors"
+    shadows: str = "mntd_shadows"
+    clean_shadows: int = Field(32, ge=2)
+    jumbo_shadows: int = Field(48, ge=2)
+    calibration_shadows: int = Field(20, ge=1)
+    clean_label_share: float = Field(0.5, ge=0.0, le=1.0)
+    queries: int = Field(10, ge=1)
+    epochs: int = Field(100, ge=1)
+    alpha: float = Field(0.05, gt=0.0, lt=1.0)
+    seed: int = 70_000
+
+
 class DetectOptions(StrictModel):
     """``[detect]``: model-level detection; ``clean_points`` of the defender's clean half are Neural Cleanse's
     images."""
@@ -116,6 +138,7 @@ class DetectOptions(StrictModel):
     clean_points: int = Field(200, ge=10)
     neural_cleanse: NeuralCleanseOptions = Field(default_factory=NeuralCleanseOptions)
     mmbd: MMBDOptions = Field(default_factory=MMBDOptions)
+    mntd: MNTDOptions = Field(default_factory=MNTDOptions)
     #: clean reference models' ``detect.json`` (files or the folders holding them; ≥ 3): each detector's per-class
     #: statistic is then also tested against the same class in them (``detect.model.reference``), and that
     #: calibrated verdict decides ``backdoored``
@@ -342,18 +365,47 @@ def _verdict_rows(verdicts: list[ModelVerdict]) -> list[dict[str, Any]]:
              "seconds": v.seconds} for v in verdicts]
 
 
-def run_detect(cfg: BackdoorConfig, model_path: str | Path, out: str | Path) -> dict[str, Any]:
+def mntd_detector(cfg: BackdoorConfig, data: DataSplit, progress: ProgressSink | None = None) -> MNTD:
+    """``[detect.mntd]``'s meta-classifier: read from ``meta`` when it exists (refused if made for other inputs or
+    classes), else trained on shadows (``backdoor.detect.model.shadows``, resumable in ``shadows``) and written
+    there."""
+    o = cfg.detect.mntd
+    meta = Path(o.meta)
+    if meta.is_file():
+        det = MNTD.load(meta, alpha=o.alpha)
+        shape, k = det.input_shape, det.num_classes
+        if tuple(shape) != tuple(data.input_shape) or k != data.num_classes:
+            raise ConfigError(f"detect.mntd.meta: {meta} was trained for inputs {tuple(shape)} and {k} classes; "
+                              f"{data.name} has {tuple(data.input_shape)} and {data.num_classes}: delete it (or name "
+                              "another file) to train one for this data")
+        return det
+    clip = box_of(data)
+    ss = train_shadows(o.shadows, data, cfg.model, cfg.train, clip, o.clean_shadows, o.jumbo_shadows,
+                       o.calibration_shadows, o.seed, o.clean_label_share, progress=progress)
+    det = MNTD(queries=o.queries, epochs=o.epochs, alpha=o.alpha, seed=o.seed)
+    det.fit(ss.models, ss.labels, ss.calibration, data.input_shape, data.num_classes, clip, progress=progress)
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    det.save(meta, {"data": data.name, "shadows": describe(ss.records)})
+    return det
+
+
+def run_detect(cfg: BackdoorConfig, model_path: str | Path, out: str | Path,
+               progress: ProgressSink | None = None) -> dict[str, Any]:
     """Model-level detection of the checkpoint ``model_path``; writes ``detect.json`` and ``detect.{csv,md}``.
 
     Returns:
         ``{"verdicts": [...], "backdoored": any detector flags it, "reversed_trigger": ...}``; with an
-        ``[attack]`` in the config (a self-test) also whether the suspect class is the attack's target.
+        ``[attack]`` in the config (a self-test) also whether the suspect class is the attack's target. With
+        ``[detect.mntd] enabled`` MNTD's verdict is added and ``backdoored`` is the union (the others' decision OR
+        MNTD's).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(model_path, cfg)
     data = load_data(cfg.data)
-    verdicts, rev = detect_model(model, data, cfg.detect, cfg.seed)
+    mntd = mntd_detector(cfg, data, progress) if cfg.detect.mntd.enabled else None  # refused early if it mismatches
+    only_mntd = mntd is not None and not (cfg.detect.neural_cleanse.enabled or cfg.detect.mmbd.enabled)
+    verdicts, rev = ([], None) if only_mntd else detect_model(model, data, cfg.detect, cfg.seed)
     (xd, _), _ = defender_split(data, cfg.seed)
     settings = detector_settings(*model_detectors(cfg.detect, box_of(data), cfg.seed),
                                  min(cfg.detect.clean_points, len(xd)))
@@ -367,6 +419,13 @@ def run_detect(cfg: BackdoorConfig, model_path: str | Path, out: str | Path) -> 
         res["verdicts"] += [v.to_dict() for v in calibrated]
         res["backdoored"] = any(v.backdoored for v in calibrated)
         res["decided_by"] = "clean references (" + ", ".join(v.detector for v in calibrated) + ")"
+    if mntd is not None:
+        v_mntd = mntd.detect(model)
+        res["verdicts"].append(v_mntd.to_dict())
+        verdicts = verdicts + [v_mntd]
+        res["backdoored"] = bool(res["backdoored"] or v_mntd.backdoored)
+        res["decided_by"] = res.get("decided_by", "the papers' thresholds") + " or MNTD"
+        res["mntd"] = {"meta": str(cfg.detect.mntd.meta), **mntd.info}
     if rev is not None:
         nc = verdicts[0]
         _, (xe, ye) = defender_split(data, cfg.seed)

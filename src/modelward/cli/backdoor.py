@@ -73,21 +73,28 @@ def detect_cmd(
     set_: list[str] = typer.Option(None, "--set", help=SET_HELP),
     device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
-    """Model-level detection without the training data: Neural Cleanse and MM-BD, a verdict each."""
+    """Model-level detection without the training data: Neural Cleanse and MM-BD, a verdict each (and MNTD's
+    meta-classifier with [detect.mntd] enabled: trained on shadow models the first time)."""
     from modelward.backdoor.experiment import run_detect
+    from modelward.core.progress import RichProgress
 
     cfg = _config(config, set_, device)
     if reference:
         cfg.detect.reference = [*cfg.detect.reference, *map(str, reference)]
     check_out_dir(out)
-    with console.status("reverse-engineering triggers (Neural Cleanse) and maximum margins (MM-BD)"):
-        res = run_detect(cfg, model, out)
+    if cfg.detect.mntd.enabled:  # shadow training can take minutes: a progress bar (and its log lines)
+        with RichProgress(console) as progress:
+            res = run_detect(cfg, model, out, progress)
+    else:
+        with console.status("reverse-engineering triggers (Neural Cleanse) and maximum margins (MM-BD)"):
+            res = run_detect(cfg, model, out)
     table = Table(title=f"{cfg.name}: model-level backdoor detection")
     for col in ("detector", "statistic", "threshold", "verdict", "suspect class", "p-value"):
         table.add_column(col)
     for v in res["verdicts"]:
         table.add_row(v["detector"], f"{v['statistic']:.2f}", f"{v['threshold']:.2f}",
-                      "BACKDOORED" if v["backdoored"] else "no backdoor found", str(v["suspect_class"]),
+                      "BACKDOORED" if v["backdoored"] else "no backdoor found",
+                      "–" if v["suspect_class"] < 0 else str(v["suspect_class"]),
                       "–" if v["p_value"] is None else f"{v['p_value']:.3g}")
     console.print(table)
     if "decided_by" in res:

@@ -15,7 +15,9 @@ training data?
 Verdict: red when both model-level detectors flag the model, amber when one does, green when neither (their
 literature thresholds: anomaly index > 2, p < 0.05); with ``[backdoor] reference`` (≥ 3 clean reference models'
 ``detect.json``) the class-wise calibrated verdicts of ``backdoor.detect.model.reference`` decide instead, and the
-card's rule says which rule decided. Read as triage: the detectors can miss a backdoor
+card's rule says which rule decided. With ``[backdoor] mntd`` (a meta-classifier trained by ``modelward backdoor
+detect`` with ``[detect.mntd]``), MNTD's conformal p-value is a further metric; its flag makes the card amber alone and
+red with one other flag (it names no class). Read as triage: the detectors can miss a backdoor
 (docs/backdoor.md lists the measured detection and false-positive rates per attack).
 """
 
@@ -37,6 +39,7 @@ from modelward.backdoor.detect.data.activation_clustering import ActivationClust
 from modelward.backdoor.detect.data.spectre import Spectre
 from modelward.backdoor.detect.model.base import ModelVerdict
 from modelward.backdoor.detect.model.mmbd import MMBD
+from modelward.backdoor.detect.model.mntd import MNTD
 from modelward.backdoor.detect.model.neural_cleanse import NeuralCleanse
 from modelward.backdoor.experiment import (
     box_of,
@@ -52,6 +55,7 @@ from modelward.backdoor.mitigate.unlearning import unlearn
 from modelward.core.data import DataSplit
 from modelward.core.plots import grouped_bars
 from modelward.core.records import atomic_write_json
+from modelward.errors import ConfigError, DataError
 from modelward.privacy.figures import image_grid
 
 
@@ -90,6 +94,7 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     mm = MMBD(starts=b.mmbd_starts, steps=b.mmbd_steps, optimizer="adam", lr=0.05, seed=cfg.seed, clip=clip)
     settings = detector_settings(nc, mm, min(b.clean_points, len(xd)))
     refs = _references(cfg, settings)  # a bad reference is refused before any work
+    mntd = _mntd(cfg, d)  # likewise a meta-classifier that cannot be read or was made for other inputs
     v_nc = nc.detect(model, xd[: b.clean_points], d.num_classes)
     v_mm = mm.detect(model, d.input_shape, d.num_classes)
     names = list(d.class_names)
@@ -143,6 +148,9 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     dec = cal or [v_nc, v_mm]  # the verdicts that decide: calibrated against clean references when given
     flagged = int(dec[0].backdoored) + int(dec[1].backdoored)
     agree = dec[0].suspect_class == dec[1].suspect_class
+    v_mntd = mntd.detect(model) if mntd is not None else None
+    if v_mntd is not None:
+        _mntd_metric(res, v_mntd, cfg.backdoor.mntd or "")
     if flagged:  # the recommended repair, measured on this model
         ft = cfg.train.model_copy(update={"steps": b.unlearn_steps, "lr": 0.01, "eval_every": b.unlearn_steps,
                                           "lr_schedule": []})
@@ -163,9 +171,13 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                                            "`modelward backdoor scan` suspects (table 'suspected_rows').",
                                            "Serve with the STRIP monitor ([strip] in the guard config)."]
     _data_level(res, model, d, b, cfg.seed, out, target)
-    _rate_without_interval(res, {"neural_cleanse_anomaly_index": v_nc.backdoored, "mmbd_p_value": v_mm.backdoored},
-                           flagged == 2 and agree)  # findings3 (issue 38)
+    flags = {"neural_cleanse_anomaly_index": v_nc.backdoored, "mmbd_p_value": v_mm.backdoored}
+    if v_mntd is not None:
+        flags["mntd_p_value"] = v_mntd.backdoored
+    _rate_without_interval(res, flags, flagged == 2 and agree)  # findings3 (issue 38)
     res.verdict = "red" if flagged == 2 and agree else "amber" if flagged else "green"
+    if v_mntd is not None and v_mntd.backdoored:  # MNTD names no class: with one other flag red, alone amber
+        res.verdict = "red" if flagged else "amber"
     res.rule = ("red: both model-level detectors flag a backdoor (Neural Cleanse anomaly index > 2 and MM-BD p < "
                 "0.05) and name the same class; amber: one does (or they name different classes); green: neither. "
                 "Triage, not proof: docs/backdoor.md gives their measured detection and false-positive rates. "
@@ -182,6 +194,10 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                     "recipe and profile)")
     else:
         res.rule = "decided by the papers' thresholds (no clean references given). " + res.rule
+    if v_mntd is not None:
+        res.rule += (f"; with MNTD ([backdoor] mntd, flagged at conformal p < {mntd.alpha:g} against its clean "
+                     "calibration shadows): MNTD's flag makes the card amber alone and red with one other flag "
+                     "(MNTD names no class)")
     res.headline = Headline("Neural Cleanse anomaly index", v_nc.statistic,
                             f"{v_nc.statistic:.2f} (class {names[k]}); MM-BD p = {v_mm.p_value:.2g}")
     if cal:
@@ -195,6 +211,32 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                    f"sends {eff.attack_success_rate:.1%} of other classes' held-out inputs to {names[k]}; MM-BD's "
                    f"largest margin (class {names[v_mm.suspect_class]}) has p = {v_mm.p_value:.3g}.")
     return res
+
+
+def _mntd(cfg: AssessConfig, d: DataSplit) -> MNTD | None:
+    """``[backdoor] mntd``: the trained meta-classifier (safetensors + JSON, nothing unpickled), refused with the field
+    named when unreadable or made for other inputs or classes."""
+    if not cfg.backdoor.mntd:
+        return None
+    try:
+        det = MNTD.load(cfg.backdoor.mntd)
+    except (DataError, ConfigError) as e:
+        raise ConfigError(f"backdoor.mntd: {e}") from None
+    if det.input_shape != tuple(d.input_shape) or det.num_classes != d.num_classes:
+        raise ConfigError(f"backdoor.mntd: {cfg.backdoor.mntd} was trained for inputs {det.input_shape} and "
+                          f"{det.num_classes} classes; this model's data has {tuple(d.input_shape)} and "
+                          f"{d.num_classes} (train one with `modelward backdoor detect` and [detect.mntd] on this data)")
+    return det
+
+
+def _mntd_metric(res: SectionResult, v: ModelVerdict, path: str) -> None:
+    res.add_metric("mntd_p_value", "MNTD meta-classifier: conformal p-value against its clean calibration shadows",
+                   float(v.p_value or 1.0), risk_up=False, unit="score",
+                   context={"mapping": "model_poisoning", "thresholds": [10 ** -v.threshold, 10 ** -v.threshold / 50],
+                            "rule": f"flagged below {10 ** -v.threshold:g} (docs/backdoor.md: MNTD's measured "
+                                    "detection and false-positive rates per attack)",
+                            "score": v.extra["score"], "calibration_shadows": v.extra["calibration_shadows"],
+                            "meta_classifier": path})
 
 
 def _references(cfg: AssessConfig, settings: dict[str, Any]) -> list[dict[str, Any]]:
