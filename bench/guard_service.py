@@ -1,7 +1,7 @@
 """The guarded prediction service against KServe's ModelServer, on loopback: throughput, p50/p99 latency, errors.
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python bench/guard_service.py [--clients 8] [--requests 25] [--batch 16]
-        [--rounds 5] [--servers kserve,direct,proxy] [--ownership]
+        [--rounds 5] [--servers kserve,direct,proxy] [--ownership] [--baseline-src /path/to/main/src]
 
 One run measures servers serving the same weights (the digits CNN), each in its own subprocess, side by side:
 
@@ -19,7 +19,11 @@ One run measures servers serving the same weights (the digits CNN), each in its 
 without it they are off, as in the earlier rows of BENCHMARKS.md. Each round loads each server in turn with
 ``--clients`` concurrent clients (keep-alive connections) and then with a single client, so a change of the shared
 machine's load hits all alike; the script prints medians over the rounds, per-round ratios and the load average
-before and after. Goals (issue 40): direct ≥ 1.0× KServe's throughput, p99 ≤ 5 ms at one client, proxy overhead
+before and after, and each server's CPU time per request (its processes' user + system time from
+``/proc/<pid>/stat`` over the timed requests: robust to the machine's load, unlike latency). ``--baseline-src DIR``
+adds a second copy of each guard server (named ``direct@base``, …) running the modelward sources in DIR (e.g. a
+checkout of main) with uvloop and httptools hidden from it, so a change is measured against its baseline in the
+same rounds. Goals (issue 40): direct ≥ 1.0× KServe's throughput, p99 ≤ 5 ms at one client, proxy overhead
 ≤ 1 ms p50 over KServe alone.
 """
 
@@ -97,7 +101,23 @@ def start_bare(config: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("bare server did not start")
 
 
-def load(url: str, name: str, clients: int, requests: int, batch: int) -> dict[str, float]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` and its descendants (every thread), from ``/proc``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15 of stat(5))
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended
+    return total
+
+
+def load(url: str, name: str, clients: int, requests: int, batch: int, pid: int | None = None) -> dict[str, float]:
     lat: list[float] = []
     errors = [0]
     lock = threading.Lock()
@@ -127,13 +147,16 @@ def load(url: str, name: str, clients: int, requests: int, batch: int) -> dict[s
     for t in threads:
         t.start()
     barrier.wait()
+    cpu0 = cpu_seconds(pid) if pid else 0.0
     t0 = time.perf_counter()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    cpu = cpu_seconds(pid) - cpu0 if pid else float("nan")
     arr = np.array(lat) * 1e3
     return {"rows_per_s": clients * requests * batch / wall, "req_per_s": clients * requests / wall,
-            "p50_ms": float(np.percentile(arr, 50)), "p99_ms": float(np.percentile(arr, 99)), "errors": errors[0]}
+            "p50_ms": float(np.percentile(arr, 50)), "p99_ms": float(np.percentile(arr, 99)),
+            "cpu_ms": cpu * 1e3 / (clients * requests), "errors": errors[0]}
 
 
 def main() -> None:
@@ -145,6 +168,9 @@ def main() -> None:
     ap.add_argument("--servers", default="kserve,direct,proxy",
                     help="comma-separated: kserve, direct, proxy, proxy-none, bare")
     ap.add_argument("--ownership", action="store_true", help="watermark and detector on in the guards (shipped)")
+    ap.add_argument("--baseline-src", default=None,
+                    help="also run each guard server from the modelward sources in this folder (a checkout's src/), "
+                         "named SERVER@base, without uvloop and httptools: before/after in the same rounds")
     ap.add_argument("--bare-server", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -152,6 +178,8 @@ def main() -> None:
         bare_server(args.bare_server, args.port)
         return
     servers = tuple(args.servers.split(","))
+    if args.baseline_src:
+        servers += tuple(f"{s}@base" for s in servers if s in ("direct", "proxy", "proxy-none"))
     if any(s in servers for s in ("kserve", "proxy", "proxy-none")) and not KSERVE_PYTHON.is_file():
         raise SystemExit(f"no KServe environment at {KSERVE_PYTHON}: see examples/deploy/README.md (make kserve-env)")
     cfg = ModelConfig(arch="cnn", channels=[16, 32], fc=64)
@@ -161,39 +189,51 @@ def main() -> None:
     runs: dict[tuple[str, int], list[dict[str, float]]] = {(s, c): [] for s in servers for c in (args.clients, 1)}
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        urls, stops = {}, []
+        urls, stops, pids = {}, [], {}
+        base_env = None
+        if args.baseline_src:  # the baseline's sources first on the path; uvloop and httptools hidden from it
+            hide = Path(tmp) / "hide"
+            for mod in ("uvloop", "httptools"):
+                (hide / mod).mkdir(parents=True)
+                (hide / mod / "__init__.py").write_text(f"raise ImportError('{mod} hidden by bench/guard_service.py')\n")
+            base_env = {"PYTHONPATH": os.pathsep.join([str(hide), str(Path(args.baseline_src).resolve())])}
         try:
             kserve_url = None
             order = sorted(servers, key=lambda s: s != "kserve")  # the upstream first: the proxy needs its url
             for server in order:
-                d = Path(tmp) / server
+                d = Path(tmp) / server.replace("@", "-")
+                kind = server.split("@")[0]
                 if server == "kserve":
                     write_guard_config(d, model, cfg, (1, 8, 8), 10, keys={KEY: None}, name="digits")
                     up = start_kserve_model(d / "model.safetensors", "digits", (1, 8, 8), 10, output="logits")
                     urls[server] = kserve_url = up.url
                     stops.append(up.stop)
+                    pids[server] = up.proc.pid
                 elif server == "bare":
                     path = write_guard_config(d, model, cfg, (1, 8, 8), 10, defense="none", keys={KEY: None},
                                               name="digits")
                     proc, urls[server] = start_bare(path)
                     stops.append(proc.kill)
+                    pids[server] = proc.pid
                 else:
-                    proxied = server.startswith("proxy")
+                    proxied = kind.startswith("proxy")
                     upstream = {"url": kserve_url, "model": "digits", "output": "logits"} if proxied else None
-                    none = server == "proxy-none"
+                    none = kind == "proxy-none"
                     path = write_guard_config(d, None if upstream else model, cfg, (1, 8, 8), 10,
                                               defense="none" if none else "modelguard_s",
                                               defense_params={} if none else {"epsilon": 1.0},
                                               keys={KEY: None}, name="digits", ownership=own, upstream=upstream)
-                    srv = start_guard_server(path, timeout=180)
+                    srv = start_guard_server(path, timeout=180, env=base_env if "@" in server else None)
                     urls[server] = srv.url
                     stops.append(srv.stop)
+                    pids[server] = srv.proc.pid
                 load(urls[server], "digits", 2, 5, args.batch)  # warm-up
             for _ in range(args.rounds):
                 for server in servers:
                     runs[(server, args.clients)].append(load(urls[server], "digits", args.clients, args.requests,
-                                                             args.batch))
-                    runs[(server, 1)].append(load(urls[server], "digits", 1, args.requests * 2, args.batch))
+                                                             args.batch, pids.get(server)))
+                    runs[(server, 1)].append(load(urls[server], "digits", 1, args.requests * 2, args.batch,
+                                                  pids.get(server)))
         finally:
             for stop in stops:
                 stop()
@@ -202,16 +242,24 @@ def main() -> None:
           f"(1 client: {2 * args.requests}); keep-alive connections, loopback, {os.cpu_count()} CPUs, load average "
           f"{load0[0]:.1f} before, {os.getloadavg()[0]:.1f} after; ownership (watermark + detector) "
           f"{'on' if args.ownership else 'off'}; medians over rounds")
-    print(f"{'server':>14} {'clients':>7} {'rows/s':>8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}")
+    print(f"{'server':>16} {'clients':>7} {'rows/s':>8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'CPU ms/req':>10} "
+          f"{'errors':>6}")
     for (d, c), r in med.items():
-        print(f"{d:>14} {c:>7} {r['rows_per_s']:>8.0f} {r['req_per_s']:>7.1f} {r['p50_ms']:>7.2f} "
-              f"{r['p99_ms']:>7.2f} {sum(x['errors'] for x in runs[(d, c)]):>6}")
+        print(f"{d:>16} {c:>7} {r['rows_per_s']:>8.0f} {r['req_per_s']:>7.1f} {r['p50_ms']:>7.2f} "
+              f"{r['p99_ms']:>7.2f} {r['cpu_ms']:>10.2f} {sum(x['errors'] for x in runs[(d, c)]):>6}")
     base = "kserve" if "kserve" in servers else "bare"
     for c in (args.clients, 1):
         for d in (s for s in servers if s != base):
             ratios = [g["rows_per_s"] / b["rows_per_s"] for g, b in zip(runs[(d, c)], runs[(base, c)], strict=True)]
             print(f"{c} client(s): {d} / {base} throughput, median of per-round ratios {np.median(ratios):.2f} "
                   f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
+    for d in (s for s in servers if "@" in s):
+        new = d.split("@")[0]
+        for c in (args.clients, 1):
+            ratios = [n["rows_per_s"] / b["rows_per_s"] for n, b in zip(runs[(new, c)], runs[(d, c)], strict=True)]
+            cpu = [n["cpu_ms"] / b["cpu_ms"] for n, b in zip(runs[(new, c)], runs[(d, c)], strict=True)]
+            print(f"{c} client(s): {new} / {d} throughput {np.median(ratios):.2f}, CPU per request "
+                  f"{np.median(cpu):.2f} (medians of per-round ratios)")
     for proxy in (s for s in servers if s.startswith("proxy")):
         if "kserve" not in servers:
             break
