@@ -262,12 +262,14 @@ def test_a_servers_wal_checkpoints_run_in_their_own_thread_not_in_the_commits(tm
     thread copies what was committed into the database file."""
     from modelward.extraction.guard.store.sqlite import FALLBACK_AUTOCHECKPOINT
 
-    def in_the_file(path: Path) -> int:  # the database file alone, without its WAL
-        db = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    def in_the_file(path: Path) -> int:  # the database file alone, without its WAL (no locks: read it again
+        db = sqlite3.connect(f"file:{path}?immutable=1", uri=True)  # when the checkpointer was writing it)
         try:
             row = db.execute("SELECT used FROM usage WHERE key_name = 'alice'").fetchone()
         except sqlite3.OperationalError:  # not even the tables made it to the file
             row = None
+        except sqlite3.DatabaseError:  # a page read while the thread was writing it
+            return -1
         finally:
             db.close()
         return row[0] if row else 0
