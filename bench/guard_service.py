@@ -13,7 +13,8 @@ One run measures servers serving the same weights (the digits CNN), each in its 
   stay in KServe): its latency over KServe's alone is the proxy's overhead;
 * ``proxy-none`` (on request): the same with defense "none": the proxy's own machinery (key, HTTP hop, charge,
   log), without the defense's cost;
-* ``bare`` (on request): the model behind a plain FastAPI handler (no defense, no key, no log).
+* ``bare`` (on request): the model behind a plain FastAPI handler (no defense, no key, no log; uvicorn's defaults:
+  httptools and uvloop where installed, as in the guard since guard-perf3).
 
 ``--ownership`` turns the answer watermark and the extraction detector on in the guards (the shipped GUARD.toml);
 without it they are off, as in the earlier rows of BENCHMARKS.md. Each round loads each server in turn with
