@@ -13,6 +13,8 @@ One run measures servers serving the same weights (the digits CNN), each in its 
   stay in KServe): its latency over KServe's alone is the proxy's overhead;
 * ``proxy-none`` (on request): the same with defense "none": the proxy's own machinery (key, HTTP hop, charge,
   log), without the defense's cost;
+* ``relay`` (on request): a bare uvicorn app forwarding each body to the ``kserve`` server with the guard's
+  upstream client and its answer back (no key, parse, charge, defense or log): the floor of a Python proxy;
 * ``bare`` (on request): the model behind a plain FastAPI handler (no defense, no key, no log; uvicorn's defaults:
   httptools and uvloop where installed, as in the guard since guard-perf3).
 
@@ -86,10 +88,39 @@ def bare_server(config: str, port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
-def start_bare(config: Path) -> tuple[subprocess.Popen, str]:
+def relay_server(upstream: str, port: int) -> None:
+    """The floor of any Python proxy: uvicorn (httptools, uvloop) and the guard's upstream client forwarding each
+    request body to the upstream as it came and its answer back — no key, no parsing, no charge, no defense, no log."""
+    import uvicorn
+
+    from modelward.extraction.guard.config import UpstreamSection
+    from modelward.extraction.guard.proxy import UpstreamClient
+
+    client = UpstreamClient(UpstreamSection(url=upstream, model="digits", output="logits"), Path("."))
+
+    async def app(scope, receive, send) -> None:  # noqa: ANN001 - plain ASGI
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        status, _, payload = await client.request(scope["method"], scope["path"], body,
+                                                  "Content-Type: application/json\r\n")
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off")
+
+
+def start_bare(config: Path | str, relay: bool = False) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    proc = subprocess.Popen([sys.executable, __file__, "--bare-server", str(config), "--port", str(port)], env=env)
+    flag = "--relay-server" if relay else "--bare-server"
+    proc = subprocess.Popen([sys.executable, __file__, flag, str(config), "--port", str(port)], env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180  # a loaded shared machine starts a server slowly
     while time.monotonic() < deadline:
@@ -167,21 +198,25 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (the CPU is shared: medians)")
     ap.add_argument("--servers", default="kserve,direct,proxy",
-                    help="comma-separated: kserve, direct, proxy, proxy-none, bare")
+                    help="comma-separated: kserve, direct, proxy, proxy-none, relay, bare")
     ap.add_argument("--ownership", action="store_true", help="watermark and detector on in the guards (shipped)")
     ap.add_argument("--baseline-src", default=None,
                     help="also run each guard server from the modelward sources in this folder (a checkout's src/), "
                          "named SERVER@base, without uvloop and httptools: before/after in the same rounds")
     ap.add_argument("--bare-server", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--relay-server", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.bare_server:
         bare_server(args.bare_server, args.port)
         return
+    if args.relay_server:
+        relay_server(args.relay_server, args.port)
+        return
     servers = tuple(args.servers.split(","))
     if args.baseline_src:
         servers += tuple(f"{s}@base" for s in servers if s in ("direct", "proxy", "proxy-none"))
-    if any(s in servers for s in ("kserve", "proxy", "proxy-none")) and not KSERVE_PYTHON.is_file():
+    if any(s in servers for s in ("kserve", "proxy", "proxy-none", "relay")) and not KSERVE_PYTHON.is_file():
         raise SystemExit(f"no KServe environment at {KSERVE_PYTHON}: see examples/deploy/README.md (make kserve-env)")
     cfg = ModelConfig(arch="cnn", channels=[16, 32], fc=64)
     torch.manual_seed(0)
@@ -214,6 +249,10 @@ def main() -> None:
                     path = write_guard_config(d, model, cfg, (1, 8, 8), 10, defense="none", keys={KEY: None},
                                               name="digits")
                     proc, urls[server] = start_bare(path)
+                    stops.append(proc.kill)
+                    pids[server] = proc.pid
+                elif server == "relay":
+                    proc, urls[server] = start_bare(str(kserve_url), relay=True)
                     stops.append(proc.kill)
                     pids[server] = proc.pid
                 else:
@@ -261,7 +300,7 @@ def main() -> None:
             cpu = [n["cpu_ms"] / b["cpu_ms"] for n, b in zip(runs[(new, c)], runs[(d, c)], strict=True)]
             print(f"{c} client(s): {new} / {d} throughput {np.median(ratios):.2f}, CPU per request "
                   f"{np.median(cpu):.2f} (medians of per-round ratios)")
-    for proxy in (s for s in servers if s.startswith("proxy")):
+    for proxy in (s for s in servers if s.startswith(("proxy", "relay"))):
         if "kserve" not in servers:
             break
         over = [p["p50_ms"] - k["p50_ms"] for p, k in zip(runs[(proxy, 1)], runs[("kserve", 1)], strict=True)]
