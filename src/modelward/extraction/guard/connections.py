@@ -242,7 +242,8 @@ def limited_protocol(limits: ConnectionLimits, http: str = "auto") -> type:
             waiting = before is None or before.response_complete
             if waiting:
                 self._got_bytes = True
-                self._head_bytes += len(data)
+                if before is None or not before.more_body:  # not the rest of a body answered before it arrived
+                    self._head_bytes += len(data)
             super().data_received(data)
             if self.cycle is not None and not self.cycle.response_complete and self._body_since is None:
                 self._body_since = time.monotonic()  # the head is complete: the body's clock starts
