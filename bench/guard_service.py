@@ -1,7 +1,7 @@
 """The guarded prediction service against KServe's ModelServer, on loopback: throughput, p50/p99 latency, errors.
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python bench/guard_service.py [--clients 8] [--requests 25] [--batch 16]
-        [--rounds 5] [--servers kserve,direct,proxy] [--ownership] [--baseline-src /path/to/main/src]
+        [--rounds 5] [--servers kserve,direct,proxy] [--ownership] [--baseline-src /path/to/main/src] [--paired 400]
 
 One run measures servers serving the same weights (the digits CNN), each in its own subprocess, side by side:
 
@@ -191,6 +191,39 @@ def load(url: str, name: str, clients: int, requests: int, batch: int, pid: int 
             "cpu_ms": cpu * 1e3 / (clients * requests), "errors": errors[0]}
 
 
+def paired(urls: dict[str, str], name: str, requests: int, batch: int, pids: dict[str, int]) -> dict[str, dict]:
+    """One client sending the same request to every server in turn (the order rotates), ``requests`` times: the
+    latency of each server next to the others' at the same moment, so the load of the moment cancels in the
+    per-request differences."""
+    g = torch.Generator().manual_seed(1)
+    bodies = []
+    for _ in range(64):
+        x = torch.rand(batch, 1, 8, 8, generator=g)
+        bodies.append(json.dumps({"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                                              "data": x.flatten().tolist()}]}).encode())
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    clients = {s: httpx.Client(base_url=u, headers=headers, timeout=30) for s, u in urls.items()}
+    names = list(urls)
+    lat: dict[str, list[float]] = {s: [] for s in names}
+    cpu0 = {s: cpu_seconds(pids[s]) for s in names if s in pids}
+    try:
+        for c in clients.values():
+            c.get("/v2/health/ready")
+        for i in range(requests):
+            body = bodies[i % len(bodies)]
+            k = i % len(names)
+            for s in names[k:] + names[:k]:
+                t0 = time.perf_counter()
+                r = clients[s].post(f"/v2/models/{name}/infer", content=body)
+                lat[s].append(time.perf_counter() - t0)
+                assert r.status_code == 200, (s, r.status_code, r.text[:200])
+    finally:
+        for c in clients.values():
+            c.close()
+    return {s: {"lat": np.array(v) * 1e3, "cpu_ms": (cpu_seconds(pids[s]) - cpu0[s]) * 1e3 / requests
+                if s in cpu0 else float("nan")} for s, v in lat.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=8)
@@ -203,6 +236,9 @@ def main() -> None:
     ap.add_argument("--baseline-src", default=None,
                     help="also run each guard server from the modelward sources in this folder (a checkout's src/), "
                          "named SERVER@base, without uvloop and httptools: before/after in the same rounds")
+    ap.add_argument("--paired", type=int, default=0,
+                    help="after the rounds: this many requests from one client to every server in turn (per-request "
+                         "differences from kserve: the proxy's overhead with the moment's load cancelled)")
     ap.add_argument("--bare-server", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--relay-server", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -274,6 +310,7 @@ def main() -> None:
                                                              args.batch, pids.get(server)))
                     runs[(server, 1)].append(load(urls[server], "digits", 1, args.requests * 2, args.batch,
                                                   pids.get(server)))
+            pair = paired({s: urls[s] for s in servers}, "digits", args.paired, args.batch, pids) if args.paired else {}
         finally:
             for stop in stops:
                 stop()
@@ -306,6 +343,14 @@ def main() -> None:
         over = [p["p50_ms"] - k["p50_ms"] for p, k in zip(runs[(proxy, 1)], runs[("kserve", 1)], strict=True)]
         print(f"1 client: {proxy} p50 - kserve p50, median of per-round differences {np.median(over):.2f} ms "
               f"(rounds: {', '.join(f'{x:.2f}' for x in over)})")
+    if pair:
+        print(f"paired, 1 client, {args.paired} requests to each server in turn: p50 / p99 ms, CPU ms per request "
+              f"(kserve's includes the proxies' requests to it), the median of per-request differences from kserve")
+        for s, r in pair.items():
+            diff = (f", {s} - kserve: median {np.median(r['lat'] - pair['kserve']['lat']):.2f} ms"
+                    if "kserve" in pair and s != "kserve" else "")
+            print(f"{s:>16}: p50 {np.percentile(r['lat'], 50):.2f}, p99 {np.percentile(r['lat'], 99):.2f}, "
+                  f"CPU {r['cpu_ms']:.2f}{diff}")
     assert all(r["errors"] == 0 for v in runs.values() for r in v)
 
 
