@@ -133,3 +133,41 @@ def test_state_and_memory_are_bounded():
     assert det.state("key0").queries == 250  # read back through the loader
     with pytest.raises(ConfigError, match="store"):
         PradaDetector(max_memory_mb=1.0)
+
+
+def test_the_fast_paths_give_scipys_statistic_and_the_same_distances_bit_for_bit():
+    """guard-perf3: W without scipy's wrapper, and the members' squared norms computed once when they join, change
+    no value: the same W and the same nearest distances, so the same decisions."""
+    from scipy.stats import shapiro
+
+    from modelward.extraction.ownership.detector import _FAST_SHAPIRO, _Members, _min_dist, shapiro_w
+
+    rng = np.random.default_rng(7)
+    samples = [rng.normal(size=3), rng.normal(size=1000), np.log(rng.random(999) + 1e-6), rng.standard_t(2, 500),
+               np.round(rng.normal(size=200), 1)]  # ties
+    assert [shapiro_w(x) for x in samples] == [float(shapiro(x).statistic) for x in samples]
+    assert _FAST_SHAPIRO  # this SciPy exposes the routine (else shapiro_w falls back to scipy.stats.shapiro)
+    m = _Members(64)
+    for n in (1, 7, 3, 50, 200):  # grown in pieces, as members join
+        m.append(rng.random((n, 64), dtype=np.float32))
+    q = rng.random((16, 64), dtype=np.float32)
+    q[3] = m.rows[17]  # an exact repeat: distance exactly 0 either way
+    fast, plain = _min_dist(q, m.rows, m.norms), _min_dist(q, m.rows)
+    assert np.array_equal(fast, plain) and fast[3] == 0.0
+    # a detector's whole record on a stream is the same with scipy.stats.shapiro and norms computed on every query
+    from modelward.extraction.ownership import detector as module
+
+    def record() -> list:
+        det = PradaDetector(min_queries=50, test_every=16)
+        out = []
+        for i in range(0, 960, 32):
+            _, up = det.observe("k", X[i : i + 32], Y[i : i + 32])
+            out.append((up.last_w, up.new_distances, up.lows, up.highs))
+        return out
+
+    fast_record = record()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(module, "_FAST_SHAPIRO", False)
+        mp.setattr(module, "_min_dist", lambda a, b, b_sq=None: _min_dist(a, b))
+        assert record() == fast_record
+    assert sum(w is not None for w, *_ in fast_record) > 20

@@ -254,3 +254,45 @@ def test_an_old_store_is_migrated_and_a_newer_one_refused(tmp_path):
     s.close()
     with pytest.raises(ConfigError, match="newer"):
         open_store(None, Path(path))
+
+
+def test_a_servers_wal_checkpoints_run_in_their_own_thread_not_in_the_commits(tmp_path):
+    """guard-perf3: SQLite checkpoints its WAL inside the commit that fills 1,000 pages (an fsync on the request
+    path: the guard's p99). With the checkpointer started no commit does (below its 64 MiB fallback), and the
+    thread copies what was committed into the database file."""
+    from modelward.extraction.guard.store.sqlite import FALLBACK_AUTOCHECKPOINT
+
+    def in_the_file(path: Path) -> int:  # the database file alone, without its WAL (no locks: read it again
+        db = sqlite3.connect(f"file:{path}?immutable=1", uri=True)  # when the checkpointer was writing it)
+        try:
+            row = db.execute("SELECT used FROM usage WHERE key_name = 'alice'").fetchone()
+        except sqlite3.OperationalError:  # not even the tables made it to the file
+            row = None
+        except sqlite3.DatabaseError:  # a page read while the thread was writing it
+            return -1
+        finally:
+            db.close()
+        return row[0] if row else 0
+
+    blob = bytes(4000)  # about a page per row: 1,200 commits checkpoint in a commit at 1,000 without the thread
+    for every, name in ((3600.0, "idle.sqlite"), (0.05, "q.sqlite")):  # a thread that does not run yet, and one
+        store = open_store(None, tmp_path / name)
+        try:
+            store.start_checkpointer(every=every)
+            assert store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == FALLBACK_AUTOCHECKPOINT
+            for i in range(1200):
+                with store.transaction() as txn:
+                    txn.charge("alice", 1, None)
+                    txn.execute("INSERT INTO marks(digest, key, time, shape, x, mark, top1) VALUES (?, ?, ?, ?, ?, ?, "
+                                "?)", (i.to_bytes(32, "big"), "alice", float(i), "1000", blob, 0, 0))
+            if every > 60:  # no commit checkpointed: the WAL holds every page, the file none of the rows
+                assert (tmp_path / f"{name}-wal").stat().st_size > 1200 * 4096 and in_the_file(tmp_path / name) == 0
+            else:
+                deadline = time.monotonic() + 10
+                while in_the_file(tmp_path / name) != 1200 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert in_the_file(tmp_path / name) == 1200  # the thread checkpointed everything
+            assert store.used("alice") == 1200
+        finally:
+            store.close()
+        assert store._checkpointer is None  # stopped and joined by close

@@ -38,7 +38,10 @@ class ServerSection(StrictModel):
     log_retention_days: float | None = Field(90.0, gt=0)  # query-log rows and idle keys' detector states
     log_max_rows: int | None = Field(None, ge=1000)  # keep at most this many query-log rows; None = no cap
     store_url: str | None = None  # postgresql://… : replicas share one store; None = SQLite query_log in state_dir
-
+    # the HTTP/1.1 parser and the event loop (guard-perf3): "auto" takes the compiled httptools and uvloop when they
+    # are installed (dependencies of modelward), else uvicorn's pure-Python h11 and asyncio's own loop
+    http: Literal["auto", "httptools", "h11"] = "auto"
+    loop: Literal["auto", "uvloop", "asyncio"] = "auto"
 
     @property
     def reserve(self) -> int:

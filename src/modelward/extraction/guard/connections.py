@@ -2,7 +2,9 @@
 reaches the routes (issue 31: idle or half-sent connections never timed out, and 1,100 idle connections made the
 server unreachable at a 1,024-descriptor limit).
 
-:func:`limited_h11_protocol` returns a subclass of uvicorn's h11 protocol that
+:func:`limited_protocol` returns a subclass of uvicorn's HTTP/1.1 protocol — the compiled httptools parser when
+``httptools`` is installed (uvicorn's own default; about a fifth of the guard's CPU per request went to the pure-Python
+h11 parser and writer), else h11 — that
 
 * closes a connection whose request head (request line and headers) is not complete ``header_timeout`` seconds after
   the connection opened or the previous response ended, or that sends nothing for ``idle_timeout`` seconds between
@@ -22,8 +24,15 @@ server unreachable at a 1,024-descriptor limit).
   be evicted is the newcomer refused with ``503``. So idle and slow connections, from any number of addresses,
   can only push each other out; a key holder's kept-alive connections stay, and its new ones get in.
 
+* answers ``431`` and closes a connection whose request head is not complete after ``max_head_bytes`` bytes
+  (httptools, llhttp, would keep every header in memory however many arrive); with httptools also a head that
+  completed within one read but parsed to more than ``max_head_bytes`` (h11 accepts a head that arrives whole in
+  one read, at most one read of 256 KiB).
+
 Every connection is checked by one timer per second (no per-byte cost); eviction looks at the open connections
-only when the server is at its limits (O(open connections), at most ``max_total``).
+only when the server is at its limits (O(open connections), at most ``max_total``). Both protocols share this code:
+they keep the same per-connection state (``cycle``, ``cycle.response_complete``, ``cycle.more_body``,
+``on_response_complete``), which is all the limits read.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+
+from modelward.errors import ConfigError
 
 log = logging.getLogger("modelward.guard")
 
@@ -49,6 +60,7 @@ class ConnectionLimits:
     max_total: int = 512
     reserve: int = 64  # connections only authenticated ones may hold (the rest of max_total is for everyone)
     check_every: float = 1.0
+    max_head_bytes: int = 16 * 1024  # a request line + headers at most (h11's own default limit)
 
 
 #: open connections of every limited server in this process, by (server address, client address): how a route
@@ -58,7 +70,7 @@ _LIVE: dict[tuple[Any, Any], Any] = {}
 
 def mark_authenticated(scope: dict[str, Any]) -> None:
     """Record that the connection of this ASGI request presented a valid API key: from now on it is evicted only
-    after every unauthenticated one (see the module docstring). A no-op outside :func:`limited_h11_protocol`."""
+    after every unauthenticated one (see the module docstring). A no-op outside :func:`limited_protocol`."""
     proto = _LIVE.get((_addr(scope.get("server")), _addr(scope.get("client"))))
     if proto is not None and not proto._authenticated:
         proto._authenticated = True
@@ -69,35 +81,85 @@ def _addr(a: Any) -> Any:
     return tuple(a) if isinstance(a, list | tuple) else a
 
 
-def _refusal(message: str) -> bytes:
-    body = json.dumps({"error": message, "code": "too_many_connections"}).encode()
-    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+def _refusal(message: str, status: bytes = b"503 Service Unavailable", code: str = "too_many_connections") -> bytes:
+    body = json.dumps({"error": message, "code": code}).encode()
+    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
             b"retry-after: 1\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
+class _HeadTooLarge(Exception):
+    """Raised from httptools' parser callbacks when a request head passes ``max_head_bytes``."""
+
+
+def http_implementation(choice: str = "auto") -> str:
+    """The HTTP/1.1 protocol ``choice`` ("auto", "httptools" or "h11") resolves to here: "auto" is httptools when it
+    is installed, else h11; "httptools" without the package is a ConfigError."""
+    if choice not in ("auto", "httptools", "h11"):
+        raise ConfigError(f"server.http: {choice!r} is not one of 'auto', 'httptools', 'h11'")
+    if choice == "h11":
+        return "h11"
+    try:
+        import httptools  # noqa: F401 - only whether it is installed
+    except ImportError:
+        if choice == "httptools":
+            raise ConfigError("server.http = 'httptools' but the httptools package is not installed "
+                              "(pip install httptools; or server.http = 'auto' to fall back to h11)") from None
+        return "h11"
+    return "httptools"
+
+
+def event_loop(choice: str = "auto") -> str:
+    """uvicorn's ``loop=`` setting for ``choice`` ("auto", "uvloop" or "asyncio"): "auto" is uvloop when it is
+    installed, else asyncio's own loop; "uvloop" without the package is a ConfigError."""
+    if choice not in ("auto", "uvloop", "asyncio"):
+        raise ConfigError(f"server.loop: {choice!r} is not one of 'auto', 'uvloop', 'asyncio'")
+    if choice == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401 - only whether it is installed
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError("server.loop = 'uvloop' but the uvloop package is not installed (pip install uvloop; "
+                              "or server.loop = 'auto' to fall back to asyncio's loop)") from None
+        return "asyncio"
+    return "uvloop"
+
+
 def limited_h11_protocol(limits: ConnectionLimits) -> type:
+    """:func:`limited_protocol` on uvicorn's h11 protocol (the pure-Python fallback)."""
+    return limited_protocol(limits, "h11")
+
+
+def limited_protocol(limits: ConnectionLimits, http: str = "auto") -> type:
     """A uvicorn ``http=`` protocol class enforcing ``limits`` (pass it as ``uvicorn.Config(http=...)``).
 
     Args:
         limits: the timeouts and caps.
+        http: "auto" (httptools when installed, else h11), "httptools" or "h11".
 
     Returns:
-        An ``H11Protocol`` subclass with its own per-client connection counter.
+        A subclass of uvicorn's ``HttpToolsProtocol`` or ``H11Protocol`` with its own per-client connection counter
+        (``.implementation`` says which).
 
     Example:
-        >>> cls = limited_h11_protocol(ConnectionLimits(header_timeout=5))
-        >>> cls.limits.header_timeout
-        5
+        >>> cls = limited_protocol(ConnectionLimits(header_timeout=5), "h11")
+        >>> cls.limits.header_timeout, cls.implementation
+        (5, 'h11')
     """
     # uvicorn only here: the routes import this module for mark_authenticated without loading the server
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    impl = http_implementation(http)
+    if impl == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Base
 
+    capped = impl == "httptools"  # the parsed head's size is only seen through httptools' callbacks
     per_client: Counter[str] = Counter()
     # authenticated: connections marked by mark_authenticated; refused / evicted: totals (for /metrics)
     state = {"authenticated": 0, "refused": 0, "evicted": 0, "evicted_logged": 0}
     last_log = [0.0]
 
-    class LimitedH11Protocol(H11Protocol):
+    class LimitedProtocol(Base):  # type: ignore[valid-type,misc]
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._host = self.client[0] if self.client else "?"
@@ -107,6 +169,7 @@ def limited_h11_protocol(limits: ConnectionLimits) -> type:
             self._opened = self._since = time.monotonic()  # start of the wait for a request head
             self._got_bytes = False  # bytes of the next request head arrived
             self._body_since: float | None = None
+            self._head_bytes = 0  # bytes received while the request head is incomplete (httptools' cap)
             self._watch = None
             self._key = (_addr(self.server), _addr(self.client))
             _LIVE[self._key] = self
@@ -133,12 +196,12 @@ def limited_h11_protocol(limits: ConnectionLimits) -> type:
             """In the middle of a request (its head arrived, its answer is not complete): never evicted."""
             return self.cycle is not None and not self.cycle.response_complete
 
-        def _victim(self, with_authenticated: bool) -> LimitedH11Protocol | None:
+        def _victim(self, with_authenticated: bool) -> LimitedProtocol | None:
             """The connection to evict: not busy; unauthenticated first, then (``with_authenticated``) the
             authenticated; within each, from the address holding the most connections, the oldest first."""
             best, best_key = None, None
             for c in self.connections:
-                if c is self or not isinstance(c, LimitedH11Protocol) or c.transport.is_closing() or c._busy():
+                if c is self or not isinstance(c, LimitedProtocol) or c.transport.is_closing() or c._busy():
                     continue
                 if c._authenticated and not with_authenticated:
                     continue
@@ -175,15 +238,54 @@ def limited_h11_protocol(limits: ConnectionLimits) -> type:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            waiting = self.cycle is None or self.cycle.response_complete
-            if waiting and not self._got_bytes:
+            before = self.cycle
+            waiting = before is None or before.response_complete
+            if waiting:
                 self._got_bytes = True
+                if before is None or not before.more_body:  # not the rest of a body answered before it arrived
+                    self._head_bytes += len(data)
             super().data_received(data)
             if self.cycle is not None and not self.cycle.response_complete and self._body_since is None:
                 self._body_since = time.monotonic()  # the head is complete: the body's clock starts
+            if waiting and self.cycle is before and self._head_bytes > limits.max_head_bytes:
+                self._head_too_large()  # still no complete head after max_head_bytes
+
+        def _head_too_large(self) -> None:
+            if self.transport.is_closing():
+                return
+            log.warning("guard: closed the connection from %s: request head over %d bytes", self._host,
+                        limits.max_head_bytes)
+            self.transport.write(_refusal(f"request head over {limits.max_head_bytes} bytes",
+                                          b"431 Request Header Fields Too Large", "head_too_large"))
+            self.transport.close()
+
+        if capped:  # httptools: the parsed head's own size too (a head completed within one large read)
+            def on_message_begin(self) -> None:
+                self._parsed_head = 0
+                super().on_message_begin()
+
+            def on_url(self, url: bytes) -> None:
+                self._count_head(len(url))
+                super().on_url(url)
+
+            def on_header(self, name: bytes, value: bytes) -> None:
+                self._count_head(len(name) + len(value) + 4)
+                super().on_header(name, value)
+
+            def _count_head(self, n: int) -> None:
+                self._parsed_head = getattr(self, "_parsed_head", 0) + n
+                if self._parsed_head > limits.max_head_bytes:
+                    self._refuse_head = True
+                    raise _HeadTooLarge  # the parser stops; uvicorn answers its parse error via send_400_response
+
+            def send_400_response(self, msg: str) -> None:
+                if getattr(self, "_refuse_head", False):
+                    self._head_too_large()
+                    return
+                super().send_400_response(msg)
 
         def on_response_complete(self) -> None:
-            self._since, self._got_bytes, self._body_since = time.monotonic(), False, None
+            self._since, self._got_bytes, self._body_since, self._head_bytes = time.monotonic(), False, None, 0
             super().on_response_complete()
 
         def _check(self) -> None:
@@ -208,10 +310,11 @@ def limited_h11_protocol(limits: ConnectionLimits) -> type:
                 return
             self._watch = self.loop.call_later(limits.check_every, self._check)
 
-    LimitedH11Protocol.limits = limits  # type: ignore[attr-defined]
-    LimitedH11Protocol.per_client = per_client  # type: ignore[attr-defined]
-    LimitedH11Protocol.state = state  # type: ignore[attr-defined]
-    return LimitedH11Protocol
+    LimitedProtocol.implementation = impl  # type: ignore[attr-defined]
+    LimitedProtocol.limits = limits  # type: ignore[attr-defined]
+    LimitedProtocol.per_client = per_client  # type: ignore[attr-defined]
+    LimitedProtocol.state = state  # type: ignore[attr-defined]
+    return LimitedProtocol
 
 
-__all__ = ["ConnectionLimits", "limited_h11_protocol", "mark_authenticated"]
+__all__ = ["ConnectionLimits", "event_loop", "http_implementation", "limited_h11_protocol", "limited_protocol", "mark_authenticated"]

@@ -354,13 +354,17 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     import uvicorn
 
     # lazy: like uvicorn above, only serve() needs the server's connection limits (building the app does not)
-    from modelward.extraction.guard.connections import ConnectionLimits, limited_h11_protocol
+    from modelward.extraction.guard.connections import ConnectionLimits, event_loop, limited_protocol
 
     _log_to_stderr()
     service = build_service(config_path, overrides, reset=reset)
     cfg = service.cfg.server
     host, port = host or cfg.host, cfg.port if port is None else port
     try:  # bind before uvicorn, so a busy port is a clear error (exit 2), not uvicorn's log line and exit 3
+        limits = ConnectionLimits(header_timeout=cfg.header_timeout_s, body_timeout=cfg.body_timeout_s,
+                                  idle_timeout=cfg.idle_timeout_s, max_per_client=cfg.max_connections_per_client,
+                                  max_total=cfg.max_connections, reserve=cfg.reserve)
+        protocol, loop = limited_protocol(limits, cfg.http), event_loop(cfg.loop)  # ConfigError: not installed
         sock = bind_socket(host, port)
         refuse_placeholder_keys(service.cfg, config_path)
         if isinstance(service.model, UpstreamModel):  # proxy mode: the model server must serve what [model] says
@@ -374,18 +378,14 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     try:
         name = service.name
         print(f"guard: serving model '{name}' behind {service.defense.name} at "
-              f"http://{host}:{sock.getsockname()[1]}/v2/models/{name}/infer (state in {service.state_dir})",
-              flush=True)
+              f"http://{host}:{sock.getsockname()[1]}/v2/models/{name}/infer (state in {service.state_dir}; HTTP "
+              f"{protocol.implementation}, loop {loop})", flush=True)
         print(f"READY {name} {host}:{sock.getsockname()[1]}", flush=True)
-        limits = ConnectionLimits(header_timeout=cfg.header_timeout_s, body_timeout=cfg.body_timeout_s,
-                                  idle_timeout=cfg.idle_timeout_s, max_per_client=cfg.max_connections_per_client,
-                                  max_total=cfg.max_connections, reserve=cfg.reserve)
-        protocol = limited_h11_protocol(limits)
         app = create_app(service)
         conns: Any = protocol
         app.state.metrics.connections = lambda: {"open": sum(conns.per_client.values()), **conns.state}
         server = uvicorn.Server(uvicorn.Config(
-            app, log_level="warning", access_log=False, http=protocol,
+            app, log_level="warning", access_log=False, http=protocol, loop=loop,
             timeout_keep_alive=cfg.idle_timeout_s,
             timeout_graceful_shutdown=cfg.shutdown_timeout_s))
         server.run(sockets=[sock])

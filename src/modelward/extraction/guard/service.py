@@ -271,7 +271,8 @@ class GuardService:
         self._stored, self._revoked = stored, revoked  # swapped whole: readers see the old or the new sets
 
     def start_key_refresh(self, every: float = 2.0) -> None:
-        """Refresh the operator keys every ``every`` seconds in a daemon thread until :meth:`close`."""
+        """Refresh the operator keys every ``every`` seconds in a daemon thread until :meth:`close`; with SQLite,
+        also checkpoint its WAL in a thread of its own (``SQLiteStore.start_checkpointer``)."""
         def loop() -> None:
             while not self._stop.wait(every):
                 try:
@@ -281,6 +282,9 @@ class GuardService:
                     log.warning("guard: could not refresh the API keys from the store", exc_info=True)
 
         threading.Thread(target=loop, name="guard-keys", daemon=True).start()
+        start_checkpointer = getattr(self.log, "start_checkpointer", None)  # SQLite: WAL checkpoints off the
+        if start_checkpointer is not None:  # request path (a server; Python callers keep SQLite's automatic ones)
+            start_checkpointer()
 
     def parse_request(self, body: bytes, header_length: str | None = None) -> InferRequest:
         """Parse one request body for this model (:meth:`InferRequest.parse`)."""
