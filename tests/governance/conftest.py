@@ -48,6 +48,18 @@ class Chain:
         return SplitDriver(cfg, session, connect=lambda ref, c: InProcessClient(self.parties[ref.name], driver),
                            pipeline=pipeline, staleness=staleness)
 
+    def kept_steps(self, n: str) -> list[int]:
+        """The steps party `n` allowed and kept, in its log's order: an ``abort S`` (the driver's recovery after a
+        refused pipelined request) takes back every allowed step from S on, which is then run again."""
+        kept: list[int] = []
+        for op, step, decision in self.parties[n].audit.db.execute(
+                "SELECT op, step, decision FROM audit WHERE op IN ('step', 'abort') ORDER BY id"):
+            if op == "abort":
+                kept = [s for s in kept if s < step]
+            elif decision == "allow":
+                kept.append(step)
+        return kept
+
     def digests(self) -> dict[str, str]:
         return {n: p.state_digest() for n, p in self.parties.items()}
 

@@ -420,7 +420,7 @@ def test_a_pipelined_driver_trains_exactly_like_a_sequential_one_when_steps_over
     assert {(p.step, p.prepared) for p in pipe.parties.values()} == {(8, None)}
     for n in pipe.names:
         assert pipe.parties[n].checkpoints() == seq.parties[n].checkpoints()
-        assert _kept_steps(pipe, n) == _kept_steps(seq, n) == list(range(tc.steps)), n
+        assert pipe.kept_steps(n) == seq.kept_steps(n) == list(range(tc.steps)), n
         # no request refused, but for the driver's designed recovery on a host that stalls a sender thread past
         # InOrder's 2 s (refused unread as out of order, aborted, sent again; tests/governance/driver/
         # test_staleness.py forces it): the states and curve above are equal either way
@@ -428,17 +428,6 @@ def test_a_pipelined_driver_trains_exactly_like_a_sequential_one_when_steps_over
             "SELECT step, decision, reason FROM audit WHERE op='step' AND decision != 'allow'").fetchall()
         assert all(d in ("deny", "error") and "out-of-order" in r for _, d, r in rows), (n, rows)
 
-
-def _kept_steps(c, n) -> list[int]:
-    """The steps a party allowed and kept, in its log's order (an ``abort S`` takes back the allowed steps from S on)."""
-    kept: list[int] = []
-    for op, step, decision in c.parties[n].audit.db.execute(
-            "SELECT op, step, decision FROM audit WHERE op IN ('step', 'abort') ORDER BY id"):
-        if op == "abort":
-            kept = [s for s in kept if s < step]
-        elif decision == "allow":
-            kept.append(step)
-    return kept
 
 
 def test_a_step_that_overtook_an_absent_predecessor_is_sent_again_and_the_run_stays_exact(make_chain):

@@ -83,15 +83,9 @@ def channel_activity(model: nn.Module, layer: str, x: torch.Tensor, batch_size: 
     """The mean activation of each output channel of ``layer`` over ``x`` (fine-pruning's pruning order)."""
     mod = dict(model.named_modules())[layer]
     sums: list[torch.Tensor] = []
-    h = mod.register_forward_hook(lambda m, i, o: sums.append(o.detach().float().mean(dim=(2, 3)).sum(0).cpu()))
-    dev = model_device(model)
-    try:
-        with eval_mode(model):
-            for i in range(0, len(x), batch_size):
-                model(x[i:i + batch_size].to(dev))
-    finally:
-        h.remove()
-    return torch.stack(sums).sum(0) / max(len(x), 1)
+    h = mod.register_forward_hook(
+        lambda m, i, o: sums.append(o.detach().float().mean(dim=(2, 3)).sum(0, keepdim=True).cpu()))
+    return _run_hooked(model, x, batch_size, h, sums).sum(0) / max(len(x), 1)
 
 
 @torch.no_grad()

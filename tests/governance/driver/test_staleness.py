@@ -23,19 +23,6 @@ def _steps_rows(c, n):
     return c.parties[n].audit.db.execute("SELECT step, decision FROM audit WHERE op='step'").fetchall()
 
 
-def _committed_steps(c, n) -> list[int]:
-    """The steps a party allowed and kept, in its log's order: an ``abort S`` (the driver's recovery after a
-    refused pipelined request) takes back every allowed step from S on, which is then run again."""
-    kept: list[int] = []
-    for op, step, decision in c.parties[n].audit.db.execute(
-            "SELECT op, step, decision FROM audit WHERE op IN ('step', 'abort') ORDER BY id"):
-        if op == "abort":
-            kept = [s for s in kept if s < step]
-        elif decision == "allow":
-            kept.append(step)
-    return kept
-
-
 def _refused_unread(c, n) -> list[tuple]:
     """A party's step records other than allowed ones that are not the designed recovery. A request sent ahead that
     reaches a party more than InOrder's 2 s before its predecessor (a stalled sender thread on a loaded host: the
@@ -63,8 +50,8 @@ def test_a_stale_run_commits_every_step_everywhere_and_lands_near_the_exact_one(
         for n, p in c.parties.items():
             assert (p.step, p.prepared, list(p.window.flight)) == (TC.steps, None, []), n
             assert p.checkpoints() == exact.parties[n].checkpoints(), n
-        assert _committed_steps(c, "bob") == list(range(TC.steps))  # each step kept once, in order
-        assert set(_committed_steps(c, "alice")) >= set(range(TC.steps))  # (and the drains at the eval points)
+        assert c.kept_steps("bob") == list(range(TC.steps))  # each step kept once, in order
+        assert set(c.kept_steps("alice")) >= set(range(TC.steps))  # (and the drains at the eval points)
         assert _refused_unread(c, "alice") == [] and _refused_unread(c, "bob") == []
         assert abs(res.curve[-1][1] - ref.curve[-1][1]) <= 0.1, (k, res.curve, ref.curve)
         # the stale run really differs from the exact one (alice's updates are delayed), bob still learns from it
@@ -99,8 +86,8 @@ def test_a_stalled_sender_is_refused_unread_and_sent_again_without_losing_or_rep
     refused = [r for r in _steps_rows(c, hop) if r[1] != "allow"]  # (more may come from a loaded host)
     assert any(d == "deny" for _, d in refused)  # the stall really made the party's gate refuse
     assert _refused_unread(c, "alice") == [] and _refused_unread(c, "bob") == []
-    assert _committed_steps(c, "bob") == list(range(TC.steps))
-    assert set(_committed_steps(c, "alice")) >= set(range(TC.steps))
+    assert c.kept_steps("bob") == list(range(TC.steps))
+    assert set(c.kept_steps("alice")) >= set(range(TC.steps))
     for p in c.parties.values():
         assert (p.step, p.prepared, list(p.window.flight)) == (TC.steps, None, [])
     assert abs(res.curve[-1][1] - ref.curve[-1][1]) <= 0.1, (res.curve, ref.curve)
