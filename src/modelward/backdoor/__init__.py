@@ -8,7 +8,8 @@ The main verbs, imported lazily (``from modelward.backdoor import BadNets, Neura
 - model-level detection without the training data (:mod:`.detect.model`): ``NeuralCleanse`` (trigger
   reverse-engineering, MAD anomaly index), ``MMBD`` (data-free maximum-margin statistic); ``CleanReference`` calibrates
   either against clean reference models, class by class; ``MNTD`` (a meta-classifier on shadow models that
-  ``train_shadows`` trains, jumbo-backdoored at random);
+  ``train_shadows`` trains, jumbo-backdoored at random); ``BatchNormShift`` (the BatchNorm running statistics
+  against the defender's clean data, a simulated null, no references);
 - data-level detection when the training data is given (:mod:`.detect.data`): ``ActivationClustering``,
   ``SpectralSignature``, ``Spectre``;
 - input-level detection at the API (:mod:`.detect.input`): ``STRIP`` (and its ``guard serve`` monitor);
@@ -30,6 +31,7 @@ _EXPORTS = {
     "NeuralCleanse": f"{_B}.detect.model.neural_cleanse:NeuralCleanse", "MMBD": f"{_B}.detect.model.mmbd:MMBD",
     "ModelVerdict": f"{_B}.detect.model.base:ModelVerdict",
     "CleanReference": f"{_B}.detect.model.reference:CleanReference",
+    "BatchNormShift": f"{_B}.detect.model.bn_shift:BatchNormShift",
     "MNTD": f"{_B}.detect.model.mntd:MNTD", "train_shadows": f"{_B}.detect.model.shadows:train_shadows",
     "ActivationClustering": f"{_B}.detect.data.activation_clustering:ActivationClustering",
     "SpectralSignature": f"{_B}.detect.data.spectral:SpectralSignature", "Spectre": f"{_B}.detect.data.spectre:Spectre",

@@ -37,6 +37,7 @@ from modelward.backdoor.detect.data.base import DataScan, roc_auc
 from modelward.backdoor.detect.data.spectral import SpectralSignature
 from modelward.backdoor.detect.data.spectre import Spectre
 from modelward.backdoor.detect.model.base import ModelVerdict
+from modelward.backdoor.detect.model.bn_shift import BatchNormShift
 from modelward.backdoor.detect.model.mmbd import MMBD
 from modelward.backdoor.detect.model.mntd import MNTD
 from modelward.backdoor.detect.model.neural_cleanse import NeuralCleanse, ReversedTriggers
@@ -111,6 +112,20 @@ class MMBDOptions(StrictModel):
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
 
 
+class BNShiftOptions(StrictModel):
+    """``[detect.bn_shift]`` (:class:`~modelward.backdoor.detect.model.bn_shift.BatchNormShift`): the model's
+    BatchNorm running statistics against the defender's clean data, with a null simulated from those data (no
+    reference models). ``batch_size``: the training batch size the null assumes; ``draws``: simulated clean runs;
+    ``rho``: the poisoned share assumed when naming the suspect class. Skipped (with a note) for a model without
+    BatchNorm layers."""
+
+    enabled: bool = True
+    draws: int = Field(500, ge=19)
+    batch_size: int = Field(64, ge=2)
+    alpha: float = Field(0.05, gt=0.0, lt=1.0)
+    rho: float = Field(0.05, gt=0.0, le=1.0)
+
+
 class MNTDOptions(StrictModel):
     """``[detect.mntd]`` (:class:`~modelward.backdoor.detect.model.mntd.MNTD`, off by default: it trains shadow
     models). ``meta``: the meta-classifier file (safetensors + JSON header); when it does not exist yet, ``detect``
@@ -138,6 +153,7 @@ class DetectOptions(StrictModel):
     clean_points: int = Field(200, ge=10)
     neural_cleanse: NeuralCleanseOptions = Field(default_factory=NeuralCleanseOptions)
     mmbd: MMBDOptions = Field(default_factory=MMBDOptions)
+    bn_shift: BNShiftOptions = Field(default_factory=BNShiftOptions)
     mntd: MNTDOptions = Field(default_factory=MNTDOptions)
     #: clean reference models' ``detect.json`` (files or the folders holding them; ≥ 3): each detector's per-class
     #: statistic is then also tested against the same class in them (``detect.model.reference``), and that
@@ -290,11 +306,21 @@ def model_detectors(opts: DetectOptions, clip: tuple[float, float], seed: int) -
                  clip=clip) if mm.enabled else None)
 
 
+def bn_shift_detector(opts: DetectOptions, model: nn.Module, seed: int) -> BatchNormShift | None:
+    """``[detect.bn_shift]``'s detector, or None when disabled or the model keeps no BatchNorm statistics."""
+    b = opts.bn_shift
+    if not b.enabled or not BatchNormShift.layers(model):
+        return None
+    return BatchNormShift(draws=b.draws, batch_size=b.batch_size, alpha=b.alpha, rho=b.rho, seed=seed)
+
+
 def detect_model(model: nn.Module, data: DataSplit, opts: DetectOptions, seed: int
                  ) -> tuple[list[ModelVerdict], ReversedTriggers | None]:
-    """Neural Cleanse and MM-BD on ``model`` (NC's images: the first ``clean_points`` of the defender's half)."""
+    """Neural Cleanse, MM-BD and the BatchNorm shift on ``model`` (NC's and the BN shift's images: the first
+    ``clean_points`` of the defender's half); the BN shift only where the model has BatchNorm layers."""
     clip = box_of(data)
     nc, mm = model_detectors(opts, clip, seed)
+    bn = bn_shift_detector(opts, model, seed)
     (xd, _), _ = defender_split(data, seed)
     verdicts: list[ModelVerdict] = []
     rev = None
@@ -303,9 +329,12 @@ def detect_model(model: nn.Module, data: DataSplit, opts: DetectOptions, seed: i
         rev = nc.last
     if mm is not None:
         verdicts.append(mm.detect(model, data.input_shape, data.num_classes))
+    if bn is not None:
+        verdicts.append(bn.detect(model, xd[: opts.clean_points], data.num_classes))
     if not verdicts:
         raise ConfigError("detect: every model-level detector is disabled (detect.neural_cleanse.enabled, "
-                          "detect.mmbd.enabled)")
+                          "detect.mmbd.enabled, detect.bn_shift.enabled — the last applies only to models with "
+                          "BatchNorm layers)")
     return verdicts, rev
 
 
@@ -411,14 +440,18 @@ def run_detect(cfg: BackdoorConfig, model_path: str | Path, out: str | Path,
                                  min(cfg.detect.clean_points, len(xd)))
     res: dict[str, Any] = {"model": str(model_path), "verdicts": [v.to_dict() for v in verdicts],
                            "backdoored": any(v.backdoored for v in verdicts), "settings": settings}
+    if cfg.detect.bn_shift.enabled and not only_mntd and not BatchNormShift.layers(model):
+        res["notes"] = ["detect.bn_shift: the model has no BatchNorm layer with running statistics; not run"]
     if cfg.detect.reference:
         refs = read_references(cfg.detect.reference)
         check_reference_settings(refs, settings, cfg.detect.reference)
         calibrated = calibrate_verdicts(verdicts, refs, cfg.detect.reference_alpha)
+        own = [v for v in verdicts if v.detector == BatchNormShift.name]  # its null needs no references
         verdicts = verdicts + calibrated
         res["verdicts"] += [v.to_dict() for v in calibrated]
-        res["backdoored"] = any(v.backdoored for v in calibrated)
-        res["decided_by"] = "clean references (" + ", ".join(v.detector for v in calibrated) + ")"
+        res["backdoored"] = any(v.backdoored for v in calibrated + own)
+        res["decided_by"] = ("clean references (" + ", ".join(v.detector for v in calibrated) + ")"
+                             + (" or the BatchNorm shift" if own else ""))
     if mntd is not None:
         v_mntd = mntd.detect(model)
         res["verdicts"].append(v_mntd.to_dict())

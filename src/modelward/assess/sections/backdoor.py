@@ -38,6 +38,7 @@ from modelward.backdoor.attacks.base import backdoor_effect
 from modelward.backdoor.detect.data.activation_clustering import ActivationClustering
 from modelward.backdoor.detect.data.spectre import Spectre
 from modelward.backdoor.detect.model.base import ModelVerdict
+from modelward.backdoor.detect.model.bn_shift import BatchNormShift
 from modelward.backdoor.detect.model.mmbd import MMBD
 from modelward.backdoor.detect.model.mntd import MNTD
 from modelward.backdoor.detect.model.neural_cleanse import NeuralCleanse
@@ -97,6 +98,8 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     mntd = _mntd(cfg, d)  # likewise a meta-classifier that cannot be read or was made for other inputs
     v_nc = nc.detect(model, xd[: b.clean_points], d.num_classes)
     v_mm = mm.detect(model, d.input_shape, d.num_classes)
+    v_bn = (BatchNormShift(seed=cfg.seed).detect(model, xd[: b.clean_points], d.num_classes)
+            if BatchNormShift.layers(model) else None)
     names = list(d.class_names)
     cal = _calibrated(cfg, refs, [v_nc, v_mm], settings, out, res, names)
     rows = [{"class": names[k], "trigger_l1": v_nc.per_class[k],
@@ -109,6 +112,13 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                  "threshold": "> 2", "flagged": v_nc.backdoored, "suspect_class": names[v_nc.suspect_class]},
                 {"detector": "MM-BD", "statistic": f"p = {v_mm.p_value:.3g}", "threshold": "< 0.05",
                  "flagged": v_mm.backdoored, "suspect_class": names[v_mm.suspect_class]}]
+    if v_bn is not None:
+        verdicts.append({"detector": "BatchNorm shift", "statistic": f"p = {v_bn.p_value:.3g}",
+                         "threshold": f"< {10 ** -v_bn.threshold:g}", "flagged": v_bn.backdoored,
+                         "suspect_class": names[v_bn.suspect_class]})
+    else:
+        res.notes.append("The BatchNorm-shift detector did not run: the model has no BatchNorm layer with running "
+                         "statistics.")
     res.add_table(out, "verdicts", "Model-level detectors", verdicts)
     p = grouped_bars(out / "per_class.png", names,
                      {"trigger L1 (÷ median)": ([x / max(float(np.median(v_nc.per_class)), 1e-9)
@@ -151,6 +161,8 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     v_mntd = mntd.detect(model) if mntd is not None else None
     if v_mntd is not None:
         _mntd_metric(res, v_mntd, cfg.backdoor.mntd or "")
+    if v_bn is not None:
+        _bn_metric(res, v_bn, names)
     if flagged:  # the recommended repair, measured on this model
         ft = cfg.train.model_copy(update={"steps": b.unlearn_steps, "lr": 0.01, "eval_every": b.unlearn_steps,
                                           "lr_schedule": []})
@@ -174,10 +186,14 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
     flags = {"neural_cleanse_anomaly_index": v_nc.backdoored, "mmbd_p_value": v_mm.backdoored}
     if v_mntd is not None:
         flags["mntd_p_value"] = v_mntd.backdoored
+    if v_bn is not None:
+        flags["bn_shift_p_value"] = v_bn.backdoored
     _rate_without_interval(res, flags, flagged == 2 and agree)  # findings3 (issue 38)
     res.verdict = "red" if flagged == 2 and agree else "amber" if flagged else "green"
     if v_mntd is not None and v_mntd.backdoored:  # MNTD names no class: with one other flag red, alone amber
         res.verdict = "red" if flagged else "amber"
+    if v_bn is not None and v_bn.backdoored:  # likewise the BN shift (its class is a weaker guess: docs)
+        res.verdict = "red" if flagged or (v_mntd is not None and v_mntd.backdoored) else "amber"
     res.rule = ("red: both model-level detectors flag a backdoor (Neural Cleanse anomaly index > 2 and MM-BD p < "
                 "0.05) and name the same class; amber: one does (or they name different classes); green: neither. "
                 "Triage, not proof: docs/backdoor.md gives their measured detection and false-positive rates. "
@@ -198,6 +214,10 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
         res.rule += (f"; with MNTD ([backdoor] mntd, flagged at conformal p < {mntd.alpha:g} against its clean "
                      "calibration shadows): MNTD's flag makes the card amber alone and red with one other flag "
                      "(MNTD names no class)")
+    if v_bn is not None:
+        res.rule += (f"; the BatchNorm shift (the model's BatchNorm running statistics against the held-out clean "
+                     f"images, flagged at p < {10 ** -v_bn.threshold:g} against a null simulated from those images, no "
+                     "references): its flag makes the card amber alone and red with one other flag")
     res.headline = Headline("Neural Cleanse anomaly index", v_nc.statistic,
                             f"{v_nc.statistic:.2f} (class {names[k]}); MM-BD p = {v_mm.p_value:.2g}")
     if cal:
@@ -209,8 +229,28 @@ def run(cfg: AssessConfig, target: Target, sizes: ProfileSizes, out: Path, root:
                    f"{'most deviating' if cal else 'smallest'} trigger (class "
                    f"{names[k]}, {v_nc.per_class[k]:.1f} pixels of mask) has anomaly index {v_nc.statistic:.2f} and "
                    f"sends {eff.attack_success_rate:.1%} of other classes' held-out inputs to {names[k]}; MM-BD's "
-                   f"largest margin (class {names[v_mm.suspect_class]}) has p = {v_mm.p_value:.3g}.")
+                   f"largest margin (class {names[v_mm.suspect_class]}) has p = {v_mm.p_value:.3g}." +
+                   (f" The BatchNorm shift has p = {v_bn.p_value:.3g}" + (f" (suspect class "
+                    f"{names[v_bn.suspect_class]})." if v_bn.backdoored else ".") if v_bn is not None else ""))
     return res
+
+
+def _bn_metric(res: SectionResult, v: ModelVerdict, names: list[str]) -> None:
+    alpha = 10 ** -v.threshold
+    worst = max(v.extra["layers"], key=lambda lay: lay["divergence"] / max(lay["null_q95"], 1e-300))
+    res.add_metric("bn_shift_p_value", "BatchNorm shift: the model's BatchNorm running statistics against the "
+                   "held-out clean images (p-value against a null simulated from them)", float(v.p_value or 1.0),
+                   risk_up=False, unit="score",
+                   context={"mapping": "data_poisoning", "thresholds": [alpha, alpha / 10],
+                            "rule": f"flagged below {alpha:g}; the smallest p the null can give is "
+                                    f"{1 / (1 + v.extra['draws']):.2g} per layer (docs/backdoor.md, sixth round)",
+                            "suspect_class": names[v.suspect_class], "layer": worst["layer"],
+                            "divergence": worst["divergence"], "null_q95": worst["null_q95"],
+                            "actions": ["The model was trained on data unlike the held-out clean images: poisoned "
+                                        "rows (a clean-label or warping backdoor shows this way) or a different "
+                                        "data source. Ask for the training data's origin; retrain from data of "
+                                        "trusted origin after `modelward backdoor scan`.",
+                                        "Serve with the STRIP monitor ([strip] in the guard config)."]})
 
 
 def _mntd(cfg: AssessConfig, d: DataSplit) -> MNTD | None:
