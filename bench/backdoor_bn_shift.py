@@ -90,6 +90,8 @@ def main() -> None:
     ap.add_argument("--fresh-digits", default="runs/bench/backdoor_mntd_fresh,runs/bench/backdoor_mntd_fresh2")
     ap.add_argument("--fresh-rgb", default="runs/bench/backdoor_fresh_rgb")
     ap.add_argument("--points", type=int, default=200)
+    ap.add_argument("--batch-size", type=int, default=64, help="the training batch size the null assumes (the "
+                    "models were trained with 64: other values measure the null's sensitivity to that assumption)")
     ap.add_argument("--alpha", type=float, default=0.05)
     ap.add_argument("--out", default="runs/bench/backdoor_bn_shift")
     a = ap.parse_args()
@@ -111,7 +113,7 @@ def main() -> None:
         model.load_state_dict(load_state_dict(m["file"])[0])
         (xd, _), _ = defender_split(data, m["seed"])
         t0 = time.perf_counter()
-        v = BatchNormShift(seed=m["seed"]).detect(model.eval(), xd[: a.points], data.num_classes)
+        v = BatchNormShift(batch_size=a.batch_size, seed=m["seed"]).detect(model.eval(), xd[: a.points], data.num_classes)
         done[m["key"]] = {"p": v.p_value, "suspect": v.suspect_class, "seconds": time.perf_counter() - t0,
                           "target": rc.attack.target if rc.attack is not None else None,
                           "layers": [(lay["divergence"], lay["p_value"], lay["null_q95"]) for lay in v.extra["layers"]]}

@@ -26,6 +26,8 @@ classifies as the target) and clean accuracy; then the detectors on what the par
 
 - on the assembled model (alice's segment then bob's), in input space, as a model owner would run them: Neural
   Cleanse (on 200 held-out images) and MM-BD;
+- on the assembled model, the BatchNorm shift (sixth round) on the same 200 held-out images: bob's BatchNorm layer
+  averaged the activations alice sent, planted rows included;
 - on bob's segment alone, in activation space (bob, the label holder, auditing his own part; the box is [0, the
   largest activation seen]): MM-BD, which needs no data and no trigger shape.
 
@@ -46,6 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from modelward.backdoor.detect.model.bn_shift import BatchNormShift
 from modelward.backdoor.detect.model.mmbd import MMBD
 from modelward.backdoor.detect.model.neural_cleanse import NeuralCleanse
 from modelward.backdoor.experiment import defender_split
@@ -164,7 +167,8 @@ def detect(s: Split, seed: int, act_max: float) -> dict[str, Any]:
     with torch.no_grad():
         h_shape = tuple(alice_part(s.data.x_test[:1]).shape[1:])
     mm_bob = MMBD(optimizer="adam", lr=0.05 * act_max, seed=seed, clip=(0.0, act_max)).detect(bob_part, h_shape, 10)
-    for name, v in (("nc_full", nc), ("mmbd_full", mm), ("mmbd_bob", mm_bob)):
+    bn = BatchNormShift(seed=seed).detect(full, xd[:200], 10)  # sixth round: bob's BN statistics saw the planted rows
+    for name, v in (("nc_full", nc), ("mmbd_full", mm), ("mmbd_bob", mm_bob), ("bn_full", bn)):
         out[name] = {"statistic": v.statistic, "flagged": v.backdoored, "suspect": v.suspect_class,
                      "p_value": v.p_value, "per_class": v.per_class}
     return out
@@ -198,7 +202,9 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                                                                         for r in rs])),
                                "attack_success": float(np.mean([r["attack_success"] for r in rs])),
                                "steps_refused": int(sum(r["refused"] for r in rs))}
-        for d in ("nc_full", "mmbd_full", "mmbd_bob"):
+        for d in ("nc_full", "mmbd_full", "mmbd_bob", "bn_full"):
+            if not all(d in r for r in rs):  # runs recorded before the detector existed
+                continue
             row[f"{d}_flagged"] = f"{sum(r[d]['flagged'] for r in rs)}/{len(rs)}"
             row[f"{d}_target"] = f"{sum(r[d]['flagged'] and r[d]['suspect'] == r['target'] for r in rs)}/{len(rs)}"
         rows.append(row)

@@ -245,9 +245,10 @@ def summary_tables(results: list[dict[str, Any]]) -> dict[str, list[dict[str, An
     """Detection rates per data set × attack, false positives per data set, AUC of the statistics over models.
 
     Returns:
-        ``{"attacks": [...], "clean": [...], "auc": [...], "mitigation": [...]}`` (rows of plain numbers).
+        ``{"attacks": [...], "clean": [...], "auc": [...], "mitigation": [...]}`` (rows of plain numbers); "either"
+        is any of the model-level detectors a run has (the BatchNorm shift only for models with BatchNorm).
     """
-    detectors = ("neural_cleanse", "mmbd")
+    detectors = ("neural_cleanse", "mmbd", "bn_shift")
     attacks, clean, aucs, mitig = [], [], [], []
     for ds in sorted({r["dataset"] for r in results}):
         rs = [r for r in results if r["dataset"] == ds]
@@ -354,7 +355,7 @@ class BackdoorStudy(Study[BackdoorStudyConfig, dict[str, list[dict[str, Any]]]])
             bits = [f"acc {r['clean_accuracy']:.3f}"]
             if "asr" in r:
                 bits.append(f"asr {r['asr']:.3f}")
-            for d in ("neural_cleanse", "mmbd"):
+            for d in ("neural_cleanse", "mmbd", "bn_shift"):
                 if d in r:
                     bits.append(f"{d} {r[d]['statistic']:.2f}{'*' if r[d]['flagged'] else ''}")
             return f"{rid}: " + ", ".join(bits)

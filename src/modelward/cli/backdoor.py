@@ -73,8 +73,9 @@ def detect_cmd(
     set_: list[str] = typer.Option(None, "--set", help=SET_HELP),
     device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
-    """Model-level detection without the training data: Neural Cleanse and MM-BD, a verdict each (and MNTD's
-    meta-classifier with [detect.mntd] enabled: trained on shadow models the first time)."""
+    """Model-level detection without the training data: Neural Cleanse, MM-BD and the BatchNorm shift (models with
+    BatchNorm layers), a verdict each (and MNTD's meta-classifier with [detect.mntd] enabled: trained on shadow
+    models the first time)."""
     from modelward.backdoor.experiment import run_detect
     from modelward.core.progress import RichProgress
 
@@ -86,7 +87,8 @@ def detect_cmd(
         with RichProgress(console) as progress:
             res = run_detect(cfg, model, out, progress)
     else:
-        with console.status("reverse-engineering triggers (Neural Cleanse) and maximum margins (MM-BD)"):
+        with console.status("reverse-engineering triggers (Neural Cleanse), maximum margins (MM-BD), BatchNorm "
+                            "statistics"):
             res = run_detect(cfg, model, out)
     table = Table(title=f"{cfg.name}: model-level backdoor detection")
     for col in ("detector", "statistic", "threshold", "verdict", "suspect class", "p-value"):
@@ -100,6 +102,8 @@ def detect_cmd(
     if "decided_by" in res:
         console.print(f"verdict decided by the {res['decided_by']}: "
                       f"{'BACKDOORED' if res['backdoored'] else 'no backdoor found'}")
+    for note in res.get("notes", []):
+        console.print(note)
     rt = res.get("reversed_trigger")
     if rt:
         console.print(f"Neural Cleanse's smallest trigger (class {rt['class']}, mask L1 {rt['mask_l1']:.1f}) sends "
