@@ -130,3 +130,33 @@ def test_an_attacker_who_recalibrates_the_statistics_on_clean_data_evades_it(cle
     still = float((m(clean_label.attack.apply(xe[keep])).argmax(1) == 5).float().mean())
     v = BatchNormShift(draws=200).detect(m, xd[:150], digits.num_classes)
     assert still > 0.5 and not v.backdoored, (still, v.p_value)
+
+
+class _Reversed(nn.Module):
+    """Two BatchNorm layers defined in the reverse of the order the forward pass uses them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late = nn.BatchNorm1d(3)
+        self.early = nn.BatchNorm1d(5)
+        self.mid = nn.Linear(5, 3)
+        self.out = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.late(self.mid(self.early(x))))
+
+
+def test_each_layer_is_compared_with_its_own_inputs_whatever_the_definition_order() -> None:
+    """Running statistics set to exactly the clean inputs' moments: every layer's divergence is 0 (a layer read
+    against another's inputs would not even have the same channel count)."""
+    torch.manual_seed(0)
+    m = _Reversed().eval()
+    x = torch.randn(300, 5) * 2 + 1
+    with torch.no_grad():
+        for bn, inputs in ((m.early, lambda: x), (m.late, lambda: m.mid(m.early(x)))):  # early's set before late's read
+            inp = inputs()
+            bn.running_mean.copy_(inp.mean(0))
+            bn.running_var.copy_(inp.var(0, unbiased=False))
+    v = BatchNormShift(draws=50).detect(m, x, 2)
+    assert [lay["layer"] for lay in v.extra["layers"]] == ["late", "early"]
+    assert all(abs(lay["divergence"]) < 1e-8 for lay in v.extra["layers"]) and not v.backdoored

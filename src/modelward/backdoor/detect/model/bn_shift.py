@@ -94,17 +94,22 @@ class BatchNormShift:
     @staticmethod
     def _moments(model: nn.Module, bns: list[nn.Module], x: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per image and channel, the spatial mean of each BN layer's input and of its square (float64)."""
-        seen: list[torch.Tensor] = []
-        hooks = [b.register_forward_pre_hook(lambda mod, i: seen.append(i[0].detach())) for b in bns]
+        seen: list[list[torch.Tensor]] = [[] for _ in bns]
+        hooks = [b.register_forward_pre_hook(lambda mod, i, k=k: seen[k].append(i[0].detach()))
+                 for k, b in enumerate(bns)]
+        device = bns[0].running_mean.device
         try:
             with torch.no_grad():
-                model(x)
+                for chunk in x.split(512):  # bounded memory on a large clean set
+                    model(chunk.to(device))
         finally:
             for h in hooks:
                 h.remove()
         out = []
-        for a in seen:
-            a = a.double()
+        for k in range(len(bns)):
+            if not seen[k]:
+                raise ConfigError(f"bn_shift: BatchNorm layer {k} is not on the model's forward path")
+            a = torch.cat(seen[k]).double().cpu()
             dims = tuple(range(2, a.dim()))
             out.append(((a.mean(dims) if dims else a).numpy(), ((a * a).mean(dims) if dims else a * a).numpy()))
         return out
@@ -176,7 +181,7 @@ class BatchNormShift:
         h = bn.register_forward_pre_hook(move)
         try:
             with torch.no_grad():
-                pred = model(x).argmax(1).cpu().numpy()
+                pred = torch.cat([model(c.to(bn.running_mean.device)).argmax(1).cpu() for c in x.split(512)]).numpy()
         finally:
             h.remove()
         return np.bincount(pred, minlength=num_classes)[:num_classes] / len(pred)
