@@ -36,6 +36,8 @@ def main() -> None:
     ap.add_argument("--union", action="store_true",
                     help="also Neural Cleanse and MM-BD (the bench's settings) against the 10 calibration models "
                          "(split A's references), p < 0.025 each, for the union with MNTD")
+    ap.add_argument("--calibration", default=None, help="the calibration run of --union's references (default: "
+                    "<saved>/calibration; the rgb study of the third round keeps its own in the first round's run)")
     ap.add_argument("--out", default="runs/bench/backdoor_mntd_fresh")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -47,7 +49,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     refs = {}
     if a.union:
-        cal = [r for r in RunLedger(Path(a.saved) / "calibration" / "ledger.sqlite").results().values()
+        cal_run = Path(a.calibration) if a.calibration else Path(a.saved) / "calibration"
+        cal = [r for r in RunLedger(cal_run / "ledger.sqlite").results().values()
                if isinstance(r, dict) and r.get("dataset") == a.dataset]
         refs = {d: CleanReference(d, [r[d]["per_class"] for r in cal], 0.05) for d in ("neural_cleanse", "mmbd")}
     for att in (a.attack, None):
@@ -71,7 +74,7 @@ def main() -> None:
                 r[m] = {"score": v.extra["score"], "p": v.p_value, "flagged": bool(v.backdoored)}
             if refs:
                 vs, _ = detect_model(model, data, cfg.detect, s)
-                r["ref_p"] = {v.detector: refs[v.detector].p_value(v.per_class)[0] for v in vs}
+                r["ref_p"] = {v.detector: refs[v.detector].p_value(v.per_class)[0] for v in vs if v.detector in refs}
                 r["ref_either"] = any(p < 0.025 for p in r["ref_p"].values())
             rows.append(r)
             print(json.dumps(r), flush=True)
