@@ -12,9 +12,10 @@ half, seeded by the model's seed) reads each model's BatchNorm running statistic
   ``bench/backdoor_mntd_fresh.py --saved <strong> --dataset rgb --seeds 200-219`` (its MNTD scores not used here).
 
 Union (fixed before it was computed): flagged when any of Neural Cleanse and MM-BD against clean references (split
-A: the calibration models of seeds 100–109; Šidák over classes) and the BN shift has p < 0.05 / 3. Fresh rgb
-models have no Neural Cleanse / MM-BD run: their union column is the BN shift's at 0.05 / 3. Backdoored = attack
-success ≥ 0.5 (others counted apart). Intervals: Clopper–Pearson 95 %.
+A: the calibration models of seeds 100–109; Šidák over classes) and the BN shift has p < 0.05 / 3. The fresh
+models' Neural Cleanse / MM-BD p-values are read from their ``fresh.json`` (``backdoor_mntd_fresh.py --union``; rgb:
+``--calibration runs/bench/backdoor_saved/calibration``); without them the union column is the BN shift's alone.
+Backdoored = attack success ≥ 0.5 (others counted apart). Intervals: Clopper–Pearson 95 %.
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python -W ignore bench/backdoor_bn_shift.py --out runs/bench/backdoor_bn_shift
 """
