@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -13,12 +15,17 @@ from modelward.backdoor.detect.model.bn_shift import BatchNormShift, _kl
 from modelward.backdoor.experiment import (
     AttackSpec,
     BackdoorConfig,
+    MMBDOptions,
+    NeuralCleanseOptions,
     Trained,
+    _model_meta,
     defender_split,
     detect_model,
+    run_detect,
     train_backdoored,
 )
 from modelward.core.data import DataSplit
+from modelward.core.io import save_state_dict
 from modelward.errors import ConfigError
 
 from .conftest import small_config
@@ -160,3 +167,15 @@ def test_each_layer_is_compared_with_its_own_inputs_whatever_the_definition_orde
     v = BatchNormShift(draws=50).detect(m, x, 2)
     assert [lay["layer"] for lay in v.extra["layers"]] == ["late", "early"]
     assert all(abs(lay["divergence"]) < 1e-8 for lay in v.extra["layers"]) and not v.backdoored
+
+
+def test_run_detect_runs_it_alone_when_the_trigger_detectors_are_off(tmp_path: Path, clean_label: Trained,
+                                                                          digits: DataSplit) -> None:
+    """`backdoor detect` with Neural Cleanse and MM-BD off: the BN shift's verdict alone decides (the clean-label
+    model, its target named)."""
+    cfg = small_config().model_copy(update={"detect": small_config().detect.model_copy(update={
+        "neural_cleanse": NeuralCleanseOptions(enabled=False), "mmbd": MMBDOptions(enabled=False)})})
+    save_state_dict(tmp_path / "model.safetensors", clean_label.model.state_dict(), _model_meta(cfg, digits, {}))
+    res = run_detect(cfg, tmp_path / "model.safetensors", tmp_path / "out")
+    (v,) = res["verdicts"]
+    assert v["detector"] == "bn_shift" and res["backdoored"] and v["suspect_class"] == 5 and "notes" not in res

@@ -163,7 +163,7 @@ def test_run_detect_with_mntd_alone(tmp_path: Path, shadows: tuple[Path, ShadowS
     det = MNTD(queries=4, epochs=5, alpha=0.4).fit(ss.models, ss.labels, ss.calibration, (1, 8, 8), 10, CLIP)
     det.save(tmp_path / "m.safetensors")
     cfg = BackdoorConfig.model_validate({"model": TINY.model_dump(), "train": FAST.model_dump(), "detect": {
-        "neural_cleanse": {"enabled": False}, "mmbd": {"enabled": False},
+        "neural_cleanse": {"enabled": False}, "mmbd": {"enabled": False}, "bn_shift": {"enabled": False},
         "mntd": {"enabled": True, "meta": str(tmp_path / "m.safetensors"), "alpha": 0.4,
                  "shadows": str(tmp_path / "must_not_exist")}}})
     suspect = ss.models[-1]
@@ -174,3 +174,20 @@ def test_run_detect_with_mntd_alone(tmp_path: Path, shadows: tuple[Path, ShadowS
     want = det.detect(suspect)
     assert v["detector"] == "mntd" and v["p_value"] == want.p_value and res["backdoored"] == want.backdoored
     assert res["decided_by"].endswith("or MNTD")
+
+
+def test_run_detect_runs_an_enabled_bn_shift_beside_mntd(tmp_path: Path, shadows: tuple[Path, ShadowSet],
+                                                         digits: DataSplit) -> None:
+    """With Neural Cleanse and MM-BD off but the BN shift on (its default), both it and MNTD give a verdict; the
+    union decides."""
+    _, ss = shadows
+    det = MNTD(queries=4, epochs=5, alpha=0.4).fit(ss.models, ss.labels, ss.calibration, (1, 8, 8), 10, CLIP)
+    det.save(tmp_path / "m.safetensors")
+    cfg = BackdoorConfig.model_validate({"model": TINY.model_dump(), "train": FAST.model_dump(), "detect": {
+        "neural_cleanse": {"enabled": False}, "mmbd": {"enabled": False},
+        "mntd": {"enabled": True, "meta": str(tmp_path / "m.safetensors"), "alpha": 0.4}}})
+    suspect = ss.models[-1]
+    save_state_dict(tmp_path / "model.safetensors", suspect.state_dict(), _model_meta(cfg, digits, {}))
+    res = run_detect(cfg, tmp_path / "model.safetensors", tmp_path / "out")
+    assert [v["detector"] for v in res["verdicts"]] == ["bn_shift", "mntd"]
+    assert res["backdoored"] == any(v["backdoored"] for v in res["verdicts"])

@@ -433,14 +433,15 @@ def run_detect(cfg: BackdoorConfig, model_path: str | Path, out: str | Path,
     model = load_model(model_path, cfg)
     data = load_data(cfg.data)
     mntd = mntd_detector(cfg, data, progress) if cfg.detect.mntd.enabled else None  # refused early if it mismatches
-    only_mntd = mntd is not None and not (cfg.detect.neural_cleanse.enabled or cfg.detect.mmbd.enabled)
+    bn_runs = bn_shift_detector(cfg.detect, model, cfg.seed) is not None
+    only_mntd = mntd is not None and not (cfg.detect.neural_cleanse.enabled or cfg.detect.mmbd.enabled or bn_runs)
     verdicts, rev = ([], None) if only_mntd else detect_model(model, data, cfg.detect, cfg.seed)
     (xd, _), _ = defender_split(data, cfg.seed)
     settings = detector_settings(*model_detectors(cfg.detect, box_of(data), cfg.seed),
                                  min(cfg.detect.clean_points, len(xd)))
     res: dict[str, Any] = {"model": str(model_path), "verdicts": [v.to_dict() for v in verdicts],
                            "backdoored": any(v.backdoored for v in verdicts), "settings": settings}
-    if cfg.detect.bn_shift.enabled and not only_mntd and not BatchNormShift.layers(model):
+    if cfg.detect.bn_shift.enabled and not bn_runs:
         res["notes"] = ["detect.bn_shift: the model has no BatchNorm layer with running statistics; not run"]
     if cfg.detect.reference:
         refs = read_references(cfg.detect.reference)
